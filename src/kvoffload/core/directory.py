@@ -1,0 +1,433 @@
+"""The chunk directory of one tier: which chunk lives in which slot, pins, eviction.
+
+Bookkeeping only; it never moves bytes. Ownership: the directory owns the slot
+table (key -> slot, per-slot state and pin count), the free list, the admission
+counters and the pending events; the eviction policy (owned by the directory)
+owns only the order of readable chunks. Callers own nothing inside it and receive
+immutable results.
+
+Two-phase operations keep slots safe while bytes move:
+
+- ``prepare_load(keys)`` pins READY chunks (pinned chunks are never evicted) and
+  returns their slots; ``complete_load(keys)`` unpins.
+- ``prepare_store(keys)`` allocates STORING slots (never evicted, never readable)
+  and ``complete_store(keys, success)`` makes them READY or frees them.
+
+Failure contract: a caller breaking a precondition (loading a chunk that is not a
+hit, completing what was not prepared) gets :class:`ContractViolation` and the
+directory is unchanged. Transfer failures are not exceptions: they arrive as
+``complete_store(..., success=False)``.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kvoffload.core.chunk_state import ChunkState, check_transition
+from kvoffload.core.errors import ConfigError, ContractViolation
+from kvoffload.core.events import CacheEvent, EventKind
+from kvoffload.core.keys import ChunkKey
+from kvoffload.core.policies import EvictionPolicy, make_policy
+
+_FREE = int(ChunkState.FREE)
+_STORING = int(ChunkState.STORING)
+_READY = int(ChunkState.READY)
+_LOADING = int(ChunkState.LOADING)
+
+
+class LookupStatus(enum.Enum):
+    MISS = "miss"
+    HIT = "hit"  # readable now
+    HIT_PENDING = "hit_pending"  # a store of this chunk is in flight
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    statuses: tuple[LookupStatus, ...]
+    readable_prefix: int  # number of leading HITs
+
+
+@dataclass(frozen=True)
+class PreparedStore:
+    """Outcome of ``prepare_store``.
+
+    ``keys``/``slots``: the chunks to copy now, in input order (already-present and
+    refused keys removed). ``evicted``: chunks evicted to make room. ``refused``:
+    keys not admitted (looked up fewer than ``store_threshold`` times).
+    ``no_room``: not enough evictable chunks; nothing was changed.
+    """
+
+    keys: tuple[ChunkKey, ...] = ()
+    slots: tuple[int, ...] = ()
+    evicted: tuple[ChunkKey, ...] = ()
+    refused: tuple[ChunkKey, ...] = ()
+    no_room: bool = False
+
+
+@dataclass
+class DirectoryStats:
+    """Monotonic counters, mutated only by the owning directory."""
+
+    stores_prepared: int = 0
+    stores_completed: int = 0
+    stores_failed: int = 0
+    loads_prepared: int = 0
+    evictions: int = 0
+    admission_refusals: int = 0
+    no_room: int = 0
+    discarded: int = 0
+
+
+class Directory:
+    """Slot bookkeeping for one tier with ``num_slots`` slots.
+
+    ``store_threshold`` N >= 2 admits a chunk only after ``record_lookups`` saw it
+    N times; the counters are an LRU-bounded map of ``max_admission_counters`` keys.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        *,
+        tier: str = "host",
+        policy: str | EvictionPolicy = "lru",
+        store_threshold: int = 1,
+        max_admission_counters: int = 65536,
+    ) -> None:
+        if not isinstance(num_slots, int) or num_slots <= 0:
+            raise ConfigError("num_slots", f"must be a positive integer, got {num_slots!r}")
+        if not isinstance(store_threshold, int) or store_threshold < 1:
+            raise ConfigError(
+                "store_threshold", f"must be an integer >= 1, got {store_threshold!r}"
+            )
+        if not isinstance(max_admission_counters, int) or max_admission_counters < 1:
+            raise ConfigError(
+                "max_admission_counters",
+                f"must be a positive integer, got {max_admission_counters!r}",
+            )
+        self.tier = tier
+        self.num_slots = num_slots
+        self.store_threshold = store_threshold
+        self.max_admission_counters = max_admission_counters
+        self.policy = make_policy(policy, num_slots) if isinstance(policy, str) else policy
+        self.stats = DirectoryStats()
+        self._index: dict[ChunkKey, int] = {}
+        self._slot_key: list[ChunkKey | None] = [None] * num_slots
+        self._state = bytearray(num_slots)
+        self._pins = array("i", bytes(4 * num_slots))
+        self._free = array("i", range(num_slots - 1, -1, -1))
+        self._evictable = 0
+        # Chunks discarded while STORING or LOADING: out of the index (they miss),
+        # slot still allocated until their job completes.
+        self._discarded: dict[ChunkKey, list[int]] = {}
+        self._admission: OrderedDict[ChunkKey, int] = OrderedDict()
+        self._events: list[CacheEvent] = []
+
+    # ------------------------------------------------------------------ queries
+
+    def lookup(self, keys: Sequence[ChunkKey]) -> LookupResult:
+        """Per-key status and the length of the leading readable run. No side effects."""
+        index, state = self._index, self._state
+        statuses: list[LookupStatus] = []
+        prefix = -1
+        for i, key in enumerate(keys):
+            slot = index.get(key)
+            if slot is None:
+                statuses.append(LookupStatus.MISS)
+            elif state[slot] == _STORING:
+                statuses.append(LookupStatus.HIT_PENDING)
+            else:
+                statuses.append(LookupStatus.HIT)
+                continue
+            if prefix < 0:
+                prefix = i
+        return LookupResult(tuple(statuses), len(keys) if prefix < 0 else prefix)
+
+    def readable_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """Number of leading keys that are readable now (fast path of ``lookup``)."""
+        index, state = self._index, self._state
+        for i, key in enumerate(keys):
+            slot = index.get(key)
+            if slot is None or state[slot] == _STORING:
+                return i
+        return len(keys)
+
+    def slot_of(self, key: ChunkKey) -> int | None:
+        """The slot holding ``key`` (any state but FREE), or None."""
+        return self._index.get(key)
+
+    def state_of(self, key: ChunkKey) -> ChunkState:
+        """State of ``key``'s slot; FREE when the key is not present."""
+        slot = self._index.get(key)
+        return ChunkState.FREE if slot is None else ChunkState(self._state[slot])
+
+    def pins_of(self, key: ChunkKey) -> int:
+        slot = self._index.get(key)
+        return 0 if slot is None else self._pins[slot]
+
+    @property
+    def used_slots(self) -> int:
+        return self.num_slots - len(self._free)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def evictable_count(self) -> int:
+        return self._evictable
+
+    @property
+    def pinned_count(self) -> int:
+        """Total pins held (on readable and discarded chunks)."""
+        return sum(self._pins)
+
+    def __len__(self) -> int:
+        """Chunks present (STORING, READY or LOADING), discarded ones excluded."""
+        return len(self._index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    # ---------------------------------------------------------------- recency and admission
+
+    def touch(self, keys: Sequence[ChunkKey]) -> None:
+        """Mark readable ``keys`` as used, walking backwards so ``keys[0]`` ends up
+        most recent (a prefix's head outlives its tail). Absent keys are ignored."""
+        index, state, policy = self._index, self._state, self.policy
+        for key in reversed(keys):
+            slot = index.get(key)
+            if slot is not None and state[slot] != _STORING:
+                policy.touch(key)
+
+    def record_lookups(self, keys: Iterable[ChunkKey]) -> None:
+        """Count one request's interest in ``keys`` toward admission (no-op when
+        ``store_threshold`` is 1). Present keys are not counted."""
+        if self.store_threshold <= 1:
+            return
+        counters, index = self._admission, self._index
+        for key in keys:
+            if key in index:
+                continue
+            counters[key] = counters.get(key, 0) + 1
+            counters.move_to_end(key)
+        while len(counters) > self.max_admission_counters:
+            counters.popitem(last=False)
+
+    # ------------------------------------------------------------------ loads
+
+    def prepare_load(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
+        """Pin every key (each must be a HIT) and return their slots, in order."""
+        index, state = self._index, self._state
+        slots = []
+        for key in keys:
+            slot = index.get(key)
+            if slot is None or state[slot] == _STORING:
+                raise ContractViolation(f"{self.tier}: prepare_load of a chunk that is not a hit")
+            slots.append(slot)
+        for slot in slots:
+            self._pin(slot)
+        self.stats.loads_prepared += 1
+        return tuple(slots)
+
+    def complete_load(self, keys: Sequence[ChunkKey]) -> None:
+        """Drop one pin per key (taken by ``prepare_load``). A chunk discarded while
+        pinned is freed when its last pin goes."""
+        located = [self._locate_pinned(key) for key in keys]
+        needed: dict[int, int] = {}
+        for _, slot in located:
+            needed[slot] = needed.get(slot, 0) + 1
+        for slot, count in needed.items():
+            if self._pins[slot] < count:
+                raise ContractViolation(f"{self.tier}: complete_load without a matching pin")
+        for key, slot in located:
+            self._unpin(key, slot)
+
+    def _locate_pinned(self, key: ChunkKey) -> tuple[ChunkKey, int]:
+        slot = self._index.get(key)
+        if slot is not None and self._state[slot] == _LOADING:
+            return key, slot
+        for dslot in self._discarded.get(key, ()):
+            if self._state[dslot] == _LOADING:
+                return key, dslot
+        raise ContractViolation(f"{self.tier}: complete_load of a chunk that is not pinned")
+
+    def _pin(self, slot: int) -> None:
+        if self._state[slot] == _READY:
+            self._set_state(slot, ChunkState.LOADING)
+            self._evictable -= 1
+        else:
+            check_transition(self._state[slot], ChunkState.LOADING)
+        self._pins[slot] += 1
+
+    def _unpin(self, key: ChunkKey, slot: int) -> None:
+        self._pins[slot] -= 1
+        if self._pins[slot] > 0:
+            return
+        if self._index.get(key) == slot:
+            self._set_state(slot, ChunkState.READY)
+            self._evictable += 1
+        else:
+            self._free_slot(slot)
+            self._release_discarded(key, slot)
+
+    # ------------------------------------------------------------------ stores
+
+    def prepare_store(self, keys: Sequence[ChunkKey]) -> PreparedStore:
+        """Allocate STORING slots for the keys that are new and admitted.
+
+        Evicts atomically: if the free slots plus the evictable chunks (READY,
+        unpinned, not among ``keys``) cannot hold every new key, nothing changes
+        and the result says ``no_room``.
+        """
+        index = self._index
+        seen: set[ChunkKey] = set()
+        new: list[ChunkKey] = []
+        refused: list[ChunkKey] = []
+        present: list[ChunkKey] = []
+        for key in keys:
+            if key in seen:
+                continue
+            seen.add(key)
+            if key in index:
+                present.append(key)
+            elif self.store_threshold > 1 and self._admission.get(key, 0) < self.store_threshold:
+                refused.append(key)
+            else:
+                new.append(key)
+        self.stats.admission_refusals += len(refused)
+        if not new:
+            return PreparedStore(refused=tuple(refused))
+        evicted = self._make_room(len(new) - len(self._free), present)
+        if evicted is None:
+            self.stats.no_room += 1
+            return PreparedStore(refused=tuple(refused), no_room=True)
+        slots = []
+        for key in new:
+            slot = self._free.pop()
+            self._set_state(slot, ChunkState.STORING)
+            index[key] = slot
+            self._slot_key[slot] = key
+            self._admission.pop(key, None)
+            slots.append(slot)
+        self.stats.stores_prepared += len(new)
+        return PreparedStore(tuple(new), tuple(slots), evicted, tuple(refused))
+
+    def _make_room(self, needed: int, protected: list[ChunkKey]) -> tuple[ChunkKey, ...] | None:
+        if needed <= 0:
+            return ()
+        index, state = self._index, self._state
+        shielded = {k for k in protected if state[index[k]] == _READY}
+        if self._evictable - len(shielded) < needed:
+            return None
+        victims = self.policy.evict(needed, lambda k: k not in shielded and state[index[k]] == _READY)
+        for key in victims:
+            self._free_slot(index.pop(key))
+        self._evictable -= len(victims)
+        self.stats.evictions += len(victims)
+        self._events.append(CacheEvent(EventKind.REMOVED, tuple(victims), self.tier))
+        return tuple(victims)
+
+    def complete_store(self, keys: Sequence[ChunkKey], success: bool) -> None:
+        """Finish stores prepared earlier: READY on success, freed on failure. A
+        store of a chunk discarded meanwhile frees its slot either way."""
+        located: list[tuple[ChunkKey, int, bool]] = []
+        for key in keys:
+            slot = self._index.get(key)
+            if slot is not None and self._state[slot] == _STORING:
+                located.append((key, slot, True))
+                continue
+            dslots = [s for s in self._discarded.get(key, ()) if self._state[s] == _STORING]
+            if not dslots:
+                raise ContractViolation(f"{self.tier}: complete_store of a chunk not being stored")
+            located.append((key, dslots[0], False))
+        if len({slot for _, slot, _ in located}) != len(located):
+            raise ContractViolation(f"{self.tier}: complete_store names a chunk twice")
+        stored: list[ChunkKey] = []
+        for key, slot, live in reversed(located):
+            if live and success:
+                self._set_state(slot, ChunkState.READY)
+                self.policy.insert(key)
+                self._evictable += 1
+                stored.append(key)
+            elif live:
+                del self._index[key]
+                self._free_slot(slot)
+            else:
+                self._free_slot(slot)
+                self._release_discarded(key, slot)
+        if success:
+            self.stats.stores_completed += len(stored)
+        else:
+            self.stats.stores_failed += len(located)
+        if stored:
+            stored.reverse()
+            self._events.append(CacheEvent(EventKind.STORED, tuple(stored), self.tier))
+
+    # ------------------------------------------------------------------ removal
+
+    def discard(self, keys: Iterable[ChunkKey]) -> list[ChunkKey]:
+        """Make ``keys`` miss from now on (e.g. a lower tier found a bad copy).
+
+        READY chunks are freed at once; pinned or storing chunks leave the index now
+        and free their slot when their job completes. Returns the keys that were
+        readable (a REMOVED event names them)."""
+        removed: list[ChunkKey] = []
+        for key in keys:
+            slot = self._index.pop(key, None)
+            if slot is None:
+                continue
+            self.stats.discarded += 1
+            current = self._state[slot]
+            if current != _STORING:
+                removed.append(key)
+                self.policy.remove(key)
+            if current == _READY:
+                self._evictable -= 1
+                self._free_slot(slot)
+            else:
+                self._discarded.setdefault(key, []).append(slot)
+        if removed:
+            self._events.append(CacheEvent(EventKind.REMOVED, tuple(removed), self.tier))
+        return removed
+
+    def reset(self) -> list[ChunkKey]:
+        """Discard everything, forget policy history and admission counters."""
+        removed = self.discard(list(self._index))
+        self.policy.clear()
+        self._admission.clear()
+        return removed
+
+    def take_events(self) -> list[CacheEvent]:
+        """Events since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    # ------------------------------------------------------------------ internals
+
+    def _set_state(self, slot: int, target: ChunkState) -> None:
+        check_transition(self._state[slot], target)
+        self._state[slot] = target
+
+    def _free_slot(self, slot: int) -> None:
+        self._set_state(slot, ChunkState.FREE)
+        self._pins[slot] = 0
+        self._slot_key[slot] = None
+        self._free.append(slot)
+
+    def _release_discarded(self, key: ChunkKey, slot: int) -> None:
+        slots = self._discarded[key]
+        slots.remove(slot)
+        if not slots:
+            del self._discarded[key]
+
+    def check_integrity(self) -> None:
+        """Verify every internal invariant; raise ContractViolation naming the first
+        broken one. O(num_slots): for tests and debug runs."""
+        from kvoffload.core.directory_integrity import verify
+
+        verify(self)

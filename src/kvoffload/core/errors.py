@@ -1,0 +1,29 @@
+"""Exceptions raised by kvoffload.
+
+Contract: configuration problems raise :class:`ConfigError` at start-up, naming the
+field and the accepted values. :class:`ContractViolation` means a caller broke a
+documented precondition (a bug in the caller, never a transfer failure); transfer
+failures are values (failed results), never exceptions.
+"""
+
+from __future__ import annotations
+
+
+class KvOffloadError(Exception):
+    """Base class of every exception kvoffload raises on purpose."""
+
+
+class ConfigError(KvOffloadError, ValueError):
+    """Invalid configuration. The message names the field and the accepted values."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"kvoffload config '{field}': {message}")
+        self.field = field
+
+
+class ContractViolation(KvOffloadError, RuntimeError):
+    """A caller broke a documented precondition of a core operation."""
+
+
+class IllegalTransition(ContractViolation):
+    """A state machine was asked for a transition its table does not allow."""

@@ -1,0 +1,96 @@
+"""Transfer jobs and the two value objects the halves exchange each engine step.
+
+The scheduler half sends a :class:`StepPlan` (loads, stores, jobs to flush) to every
+worker; each worker answers with a :class:`WorkerReport` (one :class:`JobResult` per
+finished job). All are immutable; job ids are unique for the life of a scheduler
+(monotonic, never reused, also across resets).
+
+Block addressing: a job moves whole chunks between host slots and engine blocks.
+Chunk ``i`` of a job lives in host slot ``slots[i]`` and spans ``blocks_per_chunk``
+(k) engine blocks. ``block_ids`` lists the engine blocks in chunk order. A load may
+start inside its first chunk: ``skip_blocks`` (0 <= skip < k) leading blocks of
+chunk 0 are already computed by the engine and are not written, so block
+``block_ids[m]`` receives block ``(m + skip_blocks) % k`` of chunk
+``(m + skip_blocks) // k``. Stores always have ``skip_blocks == 0``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from kvoffload.core.errors import ContractViolation
+from kvoffload.core.keys import ChunkKey
+
+
+class JobKind(enum.Enum):
+    LOAD = "load"  # host slots -> engine blocks
+    STORE = "store"  # engine blocks -> host slots
+
+
+@dataclass(frozen=True)
+class TransferJob:
+    job_id: int
+    kind: JobKind
+    request_id: str
+    keys: tuple[ChunkKey, ...]
+    slots: tuple[int, ...]
+    block_ids: tuple[int, ...]
+    blocks_per_chunk: int
+    skip_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        k = self.blocks_per_chunk
+        if k <= 0 or len(self.keys) != len(self.slots) or not self.slots:
+            raise ContractViolation(f"job {self.job_id}: needs one slot per key and k > 0")
+        if not 0 <= self.skip_blocks < k or (self.kind is JobKind.STORE and self.skip_blocks):
+            raise ContractViolation(f"job {self.job_id}: skip_blocks {self.skip_blocks} invalid")
+        if len(self.block_ids) != k * len(self.slots) - self.skip_blocks:
+            raise ContractViolation(
+                f"job {self.job_id}: {len(self.block_ids)} blocks for {len(self.slots)} "
+                f"chunks of {k} (skip {self.skip_blocks})"
+            )
+
+    def chunk_blocks(self) -> list[tuple[int, int, int]]:
+        """(slot, block index inside the chunk, engine block id) for every block moved."""
+        k, skip = self.blocks_per_chunk, self.skip_blocks
+        return [
+            (self.slots[(m + skip) // k], (m + skip) % k, block)
+            for m, block in enumerate(self.block_ids)
+        ]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What every worker must do this step.
+
+    ``flush``: ids of in-flight store jobs (submitted in earlier steps, or in this
+    plan) whose source engine blocks are about to be overwritten; the worker must
+    finish them before this step's forward pass writes KV.
+    """
+
+    step: int
+    loads: tuple[TransferJob, ...] = ()
+    stores: tuple[TransferJob, ...] = ()
+    flush: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.loads or self.stores or self.flush)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job_id: int
+    success: bool
+    nbytes: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """The results one worker finished since its previous report."""
+
+    rank: int
+    results: tuple[JobResult, ...] = ()

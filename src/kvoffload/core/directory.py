@@ -21,13 +21,17 @@ directory is unchanged. Transfer failures are not exceptions: they arrive as
 
 from __future__ import annotations
 
-import enum
 from array import array
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
+from kvoffload.core.admission import AdmissionFilter
 from kvoffload.core.chunk_state import ChunkState, check_transition
+from kvoffload.core.directory_types import (
+    DirectoryStats,
+    LookupResult,
+    LookupStatus,
+    PreparedStore,
+)
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
@@ -39,54 +43,11 @@ _READY = int(ChunkState.READY)
 _LOADING = int(ChunkState.LOADING)
 
 
-class LookupStatus(enum.Enum):
-    MISS = "miss"
-    HIT = "hit"  # readable now
-    HIT_PENDING = "hit_pending"  # a store of this chunk is in flight
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    statuses: tuple[LookupStatus, ...]
-    readable_prefix: int  # number of leading HITs
-
-
-@dataclass(frozen=True)
-class PreparedStore:
-    """Outcome of ``prepare_store``.
-
-    ``keys``/``slots``: the chunks to copy now, in input order (already-present and
-    refused keys removed). ``evicted``: chunks evicted to make room. ``refused``:
-    keys not admitted (looked up fewer than ``store_threshold`` times).
-    ``no_room``: not enough evictable chunks; nothing was changed.
-    """
-
-    keys: tuple[ChunkKey, ...] = ()
-    slots: tuple[int, ...] = ()
-    evicted: tuple[ChunkKey, ...] = ()
-    refused: tuple[ChunkKey, ...] = ()
-    no_room: bool = False
-
-
-@dataclass
-class DirectoryStats:
-    """Monotonic counters, mutated only by the owning directory."""
-
-    stores_prepared: int = 0
-    stores_completed: int = 0
-    stores_failed: int = 0
-    loads_prepared: int = 0
-    evictions: int = 0
-    admission_refusals: int = 0
-    no_room: int = 0
-    discarded: int = 0
-
-
 class Directory:
     """Slot bookkeeping for one tier with ``num_slots`` slots.
 
     ``store_threshold`` N >= 2 admits a chunk only after ``record_lookups`` saw it
-    N times; the counters are an LRU-bounded map of ``max_admission_counters`` keys.
+    N times (see :class:`~kvoffload.core.admission.AdmissionFilter`).
     """
 
     def __init__(
@@ -100,19 +61,9 @@ class Directory:
     ) -> None:
         if not isinstance(num_slots, int) or num_slots <= 0:
             raise ConfigError("num_slots", f"must be a positive integer, got {num_slots!r}")
-        if not isinstance(store_threshold, int) or store_threshold < 1:
-            raise ConfigError(
-                "store_threshold", f"must be an integer >= 1, got {store_threshold!r}"
-            )
-        if not isinstance(max_admission_counters, int) or max_admission_counters < 1:
-            raise ConfigError(
-                "max_admission_counters",
-                f"must be a positive integer, got {max_admission_counters!r}",
-            )
         self.tier = tier
         self.num_slots = num_slots
-        self.store_threshold = store_threshold
-        self.max_admission_counters = max_admission_counters
+        self.admission = AdmissionFilter(store_threshold, max_admission_counters)
         self.policy = make_policy(policy, num_slots) if isinstance(policy, str) else policy
         self.stats = DirectoryStats()
         self._index: dict[ChunkKey, int] = {}
@@ -122,9 +73,10 @@ class Directory:
         self._free = array("i", range(num_slots - 1, -1, -1))
         self._evictable = 0
         # Chunks discarded while STORING or LOADING: out of the index (they miss),
-        # slot still allocated until their job completes.
-        self._discarded: dict[ChunkKey, list[int]] = {}
-        self._admission: OrderedDict[ChunkKey, int] = OrderedDict()
+        # slot still allocated until their job completes. Such a key is not stored
+        # again until then, so a key is live or discarded, never both, and every
+        # completion names exactly one slot.
+        self._discarded: dict[ChunkKey, int] = {}
         self._events: list[CacheEvent] = []
 
     # ------------------------------------------------------------------ queries
@@ -207,16 +159,9 @@ class Directory:
     def record_lookups(self, keys: Iterable[ChunkKey]) -> None:
         """Count one request's interest in ``keys`` toward admission (no-op when
         ``store_threshold`` is 1). Present keys are not counted."""
-        if self.store_threshold <= 1:
-            return
-        counters, index = self._admission, self._index
-        for key in keys:
-            if key in index:
-                continue
-            counters[key] = counters.get(key, 0) + 1
-            counters.move_to_end(key)
-        while len(counters) > self.max_admission_counters:
-            counters.popitem(last=False)
+        if self.admission.active:
+            index = self._index
+            self.admission.record(k for k in keys if k not in index)
 
     # ------------------------------------------------------------------ loads
 
@@ -247,14 +192,21 @@ class Directory:
         for key, slot in located:
             self._unpin(key, slot)
 
-    def _locate_pinned(self, key: ChunkKey) -> tuple[ChunkKey, int]:
+    def _locate(self, key: ChunkKey, state: int) -> tuple[int, bool] | None:
+        """(slot, live) of ``key`` if its live or discarded copy is in ``state``."""
         slot = self._index.get(key)
-        if slot is not None and self._state[slot] == _LOADING:
-            return key, slot
-        for dslot in self._discarded.get(key, ()):
-            if self._state[dslot] == _LOADING:
-                return key, dslot
-        raise ContractViolation(f"{self.tier}: complete_load of a chunk that is not pinned")
+        if slot is not None:
+            return (slot, True) if self._state[slot] == state else None
+        slot = self._discarded.get(key)
+        if slot is not None and self._state[slot] == state:
+            return slot, False
+        return None
+
+    def _locate_pinned(self, key: ChunkKey) -> tuple[ChunkKey, int]:
+        found = self._locate(key, _LOADING)
+        if found is None:
+            raise ContractViolation(f"{self.tier}: complete_load of a chunk that is not pinned")
+        return key, found[0]
 
     def _pin(self, slot: int) -> None:
         if self._state[slot] == _READY:
@@ -273,12 +225,15 @@ class Directory:
             self._evictable += 1
         else:
             self._free_slot(slot)
-            self._release_discarded(key, slot)
+            del self._discarded[key]
 
     # ------------------------------------------------------------------ stores
 
     def prepare_store(self, keys: Sequence[ChunkKey]) -> PreparedStore:
         """Allocate STORING slots for the keys that are new and admitted.
+
+        Skipped: keys present in any state, keys whose discarded copy is still in
+        flight, duplicates. Refused: keys below the admission threshold.
 
         Evicts atomically: if the free slots plus the evictable chunks (READY,
         unpinned, not among ``keys``) cannot hold every new key, nothing changes
@@ -295,7 +250,9 @@ class Directory:
             seen.add(key)
             if key in index:
                 present.append(key)
-            elif self.store_threshold > 1 and self._admission.get(key, 0) < self.store_threshold:
+            elif key in self._discarded:
+                continue  # its old copy is still in flight; store it again later
+            elif not self.admission.admits(key):
                 refused.append(key)
             else:
                 new.append(key)
@@ -312,7 +269,7 @@ class Directory:
             self._set_state(slot, ChunkState.STORING)
             index[key] = slot
             self._slot_key[slot] = key
-            self._admission.pop(key, None)
+            self.admission.forget(key)
             slots.append(slot)
         self.stats.stores_prepared += len(new)
         return PreparedStore(tuple(new), tuple(slots), evicted, tuple(refused))
@@ -324,7 +281,9 @@ class Directory:
         shielded = {k for k in protected if state[index[k]] == _READY}
         if self._evictable - len(shielded) < needed:
             return None
-        victims = self.policy.evict(needed, lambda k: k not in shielded and state[index[k]] == _READY)
+        victims = self.policy.evict(
+            needed, lambda k: k not in shielded and state[index[k]] == _READY
+        )
         for key in victims:
             self._free_slot(index.pop(key))
         self._evictable -= len(victims)
@@ -337,14 +296,10 @@ class Directory:
         store of a chunk discarded meanwhile frees its slot either way."""
         located: list[tuple[ChunkKey, int, bool]] = []
         for key in keys:
-            slot = self._index.get(key)
-            if slot is not None and self._state[slot] == _STORING:
-                located.append((key, slot, True))
-                continue
-            dslots = [s for s in self._discarded.get(key, ()) if self._state[s] == _STORING]
-            if not dslots:
+            found = self._locate(key, _STORING)
+            if found is None:
                 raise ContractViolation(f"{self.tier}: complete_store of a chunk not being stored")
-            located.append((key, dslots[0], False))
+            located.append((key, *found))
         if len({slot for _, slot, _ in located}) != len(located):
             raise ContractViolation(f"{self.tier}: complete_store names a chunk twice")
         stored: list[ChunkKey] = []
@@ -359,7 +314,7 @@ class Directory:
                 self._free_slot(slot)
             else:
                 self._free_slot(slot)
-                self._release_discarded(key, slot)
+                del self._discarded[key]
         if success:
             self.stats.stores_completed += len(stored)
         else:
@@ -390,7 +345,7 @@ class Directory:
                 self._evictable -= 1
                 self._free_slot(slot)
             else:
-                self._discarded.setdefault(key, []).append(slot)
+                self._discarded[key] = slot
         if removed:
             self._events.append(CacheEvent(EventKind.REMOVED, tuple(removed), self.tier))
         return removed
@@ -399,7 +354,7 @@ class Directory:
         """Discard everything, forget policy history and admission counters."""
         removed = self.discard(list(self._index))
         self.policy.clear()
-        self._admission.clear()
+        self.admission.clear()
         return removed
 
     def take_events(self) -> list[CacheEvent]:
@@ -418,12 +373,6 @@ class Directory:
         self._pins[slot] = 0
         self._slot_key[slot] = None
         self._free.append(slot)
-
-    def _release_discarded(self, key: ChunkKey, slot: int) -> None:
-        slots = self._discarded[key]
-        slots.remove(slot)
-        if not slots:
-            del self._discarded[key]
 
     def check_integrity(self) -> None:
         """Verify every internal invariant; raise ContractViolation naming the first

@@ -28,15 +28,16 @@ def verify(d: Directory) -> None:
         owners[slot] = key
         if d._slot_key[slot] != key:
             _fail(d, f"slot {slot} does not name its key")
-    for key, slots in d._discarded.items():
-        if not slots:
-            _fail(d, "an empty discarded entry")
-        for slot in slots:
-            if slot in owners:
-                _fail(d, f"discarded slot {slot} is also indexed")
-            owners[slot] = key
-            if d._state[slot] not in (ChunkState.STORING, ChunkState.LOADING):
-                _fail(d, f"discarded slot {slot} is {ChunkState(d._state[slot]).name}")
+    for key, slot in d._discarded.items():
+        if key in d._index:
+            _fail(d, "a key is both live and discarded")
+        if slot in owners:
+            _fail(d, f"discarded slot {slot} is also indexed")
+        owners[slot] = key
+        if d._state[slot] not in (ChunkState.STORING, ChunkState.LOADING):
+            _fail(d, f"discarded slot {slot} is {ChunkState(d._state[slot]).name}")
+        if d._slot_key[slot] != key:
+            _fail(d, f"discarded slot {slot} does not name its key")
     if len(owners) + len(free) != d.num_slots:
         _fail(d, f"{len(owners)} owned + {len(free)} free != {d.num_slots} slots")
     evictable = 0
@@ -61,5 +62,5 @@ def verify(d: Directory) -> None:
         _fail(d, "the policy holds a key twice")
     if in_policy != readable:
         _fail(d, f"policy holds {len(in_policy)} keys, {len(readable)} are readable")
-    if len(d._admission) > d.max_admission_counters:
+    if len(d.admission) > d.admission.max_counters:
         _fail(d, "admission counters exceed their bound")

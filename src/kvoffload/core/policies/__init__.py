@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.policies.arc import ARCPolicy
-from kvoffload.core.policies.base import EvictionPolicy, Evictable
+from kvoffload.core.policies.base import Evictable, EvictionPolicy
 from kvoffload.core.policies.lru import LRUPolicy
 from kvoffload.core.policies.s3fifo import S3FIFOPolicy
 
@@ -32,14 +32,16 @@ def make_policy(name: str, capacity: int) -> EvictionPolicy:
     """Build the policy registered as ``name`` for ``capacity`` chunks."""
     cls = _REGISTRY.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise ConfigError("eviction", f"unknown policy {name!r}; valid: {', '.join(policy_names())}")
+        raise ConfigError(
+            "eviction", f"unknown policy {name!r}; valid: {', '.join(policy_names())}"
+        )
     return cls(capacity)
 
 
 __all__ = [
     "ARCPolicy",
-    "EvictionPolicy",
     "Evictable",
+    "EvictionPolicy",
     "LRUPolicy",
     "S3FIFOPolicy",
     "make_policy",

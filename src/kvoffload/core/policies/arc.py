@@ -16,7 +16,7 @@ from itertools import chain
 
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.policies.base import EvictionPolicy, Evictable
+from kvoffload.core.policies.base import Evictable, EvictionPolicy
 
 
 class ARCPolicy(EvictionPolicy):

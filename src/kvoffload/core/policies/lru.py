@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.policies.base import EvictionPolicy, Evictable, take_oldest
+from kvoffload.core.policies.base import Evictable, EvictionPolicy, take_oldest
 
 
 class LRUPolicy(EvictionPolicy):

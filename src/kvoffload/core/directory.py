@@ -83,27 +83,22 @@ class Directory:
 
     def lookup(self, keys: Sequence[ChunkKey]) -> LookupResult:
         """Per-key status and the length of the leading readable run. No side effects."""
-        index, state = self._index, self._state
-        statuses: list[LookupStatus] = []
-        prefix = -1
-        for i, key in enumerate(keys):
-            slot = index.get(key)
-            if slot is None:
-                statuses.append(LookupStatus.MISS)
-            elif state[slot] == _STORING:
-                statuses.append(LookupStatus.HIT_PENDING)
-            else:
-                statuses.append(LookupStatus.HIT)
-                continue
-            if prefix < 0:
-                prefix = i
-        return LookupResult(tuple(statuses), len(keys) if prefix < 0 else prefix)
+        state = self._state
+        miss, hit, pending = LookupStatus.MISS, LookupStatus.HIT, LookupStatus.HIT_PENDING
+        statuses = [
+            miss if slot is None else pending if state[slot] == _STORING else hit
+            for slot in map(self._index.get, keys)
+        ]
+        prefix = len(statuses)
+        for status in (miss, pending):
+            if status in statuses:
+                prefix = min(prefix, statuses.index(status))
+        return LookupResult(tuple(statuses), prefix)
 
     def readable_prefix(self, keys: Sequence[ChunkKey]) -> int:
         """Number of leading keys that are readable now (fast path of ``lookup``)."""
-        index, state = self._index, self._state
-        for i, key in enumerate(keys):
-            slot = index.get(key)
+        state = self._state
+        for i, slot in enumerate(map(self._index.get, keys)):
             if slot is None or state[slot] == _STORING:
                 return i
         return len(keys)

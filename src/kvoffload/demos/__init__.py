@@ -1,0 +1,1 @@
+"""Runnable demonstrations behind ``kvoffload demo``."""

@@ -1,0 +1,2 @@
+"""Synthetic and recorded workloads (pure Python): what the demo, the benchmarks and
+the simulator replay."""

@@ -129,6 +129,11 @@ class Directory:
         return self._evictable
 
     @property
+    def storing_count(self) -> int:
+        """Slots in STORING state (live or discarded)."""
+        return self._state.count(_STORING)
+
+    @property
     def pinned_count(self) -> int:
         """Total pins held (on readable and discarded chunks)."""
         return sum(self._pins)

@@ -1,0 +1,137 @@
+"""User configuration: one definition per option, validated at start-up.
+
+Every option is declared once in :data:`OPTIONS` (name, type, default, accepted
+values, meaning); :meth:`OffloadConfig.from_dict` validates a raw mapping (the vLLM
+``kv_connector_extra_config``) against it, and the docs' option table is generated
+from the same list, so the two cannot drift. Unknown keys and invalid values raise
+:class:`~kvoffload.core.errors.ConfigError` naming the key and the accepted values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvoffload.core.errors import ConfigError
+from kvoffload.core.policies import policy_names
+
+Check = Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration key: how to check it and what it means."""
+
+    name: str
+    accepted: str  # human description of the accepted values
+    default: Any
+    doc: str
+    check: Check
+    required: bool = False
+
+
+def _int_at_least(low: int) -> Check:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _positive_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _policy(v: Any) -> bool:
+    return isinstance(v, str) and v in policy_names()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "cpu_bytes",
+        "integer >= 1",
+        None,
+        "Host memory for offloaded chunks, in bytes, for all workers together.",
+        _int_at_least(1),
+        required=True,
+    ),
+    Option(
+        "chunk_tokens",
+        "positive multiple of the engine block size",
+        None,
+        "Tokens per chunk (the unit stored, loaded and evicted). Default: the engine block size.",
+        lambda v: v is None or _int_at_least(1)(v),
+    ),
+    Option(
+        "eviction",
+        " | ".join(policy_names()),
+        "lru",
+        "Eviction policy of the host tier.",
+        _policy,
+    ),
+    Option(
+        "store_threshold",
+        "integer >= 1",
+        1,
+        "Store a chunk only after this many requests looked it up (1 stores everything).",
+        _int_at_least(1),
+    ),
+    Option(
+        "max_deferral_steps",
+        "integer >= 1",
+        500,
+        "A request deferred (transfers in flight) for this many engine steps is admitted "
+        "without a hit and recomputes.",
+        _int_at_least(1),
+    ),
+    Option(
+        "max_deferral_seconds",
+        "number > 0",
+        5.0,
+        "Same bound in seconds; whichever is reached first applies.",
+        _positive_number,
+    ),
+)
+
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Validated kvoffload settings (see :data:`OPTIONS` for each field's meaning)."""
+
+    cpu_bytes: int
+    chunk_tokens: int | None = None
+    eviction: str = "lru"
+    store_threshold: int = 1
+    max_deferral_steps: int = 500
+    max_deferral_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            option = _BY_NAME[f.name]
+            value = getattr(self, f.name)
+            if not option.check(value):
+                raise ConfigError(f.name, f"invalid value {value!r}; accepted: {option.accepted}")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> OffloadConfig:
+        """Validate ``raw`` (e.g. ``kv_connector_extra_config``) into a config."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError("kv_connector_extra_config", f"must be a mapping, got {raw!r}")
+        unknown = sorted(set(raw) - set(_BY_NAME))
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown key; valid keys: {', '.join(sorted(_BY_NAME))}")
+        for option in OPTIONS:
+            if option.required and option.name not in raw:
+                raise ConfigError(option.name, f"is required ({option.accepted})")
+        return cls(**{k: raw[k] for k in raw})
+
+    def resolve_chunk_tokens(self, block_size: int) -> int:
+        """``chunk_tokens`` checked against the engine's block size (default: one block)."""
+        chunk = block_size if self.chunk_tokens is None else self.chunk_tokens
+        if chunk % block_size:
+            raise ConfigError(
+                "chunk_tokens",
+                f"invalid value {chunk!r}; accepted: a positive multiple of the engine "
+                f"block size {block_size}",
+            )
+        return chunk

@@ -1,0 +1,120 @@
+"""One request's state in the scheduler half: an explicit phase machine.
+
+::
+
+               lookup hit + on_allocated                load reported
+   WAITING ───────────────────────────────▶ LOADING ──────────────────▶ RUNNING
+     │ ▲  scheduled without a load (miss)                                  │ │
+     │ └───────────────────────────────────────────────────────────────────┼─┘
+     │          ▲ stores drained           preempted, stores in flight     │
+     │          └────────── PREEMPTED_DRAINING ◀───────────────────────────┤
+     │                        │  deferral bound reached: admitted, no hit  │
+     │                        └──────────────────────▶ RUNNING             │
+     │   preempted with nothing in flight: RUNNING ──▶ WAITING             │
+     ▼                                                                     ▼
+   finished / aborted:  ──▶ FINISHED_DRAINING (jobs in flight) ──drained──▶ DONE
+                        ──▶ DONE (nothing in flight)
+
+Invariant: ``jobs`` holds one load or any number of stores, never both; a request
+with any job in flight is never looked up in the directory (lookup answers retry
+later), which is what makes a preempted request's re-admission safe under
+asynchronous scheduling. Owned and mutated only by the scheduler half.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from kvoffload.core.errors import IllegalTransition
+from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.keys import KeyChain, Namespace
+from kvoffload.core.scheduler_types import EngineRequest
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # not running, nothing in flight: lookup consults the directory
+    LOADING = "loading"  # one load in flight; the engine waits for it
+    RUNNING = "running"  # admitted; store jobs may be in flight
+    PREEMPTED_DRAINING = "preempted_draining"  # preempted, stores in flight: retry later
+    FINISHED_DRAINING = "finished_draining"  # finished or aborted, jobs in flight
+    DONE = "done"  # terminal; the state is dropped
+
+
+_P = Phase
+TRANSITIONS: dict[tuple[Phase, Phase], str] = {
+    (_P.WAITING, _P.LOADING): "on_allocated with a hit: one load job",
+    (_P.WAITING, _P.RUNNING): "admitted without a load",
+    (_P.LOADING, _P.RUNNING): "the load was reported (failed blocks are recomputed)",
+    (_P.RUNNING, _P.PREEMPTED_DRAINING): "preempted while stores are in flight",
+    (_P.RUNNING, _P.WAITING): "preempted with nothing in flight",
+    (_P.PREEMPTED_DRAINING, _P.WAITING): "its stores were reported",
+    (_P.PREEMPTED_DRAINING, _P.RUNNING): "deferral bound reached: admitted without a hit",
+    (_P.WAITING, _P.FINISHED_DRAINING): "aborted before running, stores in flight",
+    (_P.LOADING, _P.FINISHED_DRAINING): "aborted while loading",
+    (_P.RUNNING, _P.FINISHED_DRAINING): "finished or aborted with jobs in flight",
+    (_P.PREEMPTED_DRAINING, _P.FINISHED_DRAINING): "aborted while draining",
+    (_P.WAITING, _P.DONE): "finished or aborted, nothing in flight",
+    (_P.RUNNING, _P.DONE): "finished or aborted, nothing in flight",
+    (_P.FINISHED_DRAINING, _P.DONE): "its last job was reported",
+}
+
+
+class RequestState:
+    """Everything the scheduler half knows about one request.
+
+    ``block_ids`` mirrors the engine's current allocation (cleared at preemption
+    and at every lookup). ``stored_chunks`` is the store cursor: chunks before it
+    were offered for storing in this admission. ``computed_tokens`` counts tokens
+    whose KV exists once the last scheduled step ran.
+    """
+
+    __slots__ = (
+        "block_ids",
+        "computed_tokens",
+        "deferred_since_s",
+        "deferred_since_step",
+        "final_store_pending",
+        "jobs",
+        "keys",
+        "lookup_hit",
+        "phase",
+        "request",
+        "stored_chunks",
+    )
+
+    def __init__(self, request: EngineRequest, namespace: Namespace, blocks_per_chunk: int):
+        self.request = request
+        self.phase = Phase.WAITING
+        self.keys = KeyChain(namespace, blocks_per_chunk)
+        self.block_ids: list[int] = []
+        self.stored_chunks = 0
+        self.computed_tokens = 0
+        self.jobs: dict[int, TransferJob] = {}
+        self.lookup_hit: tuple[int, int] | None = None  # (local tokens, external tokens)
+        self.deferred_since_step: int | None = None
+        self.deferred_since_s: float | None = None
+        self.final_store_pending = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def move(self, target: Phase) -> None:
+        """Change phase; raise :class:`IllegalTransition` if the table forbids it."""
+        if target is self.phase:
+            return
+        if (self.phase, target) not in TRANSITIONS:
+            raise IllegalTransition(
+                f"request {self.request_id!r}: {self.phase.name} -> {target.name} is not allowed"
+            )
+        self.phase = target
+
+    def has_load(self) -> bool:
+        return any(job.kind is JobKind.LOAD for job in self.jobs.values())
+
+    def store_ids(self) -> list[int]:
+        return [jid for jid, job in self.jobs.items() if job.kind is JobKind.STORE]
+
+    def clear_deferral(self) -> None:
+        self.deferred_since_step = None
+        self.deferred_since_s = None

@@ -1,0 +1,386 @@
+"""The scheduler half: per-request state machines, transfer jobs, the per-step plan.
+
+One instance per engine. The engine (the vLLM adapter or the reference engine)
+calls, in each scheduling pass:
+
+1. ``lookup(request, num_computed_tokens)`` for waiting requests: tokens loadable past
+   the engine's own prefix hit, or :data:`RETRY_LATER`;
+2. ``on_allocated(request_id, block_ids, num_external_tokens)`` once blocks are
+   allocated (emits one load job when ``num_external_tokens > 0``);
+3. ``on_finished(request_id)`` / ``on_aborted`` when a request ends (its blocks are
+   freed at once; final stores are planned from them and fenced);
+4. ``build_plan(StepInput)`` at the end of the pass: the :class:`StepPlan` for every
+   worker;
+
+and ``on_report(WorkerReport)`` for each worker's output when it arrives, which may
+be one step late (asynchronous scheduling).
+
+Correct by construction under every interleaving of those calls:
+
+- A request with any job in flight is never looked up in the directory: lookup
+  answers retry later (bounded: past ``max_deferral_steps`` / ``_seconds`` it answers
+  0, so the request recomputes and no load is ever issued on top of its stores).
+- Every in-flight store fences its source blocks: a store whose block is handed out
+  fresh in a step (to any request, or as a load destination) is in that step's
+  ``flush`` set, so the worker finishes it before the block is written.
+- Jobs complete exactly once (all workers reported). A failed load unpins its chunks
+  (the worker reports its blocks invalid, so the engine recomputes them); a failed
+  store frees its slots. Nothing in a failure path raises.
+
+Owned state: the request states, the job tracker and the directory; callers receive
+immutable plans and completions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from kvoffload.core.directory import Directory
+from kvoffload.core.errors import ContractViolation
+from kvoffload.core.events import CacheEvent
+from kvoffload.core.job_tracker import Completion, JobTracker
+from kvoffload.core.jobs import JobKind, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.keys import Namespace
+from kvoffload.core.request_state import Phase, RequestState
+from kvoffload.core.scheduler_checks import verify_scheduler
+from kvoffload.core.scheduler_types import (
+    RETRY_LATER,
+    Deferral,
+    EngineRequest,
+    SchedulerConfig,
+    SchedulerStats,
+    StepInput,
+)
+
+
+class OffloadScheduler:
+    """The engine-agnostic scheduler half of kvoffload (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        directory: Directory,
+        namespace: Namespace,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.directory = directory
+        self.namespace = namespace
+        self.stats = SchedulerStats()
+        self._clock = clock
+        self._states: dict[str, RequestState] = {}
+        self._tracker = JobTracker(config.world_size)
+        self._step = 0
+        self._pending_loads: list[TransferJob] = []
+        self._pending_flush: set[int] = set()
+        self._fresh_blocks: set[int] = set()
+        self._finishing: list[str] = []
+
+    # ------------------------------------------------------------------ lookup
+
+    def lookup(self, request: EngineRequest, num_computed_tokens: int) -> int | None:
+        """Tokens loadable past ``num_computed_tokens``, 0 on a miss, or RETRY_LATER.
+
+        Clears the request's stale block ids first. A request with transfer jobs in
+        flight gets RETRY_LATER without the directory being consulted, until its
+        deferral bound is reached (then 0: recompute). A hit of less than one chunk
+        past the local hit counts as 0. Changes no directory state.
+        """
+        self.stats.lookups += 1
+        state = self._states.get(request.request_id)
+        if state is None:
+            state = RequestState(request, self.namespace, self.config.blocks_per_chunk)
+            self._states[request.request_id] = state
+        elif state.phase is Phase.RUNNING:
+            self.on_preempted(request.request_id)  # only a preempted request is re-looked-up
+        state.request = request
+        state.block_ids.clear()
+        state.lookup_hit = None
+        if state.jobs and not self.config.testing_disable_inflight_deferral:
+            if state.has_load() or not self._deferral_expired(state):
+                self._defer(state, Deferral.TRANSFER_IN_FLIGHT)
+                return RETRY_LATER
+            self.stats.deferral_timeouts += 1
+            state.lookup_hit = (num_computed_tokens, 0)
+            return 0
+        chunk = self.config.chunk_tokens
+        keys = state.keys.extend(request.block_hashes)
+        hit_tokens = self.directory.readable_prefix(keys) * chunk
+        external = hit_tokens - num_computed_tokens
+        if external < chunk or num_computed_tokens % self.config.block_size:
+            external = 0
+        state.lookup_hit = (num_computed_tokens, external)
+        return external
+
+    def _deferral_expired(self, state: RequestState) -> bool:
+        if state.deferred_since_step is None or state.deferred_since_s is None:
+            return False
+        return (
+            self._step - state.deferred_since_step >= self.config.max_deferral_steps
+            or self._clock() - state.deferred_since_s >= self.config.max_deferral_seconds
+        )
+
+    def _defer(self, state: RequestState, reason: Deferral) -> None:
+        if state.deferred_since_step is None:
+            state.deferred_since_step = self._step
+            state.deferred_since_s = self._clock()
+        self.stats.deferrals[reason] = self.stats.deferrals.get(reason, 0) + 1
+
+    # -------------------------------------------------------------- allocation
+
+    def on_allocated(
+        self, request_id: str, block_ids: Sequence[int], num_external_tokens: int
+    ) -> None:
+        """The engine allocated ``block_ids`` (the request's whole allocation) for a
+        request it looked up; ``num_external_tokens`` is what it will load (the
+        lookup's answer, or 0). With a hit: pins the chunks and emits one load job."""
+        state = self._states.get(request_id)
+        if state is None or state.lookup_hit is None:
+            if num_external_tokens:
+                raise ContractViolation(f"on_allocated({request_id!r}) without a lookup hit")
+            return
+        local, external = state.lookup_hit
+        if num_external_tokens not in (0, external):
+            raise ContractViolation(
+                f"on_allocated({request_id!r}): {num_external_tokens} external tokens, "
+                f"lookup offered {external}"
+            )
+        chunk, block_size = self.config.chunk_tokens, self.config.block_size
+        keys = state.keys.keys
+        self.directory.touch(keys[: (local + num_external_tokens) // chunk])
+        self.directory.record_lookups(keys)
+        state.lookup_hit = None
+        state.clear_deferral()
+        state.stored_chunks = 0
+        if num_external_tokens == 0:
+            state.move(Phase.RUNNING)
+            return
+        first, end = local // chunk, (local + num_external_tokens) // chunk
+        first_block = local // block_size
+        blocks = tuple(block_ids[first_block : first_block + num_external_tokens // block_size])
+        job = TransferJob(
+            job_id=self._tracker.new_id(),
+            kind=JobKind.LOAD,
+            request_id=request_id,
+            keys=tuple(keys[first:end]),
+            slots=self.directory.prepare_load(keys[first:end]),
+            block_ids=blocks,
+            blocks_per_chunk=self.config.blocks_per_chunk,
+            skip_blocks=(local % chunk) // block_size,
+        )
+        self._track(state, job)
+        self._pending_loads.append(job)
+        self._fresh_blocks.update(blocks)
+        state.block_ids = list(block_ids)
+        state.move(Phase.LOADING)
+        self.stats.loads += 1
+        self.stats.loaded_chunks += len(job.keys)
+        self.stats.lookup_hit_tokens += num_external_tokens
+
+    def _track(self, state: RequestState, job: TransferJob) -> None:
+        self._tracker.add(job)
+        state.jobs[job.job_id] = job
+
+    # ------------------------------------------------------------ end of a request
+
+    def on_preempted(self, request_id: str) -> None:
+        """The engine freed a running request's blocks and re-queued it: its stores
+        are flushed in the next plan, and it is deferred until they are reported.
+        Idempotent; ignored for requests that are not running."""
+        state = self._states.get(request_id)
+        if state is None or state.phase is not Phase.RUNNING:
+            return
+        state.block_ids.clear()
+        stores = state.store_ids()
+        self._pending_flush.update(stores)
+        state.move(Phase.PREEMPTED_DRAINING if stores else Phase.WAITING)
+
+    def on_finished(self, request_id: str) -> None:
+        """The request finished or was aborted; the engine frees its blocks now.
+
+        A running request's last full chunks are stored by the next plan (the freed
+        blocks are fenced). The state is dropped once no job is in flight."""
+        state = self._states.get(request_id)
+        if state is None or state.phase in (Phase.FINISHED_DRAINING, Phase.DONE):
+            return
+        if state.phase is Phase.RUNNING:
+            state.computed_tokens = min(state.computed_tokens, state.request.num_computed_tokens)
+            state.final_store_pending = True
+            self._finishing.append(request_id)
+        if state.jobs or state.final_store_pending:
+            state.move(Phase.FINISHED_DRAINING)
+        else:
+            self._drop(state)
+
+    on_aborted = on_finished
+
+    def _drop(self, state: RequestState) -> None:
+        state.move(Phase.DONE)
+        del self._states[state.request_id]
+
+    # -------------------------------------------------------------------- plan
+
+    def build_plan(self, step: StepInput) -> StepPlan:
+        """The plan for this engine step (see :class:`StepPlan`); resets the
+        per-step bookkeeping."""
+        self._step += 1
+        for request_id in step.preempted:
+            self.on_preempted(request_id)
+        stores: list[TransferJob] = []
+        for sched in step.scheduled:
+            state = self._states.get(sched.request_id)
+            if state is None or state.phase not in (
+                Phase.WAITING,
+                Phase.RUNNING,
+                Phase.PREEMPTED_DRAINING,
+            ):
+                continue
+            if sched.replace:
+                state.block_ids = list(sched.block_ids)
+                held = sched.num_computed_tokens // self.config.block_size
+                self._fresh_blocks.update(sched.block_ids[held:])
+            else:
+                state.block_ids.extend(sched.block_ids)
+                self._fresh_blocks.update(sched.block_ids)
+            state.computed_tokens = sched.num_computed_tokens + sched.num_scheduled_tokens
+            state.clear_deferral()
+            state.move(Phase.RUNNING)
+            self._plan_stores(state, stores)
+        for request_id in self._finishing:
+            state = self._states.get(request_id)
+            if state is not None and state.final_store_pending:
+                state.final_store_pending = False
+                self._plan_stores(state, stores)
+                if not state.jobs:
+                    self._drop(state)
+        flush = self._pending_flush | self._fenced_by_fresh_blocks()
+        flush &= {job.job_id for job in self._tracker.jobs() if job.kind is JobKind.STORE}
+        plan = StepPlan(self._step, tuple(self._pending_loads), tuple(stores), frozenset(flush))
+        self.stats.flushes += len(flush)
+        self._pending_loads = []
+        self._pending_flush = set()
+        self._fresh_blocks = set()
+        self._finishing = []
+        return plan
+
+    def _fenced_by_fresh_blocks(self) -> set[int]:
+        """Store jobs reading a block handed out fresh this step to anyone but the
+        job's own running request (whose fresh blocks its stores are meant to read,
+        after this step's forward pass writes them)."""
+        fenced: set[int] = set()
+        for job_id in self._tracker.fenced(self._fresh_blocks):
+            job = self._tracker.get(job_id)
+            owner = self._states.get(job.request_id) if job is not None else None
+            if job is None:
+                continue
+            if owner is not None and owner.phase is Phase.RUNNING:
+                held = set(owner.block_ids)
+                if all(b in held for b in job.block_ids if b in self._fresh_blocks):
+                    continue
+            fenced.add(job_id)
+        return fenced
+
+    def _plan_stores(self, state: RequestState, out: list[TransferJob]) -> None:
+        """Offer the request's newly full chunks for storing (at most one job)."""
+        if state.has_load():
+            return
+        k, chunk = self.config.blocks_per_chunk, self.config.chunk_tokens
+        hashes = state.request.block_hashes
+        keys = state.keys.extend(hashes)
+        tokens = min(state.computed_tokens, len(hashes) * self.config.block_size)
+        end = min(tokens // chunk, len(keys), len(state.block_ids) // k)
+        start = state.stored_chunks
+        if end <= start:
+            return
+        prepared = self.directory.prepare_store(keys[start:end])
+        if prepared.no_room:
+            self.stats.store_no_room += 1
+            return  # offered again next step
+        state.stored_chunks = end
+        if not prepared.keys:
+            return
+        position = {key: start + i for i, key in enumerate(keys[start:end])}
+        blocks = tuple(b for key in prepared.keys for b in state.block_ids[position[key] * k :][:k])
+        job = TransferJob(
+            job_id=self._tracker.new_id(),
+            kind=JobKind.STORE,
+            request_id=state.request_id,
+            keys=prepared.keys,
+            slots=prepared.slots,
+            block_ids=blocks,
+            blocks_per_chunk=k,
+        )
+        self._track(state, job)
+        out.append(job)
+        self.stats.stores += 1
+        self.stats.stored_chunks += len(job.keys)
+
+    # ------------------------------------------------------------------ reports
+
+    def on_report(self, report: WorkerReport) -> list[Completion]:
+        """Apply one worker's results; return the jobs that completed (all workers
+        reported). Unknown and repeated results are ignored and counted."""
+        done: list[Completion] = []
+        for result in report.results:
+            completion = self._tracker.record(report.rank, result)
+            if completion is None:
+                if result.job_id not in self._tracker:
+                    self.stats.stale_completions += 1
+                continue
+            self._complete(completion)
+            done.append(completion)
+        return done
+
+    def _complete(self, completion: Completion) -> None:
+        job = completion.job
+        if job.kind is JobKind.STORE:
+            self.directory.complete_store(job.keys, completion.success)
+            self.stats.store_failures += not completion.success
+        else:
+            self.directory.complete_load(job.keys)
+            self.stats.load_failures += not completion.success
+        state = self._states.get(job.request_id)
+        if state is None:
+            return
+        del state.jobs[job.job_id]
+        if job.kind is JobKind.LOAD and state.phase is Phase.LOADING:
+            state.move(Phase.RUNNING)
+        if state.jobs:
+            return
+        if state.phase is Phase.PREEMPTED_DRAINING:
+            state.move(Phase.WAITING)
+        elif state.phase is Phase.FINISHED_DRAINING and not state.final_store_pending:
+            self._drop(state)
+
+    # ------------------------------------------------------------------ the rest
+
+    def reset(self) -> None:
+        """Forget every offloaded chunk (e.g. vLLM's reset_cache). Jobs in flight
+        still complete and release their requests, but what they stored is never
+        readable: the directory discarded it."""
+        self.directory.reset()
+        for state in self._states.values():
+            state.stored_chunks = 0
+        self.stats.resets += 1
+
+    def take_events(self) -> list[CacheEvent]:
+        return self.directory.take_events()
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def jobs_in_flight(self) -> list[TransferJob]:
+        return self._tracker.jobs()
+
+    def state_of(self, request_id: str) -> RequestState | None:
+        return self._states.get(request_id)
+
+    def request_ids(self) -> list[str]:
+        return list(self._states)
+
+    def check_integrity(self) -> None:
+        """Verify every scheduler-half and directory invariant (tests, debug runs)."""
+        verify_scheduler(self._states, self._tracker, self.directory)

@@ -1,0 +1,120 @@
+"""Inputs, settings and counters of the scheduler half (all engine-agnostic).
+
+The engine (the vLLM adapter, or the reference engine) describes each step with a
+:class:`StepInput`; requests are read through the :class:`EngineRequest` protocol,
+which vLLM's ``Request`` satisfies as is.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvoffload.core.errors import ConfigError
+
+
+class EngineRequest(Protocol):
+    """What the scheduler half reads from an engine's request object."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def block_hashes(self) -> Sequence[bytes]:
+        """Chained, salted hashes of the request's full blocks (grows with tokens)."""
+        ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+
+class Deferral(enum.Enum):
+    """Why lookup answered *retry later*."""
+
+    TRANSFER_IN_FLIGHT = "transfer_in_flight"
+
+
+RETRY_LATER = None
+"""Lookup's answer when the request must be asked again in a later step."""
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request scheduled in this step.
+
+    ``block_ids``: blocks added to the request this step; when ``replace`` is true
+    (first schedule, or resumed after preemption) it is the request's whole
+    allocation, whose first ``num_computed_tokens // block_size`` blocks already
+    hold KV (prefix hits or loaded). Blocks past those are *fresh*: this step's
+    forward pass (or a load) writes them.
+    """
+
+    request_id: str
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    block_ids: tuple[int, ...] = ()
+    replace: bool = False
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """What the engine scheduled in one step, given to ``build_plan``."""
+
+    scheduled: tuple[ScheduledRequest, ...] = ()
+    preempted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Geometry and bounds of the scheduler half.
+
+    ``testing_disable_inflight_deferral`` exists only so the interleaving explorer
+    can show that it finds the race this deferral prevents; never set it otherwise.
+    """
+
+    block_size: int
+    blocks_per_chunk: int = 1
+    world_size: int = 1
+    max_deferral_steps: int = 500
+    max_deferral_seconds: float = 5.0
+    testing_disable_inflight_deferral: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "blocks_per_chunk", "world_size", "max_deferral_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"invalid value {value!r}; accepted: integer >= 1")
+        if not self.max_deferral_seconds > 0:
+            raise ConfigError(
+                "max_deferral_seconds",
+                f"invalid value {self.max_deferral_seconds!r}; accepted: number > 0",
+            )
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.block_size * self.blocks_per_chunk
+
+
+@dataclass
+class SchedulerStats:
+    """Monotonic counters, mutated only by the owning scheduler half."""
+
+    lookups: int = 0
+    lookup_hit_tokens: int = 0
+    deferrals: dict[Deferral, int] = field(default_factory=dict)
+    deferral_timeouts: int = 0
+    loads: int = 0
+    load_failures: int = 0
+    loaded_chunks: int = 0
+    stores: int = 0
+    store_failures: int = 0
+    stored_chunks: int = 0
+    store_no_room: int = 0
+    flushes: int = 0
+    stale_completions: int = 0
+    resets: int = 0

@@ -120,3 +120,19 @@ def test_s3fifo_demotes_one_hit_chunks_and_keeps_reused_ones() -> None:
     # S = c is still at target, so M is preferred; b's count buys one reinsertion only.
     assert p.evict(1, lambda k: True) == [K("b")]
     assert set(p) == {K("c")}
+
+
+def test_s3fifo_finds_a_victim_promoted_into_main_by_the_small_pass() -> None:
+    """Found by the interleaving explorer: M holds only pinned chunks, and S's last
+    evictable chunk has been used, so the S pass promotes it into M."""
+    p = make_policy("s3fifo", 10)  # small target 1
+    for name in ("m1", "m2"):
+        p.insert(K(name))
+        p.touch(K(name))
+    p.insert(K("x"))
+    p.evict(1, lambda k: k == K("x"))  # S -> M promotions of m1, m2; x evicted
+    p.insert(K("a"))
+    p.insert(K("b"))
+    p.touch(K("b"))
+    pinned = {K("m1"), K("m2")}
+    assert sorted(p.evict(2, lambda k: k not in pinned)) == [K("a"), K("b")]

@@ -52,6 +52,7 @@ from kvoffload.core.scheduler_types import (
     SchedulerStats,
     StepInput,
 )
+from kvoffload.core.store_planning import fenced_stores, plan_store_job
 
 
 class OffloadScheduler:
@@ -255,7 +256,7 @@ class OffloadScheduler:
                 self._plan_stores(state, stores)
                 if not state.jobs:
                     self._drop(state)
-        flush = self._pending_flush | self._fenced_by_fresh_blocks()
+        flush = self._pending_flush | fenced_stores(self._tracker, self._states, self._fresh_blocks)
         flush &= {job.job_id for job in self._tracker.jobs() if job.kind is JobKind.STORE}
         plan = StepPlan(self._step, tuple(self._pending_loads), tuple(stores), frozenset(flush))
         self.stats.flushes += len(flush)
@@ -265,53 +266,10 @@ class OffloadScheduler:
         self._finishing = []
         return plan
 
-    def _fenced_by_fresh_blocks(self) -> set[int]:
-        """Store jobs reading a block handed out fresh this step to anyone but the
-        job's own running request (whose fresh blocks its stores are meant to read,
-        after this step's forward pass writes them)."""
-        fenced: set[int] = set()
-        for job_id in self._tracker.fenced(self._fresh_blocks):
-            job = self._tracker.get(job_id)
-            owner = self._states.get(job.request_id) if job is not None else None
-            if job is None:
-                continue
-            if owner is not None and owner.phase is Phase.RUNNING:
-                held = set(owner.block_ids)
-                if all(b in held for b in job.block_ids if b in self._fresh_blocks):
-                    continue
-            fenced.add(job_id)
-        return fenced
-
     def _plan_stores(self, state: RequestState, out: list[TransferJob]) -> None:
-        """Offer the request's newly full chunks for storing (at most one job)."""
-        if state.has_load():
+        job = plan_store_job(state, self.directory, self._tracker.new_id, self.config)
+        if job is None:
             return
-        k, chunk = self.config.blocks_per_chunk, self.config.chunk_tokens
-        hashes = state.request.block_hashes
-        keys = state.keys.extend(hashes)
-        tokens = min(state.computed_tokens, len(hashes) * self.config.block_size)
-        end = min(tokens // chunk, len(keys), len(state.block_ids) // k)
-        start = state.stored_chunks
-        if end <= start:
-            return
-        prepared = self.directory.prepare_store(keys[start:end])
-        if prepared.no_room:
-            self.stats.store_no_room += 1
-            return  # offered again next step
-        state.stored_chunks = end
-        if not prepared.keys:
-            return
-        position = {key: start + i for i, key in enumerate(keys[start:end])}
-        blocks = tuple(b for key in prepared.keys for b in state.block_ids[position[key] * k :][:k])
-        job = TransferJob(
-            job_id=self._tracker.new_id(),
-            kind=JobKind.STORE,
-            request_id=state.request_id,
-            keys=prepared.keys,
-            slots=prepared.slots,
-            block_ids=blocks,
-            blocks_per_chunk=k,
-        )
         self._track(state, job)
         out.append(job)
         self.stats.stores += 1

@@ -114,7 +114,6 @@ class SchedulerStats:
     stores: int = 0
     store_failures: int = 0
     stored_chunks: int = 0
-    store_no_room: int = 0
     flushes: int = 0
     stale_completions: int = 0
     resets: int = 0

@@ -60,14 +60,18 @@ class S3FIFOPolicy(EvictionPolicy):
         victims: list[ChunkKey] = []
         while len(victims) < n:
             prefer_small = len(self.small) > self.small_target or not self.main
-            first, second = (
+            # A pass over S may promote S's last evictable chunks into M: when M was
+            # tried first, it is tried again after S.
+            attempts = (
                 (self._evict_small, self._evict_main)
                 if prefer_small
-                else (self._evict_main, self._evict_small)
+                else (self._evict_main, self._evict_small, self._evict_main)
             )
-            victim = first(evictable)
-            if victim is None:
-                victim = second(evictable)
+            victim = None
+            for attempt in attempts:
+                victim = attempt(evictable)
+                if victim is not None:
+                    break
             if victim is None:  # the caller promised n evictable chunks
                 raise ContractViolation(f"s3fifo: asked for {n} victims, found {len(victims)}")
             victims.append(victim)

@@ -1,0 +1,80 @@
+"""Store jobs and flush fences: the parts of the plan derived from engine blocks.
+
+Pure functions over the scheduler half's state (they mutate only what their
+docstrings name), kept apart from the request lifecycle in
+:mod:`kvoffload.core.scheduler`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvoffload.core.directory import Directory
+from kvoffload.core.job_tracker import JobTracker
+from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.request_state import Phase, RequestState
+from kvoffload.core.scheduler_types import SchedulerConfig
+
+
+def plan_store_job(
+    state: RequestState,
+    directory: Directory,
+    new_id: Callable[[], int],
+    config: SchedulerConfig,
+) -> TransferJob | None:
+    """A store job for the request's chunks that became full since its store cursor.
+
+    Full means: every token of the chunk has a block hash (tokens known) and KV
+    (``computed_tokens``), and the request holds the chunk's blocks. Prepares the
+    store in ``directory`` and advances ``state.stored_chunks``; on "no room" changes
+    nothing (the chunks are offered again next step) and returns None. Never for a
+    request with a load in flight."""
+    if state.has_load():
+        return None
+    k, chunk = config.blocks_per_chunk, config.chunk_tokens
+    hashes = state.request.block_hashes
+    keys = state.keys.extend(hashes)
+    tokens = min(state.computed_tokens, len(hashes) * config.block_size)
+    end = min(tokens // chunk, len(keys), len(state.block_ids) // k)
+    start = state.stored_chunks
+    if end <= start:
+        return None
+    prepared = directory.prepare_store(keys[start:end])
+    if prepared.no_room:
+        return None
+    state.stored_chunks = end
+    if not prepared.keys:
+        return None
+    position = {key: start + i for i, key in enumerate(keys[start:end])}
+    blocks = tuple(b for key in prepared.keys for b in state.block_ids[position[key] * k :][:k])
+    return TransferJob(
+        job_id=new_id(),
+        kind=JobKind.STORE,
+        request_id=state.request_id,
+        keys=prepared.keys,
+        slots=prepared.slots,
+        block_ids=blocks,
+        blocks_per_chunk=k,
+    )
+
+
+def fenced_stores(
+    tracker: JobTracker, states: dict[str, RequestState], fresh_blocks: set[int]
+) -> set[int]:
+    """In-flight store jobs that must finish before this step writes ``fresh_blocks``.
+
+    A store is fenced when it reads a block handed out fresh this step to anyone but
+    the store's own running request: that request's fresh blocks are exactly what
+    its stores capture, after this step's forward pass writes them."""
+    fenced: set[int] = set()
+    for job_id in tracker.fenced(fresh_blocks):
+        job = tracker.get(job_id)
+        if job is None:
+            continue
+        owner = states.get(job.request_id)
+        if owner is not None and owner.phase is Phase.RUNNING:
+            held = set(owner.block_ids)
+            if all(b in held for b in job.block_ids if b in fresh_blocks):
+                continue
+        fenced.add(job_id)
+    return fenced

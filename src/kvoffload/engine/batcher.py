@@ -1,0 +1,211 @@
+"""Batch formation of the reference engine: queues, admission, preemption.
+
+Each step, running requests are served first (in order; when blocks run out the
+most recently admitted running request is preempted by recompute, after blocks
+held idle by waiting requests were reclaimed, and never while a load in flight
+holds the blocks needed: the request then waits a step instead of thrashing).
+Waiting requests follow only if nothing was preempted: those already holding
+blocks first, then the queue in order, each looked up in kvoffload's scheduler
+half and allocated its local prefix hit plus either the blocks its load fills or
+those of its first scheduled tokens. Owned by one engine.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from kvoffload.core.scheduler import OffloadScheduler
+from kvoffload.core.scheduler_types import RETRY_LATER, ScheduledRequest
+from kvoffload.engine.block_pool import BlockPool
+from kvoffload.engine.request import Request, Status
+from kvoffload.engine.settings import EngineConfig
+
+
+class _Admission(enum.Enum):
+    ADMITTED = "admitted"  # scheduled from its local hit
+    LOADING = "loading"  # a load was issued; it waits for it
+    DEFERRED = "deferred"  # lookup said retry later
+    NO_BLOCKS = "no_blocks"
+
+
+class Batcher:
+    def __init__(
+        self, config: EngineConfig, pool: BlockPool, scheduler: OffloadScheduler | None
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.scheduler = scheduler
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.preemptions = 0
+
+    def schedule(self) -> tuple[list[tuple[ScheduledRequest, Request]], tuple[str, ...]]:
+        out: list[tuple[ScheduledRequest, Request]] = []
+        preempted: list[str] = []
+        budget = self.config.token_budget
+        for req in list(self.running):
+            if req not in self.running or budget == 0:
+                continue
+            n_new = min(req.target_tokens() - req.num_computed_tokens, budget)
+            if n_new <= 0:
+                continue
+            need = self._blocks_for(req.num_computed_tokens + n_new) - len(req.block_ids)
+            for holder in self._idle_holders():
+                if self.pool.num_free >= need:
+                    break
+                self._preempt(holder)
+                preempted.append(holder.request_id)
+            if self.pool.num_free < need and self._loads_in_flight():
+                continue  # a load holds the blocks: wait for it rather than thrash
+            while self.pool.num_free < need and req in self.running:
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+            if req not in self.running:
+                continue
+            new = self.pool.allocate(max(0, need)) or []
+            out.append((self._scheduled(req, new, n_new), req))
+            budget -= n_new
+        if preempted:
+            return out, tuple(preempted)
+        # Waiting requests that hold blocks (their load landed) go first, or a request
+        # ahead of them that needs those blocks would wait forever.
+        holders = self._idle_holders()
+        for req in holders + [r for r in self.waiting if r not in holders]:
+            if len(self.running) >= self.config.max_running or budget == 0:
+                break
+            if req.status is Status.WAITING_FOR_LOAD:
+                if req.load_ok is None:
+                    continue
+                self._land_load(req)
+            elif not req.block_ids:  # new or preempted: look it up
+                admission = self._admit(req, budget)
+                if admission is _Admission.DEFERRED or admission is _Admission.LOADING:
+                    continue
+                if admission is _Admission.NO_BLOCKS:
+                    break
+            n_new = min(req.target_tokens() - req.num_computed_tokens, budget)
+            need = self._blocks_for(req.num_computed_tokens + n_new) - len(req.block_ids)
+            if req in holders and self.pool.num_free < need:
+                # Holders must not wait on each other: the later ones give way.
+                for other in reversed(self._idle_holders()):
+                    if self.pool.num_free >= need:
+                        break
+                    if other is not req:
+                        self._preempt(other)
+                        preempted.append(other.request_id)
+            fresh = self.pool.allocate(max(0, need))
+            if fresh is None:
+                if req in holders:
+                    continue
+                break
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = Status.RUNNING
+            out.append((self._scheduled(req, fresh, n_new), req))
+            budget -= n_new
+        return out, tuple(preempted)
+
+    def _idle_holders(self) -> list[Request]:
+        """Waiting requests holding blocks whose load has been reported."""
+        return [
+            r
+            for r in self.waiting
+            if r.block_ids and (r.status is not Status.WAITING_FOR_LOAD or r.load_ok is not None)
+        ]
+
+    def _loads_in_flight(self) -> bool:
+        return any(r.status is Status.WAITING_FOR_LOAD and r.load_ok is None for r in self.waiting)
+
+    def _admit(self, req: Request, budget: int) -> _Admission:
+        """Look a new (or preempted) request up; allocate its local hit, and either
+        the blocks its load fills or those of its first scheduled tokens."""
+        bs = self.config.block_size
+        local_blocks = self.pool.cached_prefix(req.block_hashes[: (req.num_tokens - 1) // bs])
+        local = len(local_blocks) * bs
+        external = 0
+        if self.scheduler is not None:
+            answer = self.scheduler.lookup(req, local)
+            if answer is RETRY_LATER:
+                return _Admission.DEFERRED
+            external = answer
+        if external:
+            need = self._blocks_for(local + external) - len(local_blocks)
+        else:
+            n_new = min(req.target_tokens() - local, budget)
+            need = self._blocks_for(local + n_new) - len(local_blocks)
+        if self.pool.num_free < need + sum(1 for b in local_blocks if self.pool.ref[b] == 0):
+            return _Admission.NO_BLOCKS
+        self.pool.acquire(local_blocks)
+        req.block_ids = local_blocks + (self.pool.allocate(need) or [])
+        req.num_computed_tokens = local
+        req.whole_allocation_next = True
+        if self.scheduler is not None:
+            self.scheduler.on_allocated(req.request_id, req.block_ids, external)
+        if not external:
+            return _Admission.ADMITTED
+        req.status = Status.WAITING_FOR_LOAD
+        req.load = (local, external)
+        req.load_ok = None
+        # Only the blocks the load fills are allocated: the first scheduled tokens
+        # get theirs once the load has landed.
+        return _Admission.LOADING
+
+    def _land_load(self, req: Request) -> None:
+        """The load was reported: continue from what it brought (or recompute)."""
+        local, external = req.load or (req.num_computed_tokens, 0)
+        req.num_computed_tokens = local + external if req.load_ok else local
+        if req.num_computed_tokens >= req.target_tokens():
+            req.num_computed_tokens = req.target_tokens() - 1
+        req.status = Status.WAITING
+        req.load = None
+        req.load_ok = None
+        req.whole_allocation_next = True
+        self.cache_computed(req)
+
+    def _scheduled(self, req: Request, new: list[int], n_new: int) -> ScheduledRequest:
+        req.block_ids += new
+        whole = req.whole_allocation_next
+        req.whole_allocation_next = False
+        sched = ScheduledRequest(
+            req.request_id,
+            req.num_computed_tokens,
+            n_new,
+            tuple(req.block_ids) if whole else tuple(new),
+            replace=whole,
+        )
+        req.num_computed_tokens += n_new
+        return sched
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_size)
+
+    def _preempt(self, req: Request) -> None:
+        """Free a running request's blocks (or a waiting one's whose load landed) and
+        queue it again at the front, to recompute from scratch."""
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self.free_blocks(req)
+        req.load = None
+        req.load_ok = None
+        req.num_computed_tokens = 0
+        req.pending.clear()
+        req.generation += 1
+        req.status = Status.WAITING
+        req.whole_allocation_next = True
+        req.preemptions += 1
+        self.preemptions += 1
+        self.waiting.insert(0, req)
+
+    def free_blocks(self, req: Request) -> None:
+        self.pool.release(req.block_ids)
+        req.block_ids = []
+
+    def cache_computed(self, req: Request) -> None:
+        """Register the request's full computed blocks in the prefix cache."""
+        if req.status is Status.WAITING_FOR_LOAD or req.done:
+            return
+        full = min(req.num_computed_tokens // self.config.block_size, len(req.block_hashes))
+        self.pool.cache(req.block_ids[:full], req.block_hashes[:full])

@@ -1,0 +1,224 @@
+"""The reference engine: scheduling, the forward pass, and applying outputs.
+
+Each engine step schedules a batch (running requests first, preempting the most
+recent ones by recompute when blocks run out; then waiting requests, looked up in
+kvoffload's scheduler half), builds kvoffload's plan, runs the worker's
+pre-forward part of the plan (flushes, loads), the forward pass, and collects the
+worker's reports. Applying a batch's output (sampled tokens, finished requests,
+the reports) happens right after it in ``SYNC`` mode, and only after the *next*
+batch was scheduled and run in ``BATCH_QUEUE`` mode: exactly the window in which a
+preempted request can be re-admitted before its flushed stores are acknowledged.
+
+It calls the scheduler half as the vLLM adapter does: ``lookup`` and
+``on_allocated`` while scheduling, ``build_plan`` once per step, ``on_finished`` /
+``on_aborted`` before freeing a request's blocks, ``on_report`` when applying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvoffload.core.jobs import JobKind, StepPlan, WorkerReport
+from kvoffload.core.scheduler import OffloadScheduler
+from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
+from kvoffload.engine.batcher import Batcher
+from kvoffload.engine.block_pool import BlockPool
+from kvoffload.engine.model import KV_BYTES, SEED, kv_next, sample
+from kvoffload.engine.request import Request, Status
+from kvoffload.engine.settings import EngineConfig, StepMode
+
+
+class EngineWorker(Protocol):
+    """The worker half as the engine drives it, once per step, in this order."""
+
+    def begin_step(self, plan: StepPlan) -> None:
+        """Before the forward pass: finish ``plan.flush``, take loads and stores."""
+
+    def end_forward(self) -> None:
+        """After the forward pass: this step's stores may run from now on."""
+
+    def collect(self) -> list[WorkerReport]:
+        """Results to send back with this step's output (one report per worker)."""
+
+    def applied(self, reports: list[WorkerReport]) -> None:
+        """The engine applied ``reports`` to the scheduler half."""
+
+
+@dataclass
+class _Batch:
+    step: int
+    sampled: list[tuple[Request, int, int]] = field(default_factory=list)  # req, gen, token
+    reports: list[WorkerReport] = field(default_factory=list)
+
+
+class ReferenceEngine:
+    """See the module docstring. Owns its requests, block pool and queues."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        scheduler: OffloadScheduler | None = None,
+        worker: EngineWorker | None = None,
+        pool: BlockPool | None = None,
+    ) -> None:
+        if (scheduler is None) != (worker is None):
+            raise ValueError("give both a scheduler half and a worker, or neither")
+        self.config = config
+        self.scheduler = scheduler
+        self.worker = worker
+        self.pool = pool or BlockPool(config.num_blocks, config.block_size)
+        self.pool.caching = config.enable_prefix_caching
+        self.batcher = Batcher(config, self.pool, scheduler)
+        self.requests: dict[str, Request] = {}
+        self.steps = 0
+        self._in_flight: _Batch | None = None
+        self._load_jobs: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ requests
+
+    @property
+    def waiting(self) -> list[Request]:
+        return self.batcher.waiting
+
+    @property
+    def running(self) -> list[Request]:
+        return self.batcher.running
+
+    @property
+    def preemptions(self) -> int:
+        return self.batcher.preemptions
+
+    def add_request(
+        self, request_id: str, prompt: list[int], max_tokens: int, salt: str | None = None
+    ) -> Request:
+        req = Request(request_id, prompt, max_tokens, self.config.block_size, salt)
+        self.requests[request_id] = req
+        self.waiting.append(req)
+        return req
+
+    def abort(self, request_id: str) -> None:
+        """Abort between steps. A request waiting for its load keeps its blocks until
+        the load is reported."""
+        req = self.requests.get(request_id)
+        if req is None or req.done:
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        keep_blocks = req.status is Status.WAITING_FOR_LOAD and req.load_ok is None
+        req.status = Status.ABORTED
+        if self.scheduler is not None:
+            self.scheduler.on_aborted(request_id)
+        if not keep_blocks:
+            self.batcher.free_blocks(req)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing left to do: no request, no job, no output still to apply."""
+        queued = self._in_flight
+        unapplied = queued is not None and (
+            queued.sampled or any(report.results for report in queued.reports)
+        )
+        busy = self.waiting or self.running or unapplied
+        jobs = self.scheduler is not None and (
+            self.scheduler.jobs_in_flight() or self.scheduler.request_ids()
+        )
+        return not busy and not jobs
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self) -> None:
+        batch = self._schedule_and_run()
+        if self.config.mode is StepMode.SYNC:
+            self._apply(batch)
+            return
+        previous, self._in_flight = self._in_flight, batch
+        if previous is not None:
+            self._apply(previous)
+
+    def drain(self) -> None:
+        """Apply the batch still in the queue (batch-queue mode)."""
+        if self._in_flight is not None:
+            batch, self._in_flight = self._in_flight, None
+            self._apply(batch)
+
+    def _schedule_and_run(self) -> _Batch:
+        self.steps += 1
+        scheduled, preempted = self.batcher.schedule()
+        batch = _Batch(self.steps)
+        if self.scheduler is not None and self.worker is not None:
+            plan = self.scheduler.build_plan(StepInput(tuple(s for s, _ in scheduled), preempted))
+            for job in plan.loads:
+                self._load_jobs[job.job_id] = job.request_id
+            self.worker.begin_step(plan)
+        for sched, req in scheduled:
+            self._forward(req, sched, batch)
+        if self.worker is not None:
+            self.worker.end_forward()
+            batch.reports = self.worker.collect()
+        for _, req in scheduled:
+            self.batcher.cache_computed(req)
+        return batch
+
+    # ---------------------------------------------------------------- forward
+
+    def _forward(self, req: Request, sched: ScheduledRequest, batch: _Batch) -> None:
+        """Compute KV for the scheduled positions, reading the chain's previous link
+        from the blocks; sample from every context position read from the blocks."""
+        bs = self.config.block_size
+        tokens = req.known_tokens
+        start, end = (
+            sched.num_computed_tokens,
+            sched.num_computed_tokens + sched.num_scheduled_tokens,
+        )
+        prev = self.pool.read_tokens(req.block_ids, start)[-KV_BYTES:] if start else SEED
+        pos = start
+        while pos < end:
+            block, offset = req.block_ids[pos // bs], pos % bs
+            take = min(bs - offset, end - pos)
+            chunk = bytearray()
+            for token in tokens[pos : pos + take]:
+                prev = kv_next(prev, token)
+                chunk += prev
+            self.pool.write(block, offset, bytes(chunk))
+            pos += take
+        if end == len(tokens) and req.wants_more():
+            token = sample(self.pool.read_tokens(req.block_ids, end), self.config.vocab)
+            req.pending.append(token)
+            batch.sampled.append((req, req.generation, token))
+
+    # ---------------------------------------------------------------- outputs
+
+    def _apply(self, batch: _Batch) -> None:
+        for req, generation, token in batch.sampled:
+            if generation != req.generation or req.status is not Status.RUNNING:
+                continue
+            req.pending.pop(0)
+            req.output.append(token)
+            if len(req.output) >= req.max_tokens:
+                self._finish(req)
+        if self.scheduler is None:
+            return
+        for report in batch.reports:
+            for completion in self.scheduler.on_report(report):
+                if completion.job.kind is JobKind.LOAD:
+                    self._load_reported(completion.job.job_id, completion.success)
+        if self.worker is not None:
+            self.worker.applied(batch.reports)
+
+    def _load_reported(self, job_id: int, success: bool) -> None:
+        req = self.requests[self._load_jobs.pop(job_id)]
+        if req.status is Status.ABORTED:
+            self.batcher.free_blocks(req)
+        else:
+            req.load_ok = success
+
+    def _finish(self, req: Request) -> None:
+        self.running.remove(req)
+        req.status = Status.FINISHED
+        req.pending.clear()
+        if self.scheduler is not None:
+            self.scheduler.on_finished(req.request_id)
+        self.batcher.free_blocks(req)

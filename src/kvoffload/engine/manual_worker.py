@@ -1,0 +1,177 @@
+"""A worker whose jobs run and complete only when the caller says so.
+
+It keeps the host tier in memory (one bytes object per slot) and copies real bytes
+between it and the engine's block pool. When a job runs is decided by a
+*completion policy* (``step, runnable jobs -> {job id: success}``), except that a
+flushed store runs at once, before the forward pass. A store may run only after the
+forward pass of the step that planned it (it captures that step's KV), a load any
+time; a failed store leaves garbage in its slots and a failed load leaves garbage in
+its blocks, as a torn copy would.
+
+While it works it checks what the scheduler half promised, raising
+:class:`InvariantViolation`:
+
+- no load is planned for a request whose stores are not yet acknowledged (applied
+  by the engine to the scheduler half);
+- no engine block is written while a store that reads it has not run (the forward
+  pass of the step that planned a store may write that store's blocks);
+- a store captures exactly the KV its key names, a load reads exactly the bytes
+  stored under its key, from a chunk of the loading request's own key chain
+  (``expected`` gives the reference bytes; see :mod:`kvoffload.testing.oracle`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.keys import ChunkKey
+from kvoffload.engine.block_pool import BlockPool
+
+
+class InvariantViolation(AssertionError):
+    """A promise of the scheduler half was broken (found by a check, not a crash)."""
+
+
+@dataclass
+class PendingJob:
+    job: TransferJob
+    planned_step: int
+    ran: bool = False
+    runnable: bool = False
+
+
+CompletionPolicy = Callable[[int, Sequence[PendingJob]], dict[int, bool]]
+Expected = Callable[[TransferJob, int], bytes]  # (job, index of a chunk in it) -> bytes
+
+
+def complete_everything(step: int, jobs: Sequence[PendingJob]) -> dict[int, bool]:
+    """The default policy: every runnable job completes successfully at once."""
+    return {p.job.job_id: True for p in jobs}
+
+
+class ManualWorker:
+    """See the module docstring. Owns the in-memory host tier and the pending jobs."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        num_slots: int,
+        *,
+        world_size: int = 1,
+        policy: CompletionPolicy = complete_everything,
+        expected: Expected | None = None,
+    ) -> None:
+        self.pool = pool
+        self.world_size = world_size
+        self.policy = policy
+        self.expected = expected
+        self.host: list[bytes | None] = [None] * num_slots
+        self.host_key: list[ChunkKey | None] = [None] * num_slots
+        self.pending: dict[int, PendingJob] = {}
+        self.unacknowledged: dict[int, TransferJob] = {}
+        self.step = 0
+        self.in_forward = False
+        self.copies = 0
+        pool.on_write = self._check_write
+
+    # ------------------------------------------------------------ engine calls
+
+    def begin_step(self, plan: StepPlan) -> None:
+        self.step = plan.step
+        for job in (*plan.stores, *plan.loads):
+            self.pending[job.job_id] = PendingJob(job, plan.step, runnable=job.kind is JobKind.LOAD)
+            self.unacknowledged[job.job_id] = job
+        for load in plan.loads:
+            stores = [
+                j.job_id
+                for j in self.unacknowledged.values()
+                if j.request_id == load.request_id and j.kind is JobKind.STORE
+            ]
+            if stores:
+                raise InvariantViolation(
+                    f"step {plan.step}: load job {load.job_id} for {load.request_id!r} issued "
+                    f"while its store jobs {stores} are unacknowledged"
+                )
+        for job_id in sorted(plan.flush):
+            pending = self.pending.get(job_id)
+            if pending is not None and not pending.ran:
+                self._run(pending, success=True)
+        self.in_forward = True
+
+    def end_forward(self) -> None:
+        self.in_forward = False
+        for pending in self.pending.values():
+            pending.runnable = True
+
+    def collect(self) -> list[WorkerReport]:
+        runnable = [p for p in self.pending.values() if p.runnable]
+        chosen = self.policy(self.step, runnable) if runnable else {}
+        results = []
+        for job_id, success in chosen.items():
+            pending = self.pending.pop(job_id)
+            if not pending.ran:
+                self._run(pending, success)
+            results.append(JobResult(job_id, success, len(pending.job.keys)))
+        return [WorkerReport(rank, tuple(results)) for rank in range(self.world_size)]
+
+    def applied(self, reports: Sequence[WorkerReport]) -> None:
+        """The engine applied ``reports`` to the scheduler half."""
+        for report in reports:
+            for result in report.results:
+                self.unacknowledged.pop(result.job_id, None)
+
+    # ------------------------------------------------------------ copies
+
+    def _run(self, pending: PendingJob, success: bool) -> None:
+        job = pending.job
+        pending.ran = True
+        self.copies += 1
+        k, block_bytes = job.blocks_per_chunk, self.pool.block_bytes
+        if job.kind is JobKind.STORE:
+            for i, slot in enumerate(job.slots):
+                blocks = job.block_ids[i * k : (i + 1) * k]
+                data = b"".join(self.pool.read(b) for b in blocks)
+                if not success:
+                    self.host[slot], self.host_key[slot] = b"\xee" * len(data), None
+                    continue
+                self._verify(job, i, data, "store captured")
+                self.host[slot], self.host_key[slot] = data, job.keys[i]
+            return
+        for slot, index, block in job.chunk_blocks():
+            chunk = job.slots.index(slot)
+            if not success:
+                self.pool.write(block, 0, b"\xdd" * block_bytes)
+                continue
+            held = self.host[slot]
+            if held is None or self.host_key[slot] != job.keys[chunk]:
+                raise InvariantViolation(
+                    f"step {self.step}: load job {job.job_id} reads slot {slot}, which holds "
+                    f"{'nothing' if held is None else 'another chunk'}"
+                )
+            self._verify(job, chunk, held, "load read")
+            self.pool.write(block, 0, held[index * block_bytes : (index + 1) * block_bytes])
+
+    def _verify(self, job: TransferJob, chunk: int, data: bytes, what: str) -> None:
+        if self.expected is None:
+            return
+        if data != self.expected(job, chunk):
+            raise InvariantViolation(
+                f"step {self.step}: {job.kind.value} job {job.job_id} of {job.request_id!r}: "
+                f"{what} wrong bytes for chunk {chunk}"
+            )
+
+    def _check_write(self, blocks: Sequence[int]) -> None:
+        for pending in self.pending.values():
+            job = pending.job
+            if job.kind is not JobKind.STORE or pending.ran:
+                continue
+            if self.in_forward and pending.planned_step == self.step:
+                continue  # this step's forward pass computes what the store captures
+            hit = [b for b in blocks if b in job.block_ids]
+            if hit:
+                raise InvariantViolation(
+                    f"step {self.step}: block {hit[0]} written while store job {job.job_id} "
+                    f"of {job.request_id!r}, which reads it, has not run"
+                )

@@ -1,0 +1,49 @@
+"""Reference bytes of any chunk of any request of a reference engine.
+
+A chunk key names a prefix, and the reference model's KV is a pure function of the
+prefix's tokens, so the bytes a store must capture (and a load must bring back) are
+known exactly. The key must belong to the request's *own* key chain (derived with
+its own cache salt): a load of another tenant's chunk is a violation even though
+the bytes would be equal.
+"""
+
+from __future__ import annotations
+
+from kvoffload.core.jobs import TransferJob
+from kvoffload.core.keys import ChunkKey, Namespace, keys_from_block_hashes
+from kvoffload.engine.engine import ReferenceEngine
+from kvoffload.engine.manual_worker import InvariantViolation
+from kvoffload.engine.model import KV_BYTES, kv_chain
+
+
+class Oracle:
+    def __init__(self, engine: ReferenceEngine, namespace: Namespace, blocks_per_chunk: int):
+        self.engine = engine
+        self.namespace = namespace
+        self.blocks_per_chunk = blocks_per_chunk
+        self.chunk_tokens = blocks_per_chunk * engine.config.block_size
+        self._keys: dict[str, dict[ChunkKey, int]] = {}
+        self._kv: dict[str, bytes] = {}
+
+    def expected(self, job: TransferJob, chunk: int) -> bytes:
+        req = self.engine.requests[job.request_id]
+        index = self._index_of(job.request_id, job.keys[chunk])
+        end = (index + 1) * self.chunk_tokens
+        kv = self._kv.get(job.request_id, b"")
+        if len(kv) < end * KV_BYTES:
+            kv = kv_chain(req.tokens)
+            self._kv[job.request_id] = kv
+        return kv[index * self.chunk_tokens * KV_BYTES : end * KV_BYTES]
+
+    def _index_of(self, request_id: str, key: ChunkKey) -> int:
+        known = self._keys.get(request_id, {})
+        if key not in known:
+            req = self.engine.requests[request_id]
+            chain = keys_from_block_hashes(self.namespace, req.block_hashes, self.blocks_per_chunk)
+            known = {k: i for i, k in enumerate(chain)}
+            self._keys[request_id] = known
+        if key not in known:
+            raise InvariantViolation(
+                f"a job of {request_id!r} names a chunk outside its own key chain"
+            )
+        return known[key]

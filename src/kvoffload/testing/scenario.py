@@ -1,0 +1,104 @@
+"""Scenarios for the explorer: a workload plus the engine and tier geometry."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+from kvoffload.engine.settings import StepMode
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    request_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    salt: str | None = None
+    arrival_step: int = 0
+    abort_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    requests: tuple[RequestSpec, ...]
+    mode: StepMode = StepMode.BATCH_QUEUE
+    block_size: int = 4
+    blocks_per_chunk: int = 1
+    num_blocks: int = 16
+    token_budget: int = 16
+    max_running: int = 4
+    num_slots: int = 16
+    eviction: str = "lru"
+    world_size: int = 1
+    max_deferral_steps: int = 8
+    max_hold_steps: int = 3  # a job is reported at most this many steps after it may run
+    prefix_caching: bool = True  # the engine's own prefix cache
+    reset_steps: tuple[int, ...] = ()  # kvoffload's cache is reset before these steps
+    options: dict[str, bool] = field(default_factory=dict)  # testing switches
+
+    def without(self, index: int) -> Scenario:
+        return replace(self, requests=self.requests[:index] + self.requests[index + 1 :])
+
+    def describe(self) -> str:
+        lines = [
+            f"mode={self.mode.value} block_size={self.block_size} "
+            f"blocks_per_chunk={self.blocks_per_chunk} num_blocks={self.num_blocks} "
+            f"token_budget={self.token_budget} max_running={self.max_running} "
+            f"num_slots={self.num_slots} eviction={self.eviction} world_size={self.world_size} "
+            f"max_deferral_steps={self.max_deferral_steps} prefix_caching={self.prefix_caching} "
+            f"reset_steps={list(self.reset_steps)} options={self.options}"
+        ]
+        for r in self.requests:
+            extra = f" salt={r.salt!r}" if r.salt else ""
+            extra += f" arrives@{r.arrival_step}" if r.arrival_step else ""
+            extra += f" aborted@{r.abort_step}" if r.abort_step is not None else ""
+            lines.append(
+                f"  {r.request_id}: {len(r.prompt)} prompt tokens {list(r.prompt)} "
+                f"max_tokens={r.max_tokens}{extra}"
+            )
+        return "\n".join(lines)
+
+
+def random_scenario(rng: random.Random, options: dict[str, bool] | None = None) -> Scenario:
+    """Small, preemption-prone scenarios: shared prefixes, salts, aborts."""
+    block_size = 4
+    blocks_per_chunk = rng.choice((1, 1, 2))
+    num_blocks = rng.randint(8, 20)
+    prefixes = [[rng.randrange(3, 50) for _ in range(rng.randint(4, 16))] for _ in range(2)]
+    requests = []
+    for i in range(rng.randint(2, 5)):
+        prompt = list(rng.choice(prefixes)) + [
+            rng.randrange(3, 50) for _ in range(rng.randint(0, 10))
+        ]
+        max_tokens = rng.randint(1, 6)
+        while -(-(len(prompt) + max_tokens) // block_size) > num_blocks - 2:
+            prompt.pop()
+        if not prompt:
+            prompt = [7]
+        requests.append(
+            RequestSpec(
+                f"r{i}",
+                tuple(prompt),
+                max_tokens,
+                salt=rng.choice((None, None, None, "tenant-b")),
+                arrival_step=rng.choice((0, 0, 1, 2, 4)),
+                abort_step=rng.randint(1, 12) if rng.random() < 0.15 else None,
+            )
+        )
+    return Scenario(
+        requests=tuple(requests),
+        mode=rng.choice((StepMode.SYNC, StepMode.BATCH_QUEUE, StepMode.BATCH_QUEUE)),
+        block_size=block_size,
+        blocks_per_chunk=blocks_per_chunk,
+        num_blocks=num_blocks,
+        token_budget=rng.choice((8, 12, 16, 32)),
+        max_running=rng.randint(2, 4),
+        num_slots=rng.choice((2, 4, 8, 32)),
+        eviction=rng.choice(("lru", "arc", "s3fifo")),
+        max_deferral_steps=rng.choice((2, 4, 50)),
+        max_hold_steps=rng.choice((1, 2, 3)),
+        prefix_caching=rng.random() < 0.7,
+        world_size=rng.choice((1, 1, 1, 2)),
+        reset_steps=(rng.randint(2, 10),) if rng.random() < 0.1 else (),
+        options=dict(options or {}),
+    )

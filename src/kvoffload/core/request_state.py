@@ -82,10 +82,10 @@ class RequestState:
         "stored_chunks",
     )
 
-    def __init__(self, request: EngineRequest, namespace: Namespace, blocks_per_chunk: int):
+    def __init__(self, request: EngineRequest, namespace: Namespace, hashes_per_chunk: int):
         self.request = request
         self.phase = Phase.WAITING
-        self.keys = KeyChain(namespace, blocks_per_chunk)
+        self.keys = KeyChain(namespace, hashes_per_chunk)
         self.block_ids: list[int] = []
         self.stored_chunks = 0
         self.computed_tokens = 0

@@ -92,7 +92,7 @@ class OffloadScheduler:
         self.stats.lookups += 1
         state = self._states.get(request.request_id)
         if state is None:
-            state = RequestState(request, self.namespace, self.config.blocks_per_chunk)
+            state = RequestState(request, self.namespace, self.config.hashes_per_chunk)
             self._states[request.request_id] = state
         elif state.phase is Phase.RUNNING:
             self.on_preempted(request.request_id)  # only a preempted request is re-looked-up

@@ -80,6 +80,7 @@ class SchedulerConfig:
     block_size: int
     blocks_per_chunk: int = 1
     world_size: int = 1
+    hash_block_size: int = 0  # tokens per engine block hash; 0: the block size
     max_deferral_steps: int = 500
     max_deferral_seconds: float = 5.0
     testing_disable_inflight_deferral: bool = False
@@ -95,9 +96,27 @@ class SchedulerConfig:
                 f"invalid value {self.max_deferral_seconds!r}; accepted: number > 0",
             )
 
+        if self.hash_block_size < 0 or (
+            self.hash_block_size and self.chunk_tokens % self.hash_block_size
+        ):
+            raise ConfigError(
+                "hash_block_size",
+                f"invalid value {self.hash_block_size!r}; accepted: a divisor of the chunk "
+                f"size {self.chunk_tokens}",
+            )
+
     @property
     def chunk_tokens(self) -> int:
         return self.block_size * self.blocks_per_chunk
+
+    @property
+    def hash_tokens(self) -> int:
+        """Tokens covered by one engine block hash."""
+        return self.hash_block_size or self.block_size
+
+    @property
+    def hashes_per_chunk(self) -> int:
+        return self.chunk_tokens // self.hash_tokens
 
 
 @dataclass

@@ -34,7 +34,7 @@ def plan_store_job(
     k, chunk = config.blocks_per_chunk, config.chunk_tokens
     hashes = state.request.block_hashes
     keys = state.keys.extend(hashes)
-    tokens = min(state.computed_tokens, len(hashes) * config.block_size)
+    tokens = min(state.computed_tokens, len(hashes) * config.hash_tokens)
     end = min(tokens // chunk, len(keys), len(state.block_ids) // k)
     start = state.stored_chunks
     if end <= start:

@@ -1,0 +1,229 @@
+"""The transfer worker: executes store and load jobs asynchronously, reports results.
+
+One :class:`TransferWorker` per model worker (per parallel rank). It owns the copy
+threads or CUDA streams and the :class:`ResultBook`; it borrows the engine's KV
+tensors (through the :class:`KVLayout`) and the :class:`HostSlab`.
+
+Contract:
+
+- ``submit_store`` / ``submit_load`` never raise for a bad or failing job: a job that
+  fails validation, whose copy raises, or that is submitted after ``shutdown``
+  becomes a failed :class:`JobResult` (``error`` says why). Other jobs are not
+  affected. The one exception: submitting a job id that is still in flight raises
+  :class:`ContractViolation` (ids are unique; a duplicate is a scheduler bug).
+- ``poll`` returns each job's result exactly once, in finishing order. ``nbytes``
+  counts the block records moved, ``seconds`` the copy itself (not the queueing).
+- Jobs of one direction run in submission order; stores and loads run concurrently.
+  A store reads engine blocks while they stay unwritten: overwriting them before
+  the store finished is prevented by the scheduler's flush fence, i.e. ``wait``.
+- ``shutdown`` fails queued jobs, lets running copies finish (or, past ``timeout``,
+  fails them and drops their late completion), and never raises.
+
+On CPU every job runs on its direction's thread; ``hook(job)`` (tests) is called
+there right before the copy: raising fails the job, blocking holds it and every later
+job of that direction. On CUDA the hook is called on the submitting thread before the
+copy is enqueued, and completion is observed by polling CUDA events.
+
+Threads: on CPU, ``submit_*``, ``poll``, ``wait`` and ``report`` may be called from any
+thread. On CUDA call them from one thread (the engine's); in-flight events are not
+shared. ``threads`` (CPU only) splits each job between that many copy threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from kvoffload.core.errors import ContractViolation
+from kvoffload.core.jobs import JobKind, JobResult, TransferJob, WorkerReport
+from kvoffload.tiers.host import HostSlab
+from kvoffload.transfer.cpu_copy import CpuCopier
+from kvoffload.transfer.cuda_copy import CudaCopier, InFlight
+from kvoffload.transfer.layout import KVLayout, register_kv_caches
+from kvoffload.transfer.plan import CopyPlan, JobRejected, plan_job
+from kvoffload.transfer.results import ResultBook
+from kvoffload.transfer.threads import copy_executor
+
+CopyHook = Callable[[TransferJob], None]
+
+
+class TransferWorker:
+    """Moves chunks between the engine's KV blocks and host slots."""
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        slab: HostSlab,
+        blocks_per_chunk: int,
+        *,
+        threads: int = 1,
+        rank: int = 0,
+        hook: CopyHook | None = None,
+    ) -> None:
+        if slab.chunk_bytes != layout.chunk_bytes(blocks_per_chunk):
+            raise ContractViolation(
+                f"slab chunks of {slab.chunk_bytes} B, but {blocks_per_chunk} blocks of "
+                f"this layout are {layout.chunk_bytes(blocks_per_chunk)} B"
+            )
+        self.layout = layout
+        self.slab = slab
+        self.blocks_per_chunk = blocks_per_chunk
+        self.rank = rank
+        self._hook = hook
+        self._book = ResultBook()
+        self._closed = False
+        self._cuda: CudaCopier | None = None
+        self._cpu: CpuCopier | None = None
+        self._inflight: dict[int, InFlight] = {}
+        self._executors: dict[JobKind, ThreadPoolExecutor] = {}
+        if layout.device.type == "cuda":
+            self._cuda = CudaCopier(layout, slab, blocks_per_chunk)
+        else:
+            self._cpu = CpuCopier(layout, slab, blocks_per_chunk, threads=threads)
+            self._executors = {kind: copy_executor(f"kvoffload-{kind.value}") for kind in JobKind}
+
+    @classmethod
+    def for_kv_caches(
+        cls,
+        kv_caches: Mapping[str, torch.Tensor],
+        num_blocks: int,
+        *,
+        blocks_per_chunk: int,
+        host_budget_bytes: int,
+        threads: int = 1,
+        rank: int = 0,
+        hook: CopyHook | None = None,
+    ) -> TransferWorker:
+        """Register ``kv_caches`` and allocate a host slab of ``host_budget_bytes``."""
+        layout = register_kv_caches(kv_caches, num_blocks)
+        slab = HostSlab(layout.chunk_bytes(blocks_per_chunk), host_budget_bytes)
+        return cls(layout, slab, blocks_per_chunk, threads=threads, rank=rank, hook=hook)
+
+    def submit_store(self, job: TransferJob) -> None:
+        """Start copying the job's engine blocks into its host slots."""
+        self._submit(job, JobKind.STORE)
+
+    def submit_load(self, job: TransferJob) -> None:
+        """Start copying the job's host slots into its engine blocks (``skip_blocks``
+        leading blocks of the first chunk are not written)."""
+        self._submit(job, JobKind.LOAD)
+
+    def poll(self) -> list[JobResult]:
+        """Results of the jobs finished since the previous poll."""
+        self._collect_cuda(wait_for=())
+        return self._book.take()
+
+    def report(self) -> WorkerReport:
+        """``poll()`` wrapped as this rank's :class:`WorkerReport`."""
+        return WorkerReport(self.rank, tuple(self.poll()))
+
+    def wait(self, job_ids: Iterable[int]) -> None:
+        """Block until the given jobs finished; unknown or reported ids are fine.
+
+        Their results stay queued for ``poll``.
+        """
+        ids = set(job_ids)
+        self._collect_cuda(wait_for=ids)
+        self._book.wait(ids)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop: fail queued jobs, finish (or after ``timeout`` s, fail) running ones.
+
+        Idempotent. Results stay available to ``poll``; later submissions fail.
+        """
+        self._closed = True
+        for executor in self._executors.values():
+            executor.shutdown(wait=False, cancel_futures=True)
+        self._collect_cuda(wait_for=set(self._inflight))
+        if not self._book.wait(self._book.running(), timeout):
+            for job_id in self._book.running():
+                self._book.fail(job_id, "abandoned: still running at shutdown")
+            return  # the copy threads stay busy; joining them could hang
+        for executor in self._executors.values():
+            executor.shutdown(wait=True)
+        if self._cpu is not None:
+            self._cpu.close()
+
+    def _submit(self, job: TransferJob, kind: JobKind) -> None:
+        self._book.begin(job.job_id)
+        if self._closed:
+            self._book.fail(job.job_id, "worker is shut down")
+        elif self._cuda is not None:
+            self._start_cuda(job, kind)
+        else:
+            try:
+                future = self._executors[kind].submit(self._run_cpu, job, kind)
+            except RuntimeError as exc:  # the executor was shut down concurrently
+                self._book.fail(job.job_id, f"worker is shut down: {exc}")
+                return
+            future.add_done_callback(lambda f: self._after_cpu(job.job_id, f))
+
+    def _plan(self, job: TransferJob, kind: JobKind) -> CopyPlan:
+        if self._hook is not None:
+            self._hook(job)
+        return plan_job(
+            job,
+            kind,
+            num_blocks=self.layout.num_blocks,
+            num_slots=self.slab.num_slots,
+            blocks_per_chunk=self.blocks_per_chunk,
+            block_bytes=self.layout.block_bytes,
+        )
+
+    def _run_cpu(self, job: TransferJob, kind: JobKind) -> None:
+        """Copy thread: validate, copy, record the result (never raises)."""
+        assert self._cpu is not None
+        try:
+            plan = self._plan(job, kind)
+            begin = time.perf_counter()
+            (self._cpu.store if kind is JobKind.STORE else self._cpu.load)(plan)
+            seconds = time.perf_counter() - begin
+        except Exception as exc:
+            self._book.fail(job.job_id, _describe(exc))
+        else:
+            self._book.finish(JobResult(job.job_id, True, plan.nbytes, seconds))
+
+    def _after_cpu(self, job_id: int, future: Future[None]) -> None:
+        if future.cancelled():
+            self._book.fail(job_id, "cancelled: worker shut down before the copy started")
+        elif future.exception() is not None:
+            self._book.fail(job_id, _describe(future.exception()))
+
+    def _start_cuda(self, job: TransferJob, kind: JobKind) -> None:
+        assert self._cuda is not None
+        try:
+            plan = self._plan(job, kind)
+            copy = self._cuda.store if kind is JobKind.STORE else self._cuda.load
+            self._inflight[job.job_id] = copy(plan)
+        except Exception as exc:
+            self._book.fail(job.job_id, _describe(exc))
+
+    def _collect_cuda(self, wait_for: Iterable[int]) -> None:
+        """Finish every in-flight CUDA job whose end event completed; block on
+        ``wait_for`` first."""
+        for job_id in wait_for:
+            entry = self._inflight.get(job_id)
+            if entry is not None:
+                try:
+                    entry.synchronize()
+                except Exception as exc:
+                    del self._inflight[job_id]
+                    self._book.fail(job_id, _describe(exc))
+        for job_id, entry in list(self._inflight.items()):
+            try:
+                if not entry.done():
+                    continue
+                result = JobResult(job_id, True, entry.plan.nbytes, entry.seconds())
+            except Exception as exc:
+                result = JobResult(job_id, False, error=_describe(exc))
+            del self._inflight[job_id]
+            self._book.finish(result)
+
+
+def _describe(exc: BaseException | None) -> str:
+    if isinstance(exc, JobRejected):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,1 @@
+"""Engine adapters: kvoffload's halves plugged into serving engines."""

@@ -1,0 +1,55 @@
+"""Every vLLM import kvoffload depends on, in one place.
+
+kvoffload targets the KV connector API of vLLM 0.32 (``KVConnectorBase_V1`` with the
+three-argument constructor, ``get_transfer_results``, worker metadata aggregation,
+``kv_load_failure_policy``). When that API moves, this module is what changes.
+"""
+
+from __future__ import annotations
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+)
+from vllm.forward_context import ForwardContext
+from vllm.v1.attention.backend import AttentionMetadata
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import Request
+
+__all__ = [
+    "AttentionMetadata",
+    "AttentionSpec",
+    "BlockRemoved",
+    "BlockStored",
+    "CacheHitSource",
+    "ForwardContext",
+    "KVCacheBlocks",
+    "KVCacheConfig",
+    "KVCacheEvent",
+    "KVConnectorBase_V1",
+    "KVConnectorMetadata",
+    "KVConnectorOutput",
+    "KVConnectorRole",
+    "KVConnectorTransferResults",
+    "KVConnectorWorkerMetadata",
+    "Request",
+    "SchedulerOutput",
+    "VllmConfig",
+]
+
+
+def tensor_parallel_rank() -> int:
+    """This worker's rank among the workers that share one scheduler (TP x PP)."""
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+    tp, pp = get_tp_group(), get_pp_group()
+    return pp.rank_in_group * tp.world_size + tp.rank_in_group

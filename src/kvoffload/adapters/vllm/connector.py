@@ -1,0 +1,167 @@
+"""``KVOffloadConnector``: kvoffload as a vLLM KV connector.
+
+Enable with::
+
+    --kv-transfer-config '{"kv_connector": "KVOffloadConnector",
+                           "kv_connector_module_path": "kvoffload.vllm",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"cpu_bytes": 4000000000}}'
+
+One class, two roles: in the scheduler process it wraps kvoffload's scheduler half
+(:class:`SchedulerSide`), in each worker the worker half (:class:`WorkerSide`).
+kvoffload is a best-effort cache: ``request_finished`` never holds blocks, a
+preempted request is recomputed rather than waited for, and a failed load is
+recomputed (the connector sets ``kv_load_failure_policy`` to ``recompute``).
+Invalid ``kv_connector_extra_config`` fails the engine at start-up with a
+:class:`~kvoffload.core.errors.ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from kvoffload.adapters.vllm.compat import (
+    AttentionMetadata,
+    CacheHitSource,
+    ForwardContext,
+    KVCacheBlocks,
+    KVCacheConfig,
+    KVCacheEvent,
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorOutput,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+    Request,
+    SchedulerOutput,
+    VllmConfig,
+)
+from kvoffload.adapters.vllm.messages import PlanMetadata
+from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
+from kvoffload.adapters.vllm.worker_side import WorkerSide
+from kvoffload.core.config import OffloadConfig
+from kvoffload.core.errors import ConfigError
+
+logger = logging.getLogger("kvoffload")
+
+
+class KVOffloadConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = vllm_config.kv_transfer_config
+        if transfer is None:  # the base class already refuses this
+            raise ConfigError("kv_transfer_config", "must be set")
+        config = OffloadConfig.from_dict(transfer.kv_connector_extra_config or {})
+        self.config = config
+        self.scheduler_side: SchedulerSide | None = None
+        self.worker_side: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            if transfer.kv_load_failure_policy != "recompute":
+                logger.info(
+                    "kvoffload: a failed load is a cache miss; setting "
+                    "kv_load_failure_policy=recompute"
+                )
+                transfer.kv_load_failure_policy = "recompute"
+            self.scheduler_side = SchedulerSide(vllm_config, kv_cache_config, config)
+        else:
+            self.worker_side = WorkerSide(vllm_config, kv_cache_config, config)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a dropped store is a future miss, never lost data
+
+    # ------------------------------------------------------------ scheduler role
+
+    def _sched(self) -> SchedulerSide:
+        if self.scheduler_side is None:
+            raise RuntimeError("kvoffload: scheduler call on a worker-role connector")
+        return self.scheduler_side
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self._sched().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self._sched().build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self._sched().update_connector_output(connector_output)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self._sched().request_finished(request)
+        return False, None
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return []
+
+    def reset_cache(self) -> bool:
+        return self._sched().reset_cache()
+
+    # ------------------------------------------------------------ worker role
+
+    def _work(self) -> WorkerSide:
+        if self.worker_side is None:
+            raise RuntimeError("kvoffload: worker call on a scheduler-role connector")
+        return self.worker_side
+
+    def _plan(self) -> PlanMetadata:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, PlanMetadata):
+            raise RuntimeError(f"kvoffload: unexpected connector metadata {type(meta)}")
+        return meta
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._work().register_kv_caches(kv_caches)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if isinstance(kv_connector_metadata, PlanMetadata):
+            self._work().handle_preemptions(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self._work().start_load_kv(self._plan())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        self._work().wait_for_save(self._plan())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self._work().get_finished()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._work().get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self._work().build_connector_worker_meta()
+
+    def shutdown(self) -> None:
+        if self.worker_side is not None:
+            self.worker_side.shutdown()

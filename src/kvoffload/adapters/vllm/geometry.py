@@ -1,0 +1,117 @@
+"""What kvoffload derives from vLLM's configuration, identically on both halves.
+
+Both the scheduler and every worker compute the chunk geometry, the number of host
+slots and the namespace from the same inputs (``VllmConfig``, ``KVCacheConfig``, the
+validated :class:`OffloadConfig`), so the slots the scheduler hands out exist in
+every worker's slab. Unsupported setups fail here, at engine start, with a
+:class:`ConfigError` that names the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from kvoffload.adapters.vllm.compat import AttentionSpec, KVCacheConfig, VllmConfig
+from kvoffload.core.config import OffloadConfig
+from kvoffload.core.errors import ConfigError
+from kvoffload.core.keys import Namespace
+from kvoffload.core.scheduler_types import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class Geometry:
+    block_size: int
+    hash_block_size: int
+    blocks_per_chunk: int
+    world_size: int
+    bytes_per_block: int  # one worker's share of one engine block, all layers
+    num_blocks: int
+    num_slots: int
+    namespace: Namespace
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.bytes_per_block * self.blocks_per_chunk
+
+    @property
+    def host_bytes_per_worker(self) -> int:
+        return self.num_slots * self.chunk_bytes
+
+    def scheduler_config(self, config: OffloadConfig) -> SchedulerConfig:
+        return SchedulerConfig(
+            block_size=self.block_size,
+            blocks_per_chunk=self.blocks_per_chunk,
+            world_size=self.world_size,
+            hash_block_size=self.hash_block_size,
+            max_deferral_steps=config.max_deferral_steps,
+            max_deferral_seconds=config.max_deferral_seconds,
+        )
+
+
+def derive_geometry(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
+) -> Geometry:
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, AttentionSpec):
+        raise ConfigError(
+            "kv_cache_groups",
+            "kvoffload supports models with one attention KV cache group; this model has "
+            f"{[type(g.kv_cache_spec).__name__ for g in groups]}",
+        )
+    spec = groups[0].kv_cache_spec
+    block_size = spec.block_size
+    hash_block_size = kv_cache_config.hash_block_size or block_size
+    chunk_tokens = config.resolve_chunk_tokens(block_size)
+    if chunk_tokens % hash_block_size:
+        raise ConfigError(
+            "chunk_tokens",
+            f"invalid value {chunk_tokens}; accepted: a multiple of the block hash size "
+            f"{hash_block_size}",
+        )
+    num_blocks = kv_cache_config.num_blocks
+    bytes_per_block = spec.page_size_bytes * len(groups[0].layer_names)
+    parallel = vllm_config.parallel_config
+    world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+    blocks_per_chunk = chunk_tokens // block_size
+    chunk_bytes = bytes_per_block * blocks_per_chunk
+    num_slots = (config.cpu_bytes // world_size) // chunk_bytes if chunk_bytes else 0
+    if num_slots < 1:
+        raise ConfigError(
+            "cpu_bytes",
+            f"invalid value {config.cpu_bytes}; accepted: at least one chunk per worker, "
+            f"{chunk_bytes * world_size} bytes here ({world_size} workers x {chunk_bytes})",
+        )
+    layers = sorted(groups[0].layer_names)
+    layout = hashlib.blake2b(
+        repr(
+            (
+                type(spec).__name__,
+                block_size,
+                getattr(spec, "num_kv_heads", None),
+                getattr(spec, "head_size", None),
+                str(spec.dtype),
+                spec.page_size_bytes,
+                layers,
+                bytes_per_block,
+            )
+        ).encode(),
+        digest_size=12,
+    ).hexdigest()
+    model = vllm_config.model_config
+    namespace = Namespace(
+        model=f"{model.model}@{model.revision or 'main'}",
+        layout=layout,
+        dtype=str(spec.dtype),
+        parallel=f"tp{parallel.tensor_parallel_size}-pp{parallel.pipeline_parallel_size}",
+    )
+    return Geometry(
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+        blocks_per_chunk=blocks_per_chunk,
+        world_size=world_size,
+        bytes_per_block=bytes_per_block,
+        num_blocks=num_blocks,
+        num_slots=num_slots,
+        namespace=namespace,
+    )

@@ -1,0 +1,29 @@
+"""The two per-step messages between the connector's halves, in vLLM's types.
+
+Scheduler -> workers: :class:`PlanMetadata` carries kvoffload's :class:`StepPlan`.
+Workers -> scheduler: :class:`ReportMetadata` carries each worker's
+:class:`WorkerReport`; vLLM merges the workers' metadata with ``aggregate`` and the
+scheduler half counts completions per rank. Both are immutable and picklable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvoffload.adapters.vllm.compat import KVConnectorMetadata, KVConnectorWorkerMetadata
+from kvoffload.core.jobs import StepPlan, WorkerReport
+
+
+@dataclass(frozen=True)
+class PlanMetadata(KVConnectorMetadata):
+    plan: StepPlan
+
+
+@dataclass(frozen=True)
+class ReportMetadata(KVConnectorWorkerMetadata):
+    reports: tuple[WorkerReport, ...] = ()
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, ReportMetadata):
+            return self
+        return ReportMetadata(self.reports + other.reports)

@@ -1,0 +1,133 @@
+"""The connector's worker role: runs each step's plan on kvoffload's worker half.
+
+Per step, in vLLM's call order: ``handle_preemptions`` (before the forward pass)
+submits the plan's flushed stores and waits for every flushed job;
+``start_load_kv`` submits the loads (their blocks belong to requests that do not
+run this step); ``wait_for_save`` (after the forward pass) submits the remaining
+stores, which capture what this step computed; ``get_finished`` polls the results:
+finished loads are reported by request id, failed loads' blocks are reported as
+invalid (so vLLM recomputes them), and every result goes back to the scheduler
+half in the worker metadata. Nothing here raises for a failed copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_parallel_rank
+from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
+from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.core.config import OffloadConfig
+from kvoffload.core.errors import ConfigError
+from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.transfer import TransferWorker
+
+
+class WorkerSide:
+    """Owns one worker's transfer worker and host slab."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
+    ) -> None:
+        self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
+        self.worker: TransferWorker | None = None
+        self.rank = 0
+        self._plan: StepPlan | None = None
+        self._submitted: set[int] = set()
+        self._flushed_step = -1
+        self._jobs: dict[int, TransferJob] = {}
+        self._results: list[JobResult] = []
+        self._invalid_blocks: set[int] = set()
+
+    def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        try:
+            self.rank = tensor_parallel_rank()
+        except (AssertionError, RuntimeError):
+            self.rank = 0  # no distributed environment: a single worker
+        g = self.geometry
+        worker = TransferWorker.for_kv_caches(
+            kv_caches,
+            g.num_blocks,
+            blocks_per_chunk=g.blocks_per_chunk,
+            host_budget_bytes=g.host_bytes_per_worker,
+            rank=self.rank,
+        )
+        if worker.slab.num_slots != g.num_slots:
+            worker.shutdown()
+            raise ConfigError(
+                "kv_caches",
+                f"the registered KV tensors hold {worker.layout.chunk_bytes(g.blocks_per_chunk)} "
+                f"bytes per chunk, the KV cache config {g.chunk_bytes}: unsupported layout",
+            )
+        self.worker = worker
+
+    # ------------------------------------------------------------ per step
+
+    def handle_preemptions(self, metadata: PlanMetadata) -> None:
+        self._begin(metadata.plan)
+
+    def start_load_kv(self, metadata: PlanMetadata) -> None:
+        plan = self._begin(metadata.plan)
+        for job in plan.loads:
+            self._submit(job)
+
+    def wait_for_save(self, metadata: PlanMetadata) -> None:
+        plan = self._begin(metadata.plan)
+        for job in plan.stores:
+            self._submit(job)
+
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        if self.worker is None:
+            return None, None
+        loaded: set[str] = set()
+        for result in self.worker.poll():
+            job = self._jobs.pop(result.job_id, None)
+            self._results.append(result)
+            if job is None or job.kind is not JobKind.LOAD:
+                continue
+            loaded.add(job.request_id)
+            if not result.success:
+                self._invalid_blocks.update(job.block_ids)
+        return None, loaded or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        invalid, self._invalid_blocks = self._invalid_blocks, set()
+        return invalid
+
+    def build_connector_worker_meta(self) -> ReportMetadata | None:
+        if not self._results:
+            return None
+        results, self._results = tuple(self._results), []
+        return ReportMetadata((WorkerReport(self.rank, results),))
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown(timeout=10.0)
+
+    # ------------------------------------------------------------ internals
+
+    def _begin(self, plan: StepPlan) -> StepPlan:
+        """First call of a step: flush (submit this plan's flushed stores, then wait
+        for every flushed job) before anything of this step runs."""
+        if plan.step != self._flushed_step:
+            self._flushed_step = plan.step
+            self._plan = plan
+            self._submitted = set()  # jobs are only ever submitted from their own plan
+            for job in plan.stores:
+                if job.job_id in plan.flush:
+                    self._submit(job)
+            if plan.flush and self.worker is not None:
+                self.worker.wait(plan.flush)
+        return plan
+
+    def _submit(self, job: TransferJob) -> None:
+        if job.job_id in self._submitted or self.worker is None:
+            return
+        self._submitted.add(job.job_id)
+        self._jobs[job.job_id] = job
+        if job.kind is JobKind.STORE:
+            self.worker.submit_store(job)
+        else:
+            self.worker.submit_load(job)

@@ -257,6 +257,12 @@ def test_a_failed_load_unpins_and_lets_the_request_run() -> None:
     assert not done.success and done.job.block_ids == (3, 4)
     assert s.stats.load_failures == 1 and s.directory.pinned_count == 0
     assert s.state_of("b").phase is Phase.RUNNING  # type: ignore[union-attr]
+    # The chunks may be torn: discarded for everyone, and b recomputes from now on.
+    assert s.lookup(Req("c", list(range(8))), 0) == 0
+    assert s.lookup(Req("b", list(range(8))), 0) == 0
+    store_prompt(s, Req("d", list(range(8))), [5, 6])
+    assert s.lookup(Req("b", list(range(8))), 0) == 0  # even once stored again
+    assert s.lookup(Req("e", list(range(8))), 0) == 8
     s.check_integrity()
 
 

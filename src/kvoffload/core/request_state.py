@@ -76,6 +76,7 @@ class RequestState:
         "final_store_pending",
         "jobs",
         "keys",
+        "load_failed",
         "lookup_hit",
         "phase",
         "request",
@@ -94,6 +95,7 @@ class RequestState:
         self.deferred_since_step: int | None = None
         self.deferred_since_s: float | None = None
         self.final_store_pending = False
+        self.load_failed = False  # a load of this request failed: it recomputes from now on
 
     @property
     def request_id(self) -> str:

@@ -108,6 +108,9 @@ class OffloadScheduler:
             return 0
         chunk = self.config.chunk_tokens
         keys = state.keys.extend(request.block_hashes)
+        if state.load_failed:
+            state.lookup_hit = (num_computed_tokens, 0)
+            return 0
         hit_tokens = self.directory.readable_prefix(keys) * chunk
         external = hit_tokens - num_computed_tokens
         if external < chunk or num_computed_tokens % self.config.block_size:
@@ -298,10 +301,16 @@ class OffloadScheduler:
             self.stats.store_failures += not completion.success
         else:
             self.directory.complete_load(job.keys)
-            self.stats.load_failures += not completion.success
+            if not completion.success:
+                # The copy may be torn: nobody loads these chunks again, and this
+                # request recomputes instead of retrying (no retry loops).
+                self.directory.discard(job.keys)
+                self.stats.load_failures += 1
         state = self._states.get(job.request_id)
         if state is None:
             return
+        if job.kind is JobKind.LOAD and not completion.success:
+            state.load_failed = True
         del state.jobs[job.job_id]
         if job.kind is JobKind.LOAD and state.phase is Phase.LOADING:
             state.move(Phase.RUNNING)
@@ -329,6 +338,12 @@ class OffloadScheduler:
     @property
     def step(self) -> int:
         return self._step
+
+    def has_pending_work(self) -> bool:
+        """True while the engine must keep stepping for kvoffload: jobs in flight,
+        or final stores of finished requests not yet planned. An idle engine that
+        stopped stepping would never deliver their completions."""
+        return bool(len(self._tracker) or self._finishing or self._pending_loads)
 
     def jobs_in_flight(self) -> list[TransferJob]:
         return self._tracker.jobs()

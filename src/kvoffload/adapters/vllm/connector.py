@@ -109,6 +109,10 @@ class KVOffloadConnector(KVConnectorBase_V1):
         self._sched().request_finished(request)
         return False, None
 
+    def has_pending_push_work(self) -> bool:
+        """Keeps vLLM's engine stepping until kvoffload's jobs have drained."""
+        return self.scheduler_side is not None and self.scheduler_side.scheduler.has_pending_work()
+
     def take_events(self) -> list[KVCacheEvent]:
         return []
 

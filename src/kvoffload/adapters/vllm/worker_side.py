@@ -22,7 +22,7 @@ from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
-from kvoffload.transfer import TransferWorker
+from kvoffload.transfer import CopyHook, TransferWorker
 
 
 class WorkerSide:
@@ -33,6 +33,7 @@ class WorkerSide:
     ) -> None:
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
         self.worker: TransferWorker | None = None
+        self.copy_hook: CopyHook | None = None  # tests: hold or fail copies
         self.rank = 0
         self._plan: StepPlan | None = None
         self._submitted: set[int] = set()
@@ -53,6 +54,7 @@ class WorkerSide:
             blocks_per_chunk=g.blocks_per_chunk,
             host_budget_bytes=g.host_bytes_per_worker,
             rank=self.rank,
+            hook=self.copy_hook,
         )
         if worker.slab.num_slots != g.num_slots:
             worker.shutdown()

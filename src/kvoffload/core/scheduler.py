@@ -199,6 +199,7 @@ class OffloadScheduler:
         state.block_ids.clear()
         stores = state.store_ids()
         self._pending_flush.update(stores)
+        self.stats.preemptions += 1
         state.move(Phase.PREEMPTED_DRAINING if stores else Phase.WAITING)
 
     def on_finished(self, request_id: str) -> None:

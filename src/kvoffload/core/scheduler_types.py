@@ -134,5 +134,6 @@ class SchedulerStats:
     store_failures: int = 0
     stored_chunks: int = 0
     flushes: int = 0
+    preemptions: int = 0
     stale_completions: int = 0
     resets: int = 0

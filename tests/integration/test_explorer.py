@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.core import scheduler as scheduler_module
+from kvoffload.core import step_planning
 from kvoffload.core.directory import Directory
 from kvoffload.engine.settings import StepMode
 from kvoffload.testing.explorer import (
@@ -57,14 +57,14 @@ def test_without_the_deferral_the_exhaustive_search_finds_the_seed_race(mode: St
 
 
 def test_without_the_deferral_the_random_search_finds_the_seed_race() -> None:
-    report = explore_random(3000, seed=1, options=DISABLED)
+    report = explore_random(6000, seed=1, options=DISABLED)
     assert report.failure is not None
     assert report.failure.outcome.category == "load while stores in flight"
     print(format_failure(shrink(report.failure)))
 
 
 def test_the_fence_check_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduler_module, "fenced_stores", lambda *args: set())
+    monkeypatch.setattr(step_planning, "fenced_stores", lambda *args: set())
     report = explore_random(3000, seed=3)
     assert report.failure is not None
     assert report.failure.outcome.category in ("wrong bytes", "block overwritten under a store")

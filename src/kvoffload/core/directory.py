@@ -229,11 +229,12 @@ class Directory:
 
     # ------------------------------------------------------------------ stores
 
-    def prepare_store(self, keys: Sequence[ChunkKey]) -> PreparedStore:
+    def prepare_store(self, keys: Sequence[ChunkKey], *, admit_all: bool = False) -> PreparedStore:
         """Allocate STORING slots for the keys that are new and admitted.
 
         Skipped: keys present in any state, keys whose discarded copy is still in
-        flight, duplicates. Refused: keys below the admission threshold.
+        flight, duplicates. Refused: keys below the admission threshold (unless
+        ``admit_all``: a chunk coming back from a lower tier was admitted once).
 
         Evicts atomically: if the free slots plus the evictable chunks (READY,
         unpinned, not among ``keys``) cannot hold every new key, nothing changes
@@ -252,7 +253,7 @@ class Directory:
                 present.append(key)
             elif key in self._discarded:
                 continue  # its old copy is still in flight; store it again later
-            elif not self.admission.admits(key):
+            elif not admit_all and not self.admission.admits(key):
                 refused.append(key)
             else:
                 new.append(key)

@@ -21,14 +21,23 @@ class _Tracked:
     job: TransferJob
     reported: set[int] = field(default_factory=set)
     success: bool = True
+    failed_chunks: dict[int, str] = field(default_factory=dict)
+    nbytes: int = 0
+    seconds: float = 0.0
+    error: str = ""
 
 
 @dataclass(frozen=True)
 class Completion:
-    """A job every worker has now reported."""
+    """A job every worker has now reported; ``result`` merges their results (failed
+    if any failed; the union of the chunks any worker failed)."""
 
     job: TransferJob
-    success: bool
+    result: JobResult
+
+    @property
+    def success(self) -> bool:
+        return self.result.success
 
 
 class JobTracker:
@@ -58,6 +67,11 @@ class JobTracker:
             return None
         tracked.reported.add(rank)
         tracked.success = tracked.success and result.success
+        tracked.error = tracked.error or result.error
+        tracked.nbytes += result.nbytes
+        tracked.seconds = max(tracked.seconds, result.seconds)
+        for index, reason in result.failed_chunks:
+            tracked.failed_chunks.setdefault(index, reason)
         if len(tracked.reported) < self.world_size:
             return None
         del self._jobs[result.job_id]
@@ -68,7 +82,15 @@ class JobTracker:
                 waiting.discard(job.job_id)
                 if not waiting:
                     del self._fences[block]
-        return Completion(job, tracked.success)
+        merged = JobResult(
+            job.job_id,
+            tracked.success,
+            tracked.nbytes,
+            tracked.seconds,
+            tracked.error,
+            tuple(sorted(tracked.failed_chunks.items())),
+        )
+        return Completion(job, merged)
 
     def fenced(self, blocks: Iterable[int]) -> set[int]:
         """Ids of in-flight store jobs that read any of ``blocks``."""

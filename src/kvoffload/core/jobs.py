@@ -1,6 +1,7 @@
 """Transfer jobs and the two value objects the halves exchange each engine step.
 
-The scheduler half sends a :class:`StepPlan` (loads, stores, jobs to flush) to every
+The scheduler half sends a :class:`StepPlan` (loads, stores, jobs to flush, and the
+lower tiers' spills and promotions) to every
 worker; each worker answers with a :class:`WorkerReport` (one :class:`JobResult` per
 finished job). All are immutable; job ids are unique for the life of a scheduler
 (monotonic, never reused, also across resets).
@@ -26,6 +27,12 @@ from kvoffload.core.keys import ChunkKey
 class JobKind(enum.Enum):
     LOAD = "load"  # host slots -> engine blocks
     STORE = "store"  # engine blocks -> host slots
+    SPILL = "spill"  # host slots -> a lower tier
+    PROMOTE = "promote"  # a lower tier -> host slots
+
+    @property
+    def touches_engine(self) -> bool:
+        return self in (JobKind.LOAD, JobKind.STORE)
 
 
 @dataclass(frozen=True)
@@ -38,11 +45,17 @@ class TransferJob:
     block_ids: tuple[int, ...]
     blocks_per_chunk: int
     skip_blocks: int = 0
+    tier: str = ""  # spill and promote jobs: the lower tier's name
+    drop_keys: tuple[ChunkKey, ...] = ()  # spill jobs: chunks to delete from the tier first
 
     def __post_init__(self) -> None:
         k = self.blocks_per_chunk
         if k <= 0 or len(self.keys) != len(self.slots) or not self.slots:
             raise ContractViolation(f"job {self.job_id}: needs one slot per key and k > 0")
+        if not self.kind.touches_engine:
+            if not self.tier or self.block_ids or self.skip_blocks:
+                raise ContractViolation(f"job {self.job_id}: tier jobs name a tier, no blocks")
+            return
         if not 0 <= self.skip_blocks < k or (self.kind is JobKind.STORE and self.skip_blocks):
             raise ContractViolation(f"job {self.job_id}: skip_blocks {self.skip_blocks} invalid")
         if len(self.block_ids) != k * len(self.slots) - self.skip_blocks:
@@ -73,19 +86,29 @@ class StepPlan:
     loads: tuple[TransferJob, ...] = ()
     stores: tuple[TransferJob, ...] = ()
     flush: frozenset[int] = field(default_factory=frozenset)
+    spills: tuple[TransferJob, ...] = ()
+    promotions: tuple[TransferJob, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.loads or self.stores or self.flush)
+        return not (self.loads or self.stores or self.flush or self.spills or self.promotions)
 
 
 @dataclass(frozen=True)
 class JobResult:
+    """One worker's result of one job.
+
+    ``failed_chunks`` (tier jobs only): chunks of an otherwise successful job that did
+    not make it, as (index in the job, reason), e.g. ``(1, "integrity:checksum")`` or
+    ``(0, "missing")``. ``success=False`` means no chunk made it.
+    """
+
     job_id: int
     success: bool
     nbytes: int = 0
     seconds: float = 0.0
     error: str = ""
+    failed_chunks: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)

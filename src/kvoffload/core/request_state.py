@@ -4,6 +4,7 @@
 
                lookup hit + on_allocated                load reported
    WAITING ───────────────────────────────▶ LOADING ──────────────────▶ RUNNING
+   │ ▲ promotion planned / reported: WAITING <-> PROMOTING (lower tier -> host)
      │ ▲  scheduled without a load (miss)                                  │ │
      │ └───────────────────────────────────────────────────────────────────┼─┘
      │          ▲ stores drained           preempted, stores in flight     │
@@ -27,13 +28,14 @@ import enum
 
 from kvoffload.core.errors import IllegalTransition
 from kvoffload.core.jobs import JobKind, TransferJob
-from kvoffload.core.keys import KeyChain, Namespace
+from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
 from kvoffload.core.scheduler_types import EngineRequest
 
 
 class Phase(enum.Enum):
     WAITING = "waiting"  # not running, nothing in flight: lookup consults the directory
     LOADING = "loading"  # one load in flight; the engine waits for it
+    PROMOTING = "promoting"  # waiting: its next chunks are coming up from a lower tier
     RUNNING = "running"  # admitted; store jobs may be in flight
     PREEMPTED_DRAINING = "preempted_draining"  # preempted, stores in flight: retry later
     FINISHED_DRAINING = "finished_draining"  # finished or aborted, jobs in flight
@@ -53,6 +55,10 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (_P.LOADING, _P.FINISHED_DRAINING): "aborted while loading",
     (_P.RUNNING, _P.FINISHED_DRAINING): "finished or aborted with jobs in flight",
     (_P.PREEMPTED_DRAINING, _P.FINISHED_DRAINING): "aborted while draining",
+    (_P.WAITING, _P.PROMOTING): "a promotion of its next chunks was planned",
+    (_P.PROMOTING, _P.WAITING): "the promotion was reported",
+    (_P.PROMOTING, _P.RUNNING): "deferral bound reached while promoting: admitted, no hit",
+    (_P.PROMOTING, _P.FINISHED_DRAINING): "aborted while promoting",
     (_P.WAITING, _P.DONE): "finished or aborted, nothing in flight",
     (_P.RUNNING, _P.DONE): "finished or aborted, nothing in flight",
     (_P.FINISHED_DRAINING, _P.DONE): "its last job was reported",
@@ -78,7 +84,9 @@ class RequestState:
         "keys",
         "load_failed",
         "lookup_hit",
+        "no_promotion",
         "phase",
+        "promotion",
         "request",
         "stored_chunks",
     )
@@ -96,6 +104,8 @@ class RequestState:
         self.deferred_since_s: float | None = None
         self.final_store_pending = False
         self.load_failed = False  # a load of this request failed: it recomputes from now on
+        self.promotion: tuple[str, tuple[ChunkKey, ...]] | None = None  # wanted: tier, keys
+        self.no_promotion = False  # a promotion could not be planned: none until admitted
 
     @property
     def request_id(self) -> str:
@@ -113,6 +123,9 @@ class RequestState:
 
     def has_load(self) -> bool:
         return any(job.kind is JobKind.LOAD for job in self.jobs.values())
+
+    def has_promotion(self) -> bool:
+        return any(job.kind is JobKind.PROMOTE for job in self.jobs.values())
 
     def store_ids(self) -> list[int]:
         return [jid for jid, job in self.jobs.items() if job.kind is JobKind.STORE]

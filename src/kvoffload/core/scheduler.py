@@ -36,12 +36,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.events import CacheEvent
 from kvoffload.core.job_tracker import Completion, JobTracker
-from kvoffload.core.jobs import JobKind, StepPlan, TransferJob, WorkerReport
-from kvoffload.core.keys import Namespace
+from kvoffload.core.jobs import JobKind, TransferJob, WorkerReport
+from kvoffload.core.keys import ChunkKey, Namespace
 from kvoffload.core.request_state import Phase, RequestState
 from kvoffload.core.scheduler_checks import verify_scheduler
 from kvoffload.core.scheduler_types import (
@@ -50,12 +51,13 @@ from kvoffload.core.scheduler_types import (
     EngineRequest,
     SchedulerConfig,
     SchedulerStats,
-    StepInput,
 )
-from kvoffload.core.store_planning import fenced_stores, plan_store_job
+from kvoffload.core.step_planning import StepPlanning
+from kvoffload.core.tier_planning import UNKNOWN, TierPlanner
+from kvoffload.core.tiering import LowerTier
 
 
-class OffloadScheduler:
+class OffloadScheduler(StepPlanning):
     """The engine-agnostic scheduler half of kvoffload (see the module docstring)."""
 
     def __init__(
@@ -64,11 +66,16 @@ class OffloadScheduler:
         directory: Directory,
         namespace: Namespace,
         *,
+        lower_tiers: Sequence[LowerTier] = (),
+        spill_after_hits: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.directory = directory
         self.namespace = namespace
+        self.tiers = TierPlanner(
+            directory, lower_tiers, config.blocks_per_chunk, spill_after_hits=spill_after_hits
+        )
         self.stats = SchedulerStats()
         self._clock = clock
         self._states: dict[str, RequestState] = {}
@@ -78,6 +85,7 @@ class OffloadScheduler:
         self._pending_flush: set[int] = set()
         self._fresh_blocks: set[int] = set()
         self._finishing: list[str] = []
+        self._promotions: list[str] = []
 
     # ------------------------------------------------------------------ lookup
 
@@ -101,7 +109,8 @@ class OffloadScheduler:
         state.lookup_hit = None
         if state.jobs and not self.config.testing_disable_inflight_deferral:
             if state.has_load() or not self._deferral_expired(state):
-                self._defer(state, Deferral.TRANSFER_IN_FLIGHT)
+                promoting = state.has_promotion()
+                self._defer(state, Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT)
                 return RETRY_LATER
             self.stats.deferral_timeouts += 1
             state.lookup_hit = (num_computed_tokens, 0)
@@ -111,12 +120,46 @@ class OffloadScheduler:
         if state.load_failed:
             state.lookup_hit = (num_computed_tokens, 0)
             return 0
-        hit_tokens = self.directory.readable_prefix(keys) * chunk
-        external = hit_tokens - num_computed_tokens
+        readable = self.directory.readable_prefix(keys)
+        if readable < len(keys) and readable * chunk >= num_computed_tokens:
+            reason = self._wait_for_next_chunks(state, keys, readable, num_computed_tokens)
+            if reason is not None:
+                if not self._deferral_expired(state):
+                    self._defer(state, reason)
+                    return RETRY_LATER
+                self.stats.deferral_timeouts += 1
+                state.promotion = None
+                state.no_promotion = True  # take what host memory has now
+        external = readable * chunk - num_computed_tokens
         if external < chunk or num_computed_tokens % self.config.block_size:
             external = 0
         state.lookup_hit = (num_computed_tokens, external)
         return external
+
+    def _wait_for_next_chunks(
+        self, state: RequestState, keys: list[ChunkKey], readable: int, local: int
+    ) -> Deferral | None:
+        """Whether the chunks after the readable prefix are worth waiting for: a host
+        store of the next one is in flight, or a lower tier holds the next ones (then
+        their promotion is requested for the next plan)."""
+        if state.no_promotion:
+            return None
+        if self.directory.state_of(keys[readable]) is ChunkState.STORING:
+            return Deferral.PENDING
+        if not self.tiers:
+            return None
+        found = self.tiers.find_below(keys[readable:])
+        if found == UNKNOWN:
+            return Deferral.LOOKUP
+        if not isinstance(found, tuple):
+            return None
+        tier, run = found
+        if (readable + run) * self.config.chunk_tokens - local < self.config.chunk_tokens:
+            return None
+        if state.promotion is None:
+            self._promotions.append(state.request_id)
+        state.promotion = (tier.name, tuple(keys[readable : readable + run]))
+        return Deferral.PROMOTION
 
     def _deferral_expired(self, state: RequestState) -> bool:
         if state.deferred_since_step is None or state.deferred_since_s is None:
@@ -158,6 +201,8 @@ class OffloadScheduler:
         state.lookup_hit = None
         state.clear_deferral()
         state.stored_chunks = 0
+        state.promotion = None
+        state.no_promotion = False
         if num_external_tokens == 0:
             state.move(Phase.RUNNING)
             return
@@ -183,24 +228,7 @@ class OffloadScheduler:
         self.stats.loaded_chunks += len(job.keys)
         self.stats.lookup_hit_tokens += num_external_tokens
 
-    def _track(self, state: RequestState, job: TransferJob) -> None:
-        self._tracker.add(job)
-        state.jobs[job.job_id] = job
-
     # ------------------------------------------------------------ end of a request
-
-    def on_preempted(self, request_id: str) -> None:
-        """The engine freed a running request's blocks and re-queued it: its stores
-        are flushed in the next plan, and it is deferred until they are reported.
-        Idempotent; ignored for requests that are not running."""
-        state = self._states.get(request_id)
-        if state is None or state.phase is not Phase.RUNNING:
-            return
-        state.block_ids.clear()
-        stores = state.store_ids()
-        self._pending_flush.update(stores)
-        self.stats.preemptions += 1
-        state.move(Phase.PREEMPTED_DRAINING if stores else Phase.WAITING)
 
     def on_finished(self, request_id: str) -> None:
         """The request finished or was aborted; the engine frees its blocks now.
@@ -221,64 +249,6 @@ class OffloadScheduler:
 
     on_aborted = on_finished
 
-    def _drop(self, state: RequestState) -> None:
-        state.move(Phase.DONE)
-        del self._states[state.request_id]
-
-    # -------------------------------------------------------------------- plan
-
-    def build_plan(self, step: StepInput) -> StepPlan:
-        """The plan for this engine step (see :class:`StepPlan`); resets the
-        per-step bookkeeping."""
-        self._step += 1
-        for request_id in step.preempted:
-            self.on_preempted(request_id)
-        stores: list[TransferJob] = []
-        for sched in step.scheduled:
-            state = self._states.get(sched.request_id)
-            if state is None or state.phase not in (
-                Phase.WAITING,
-                Phase.RUNNING,
-                Phase.PREEMPTED_DRAINING,
-            ):
-                continue
-            if sched.replace:
-                state.block_ids = list(sched.block_ids)
-                held = sched.num_computed_tokens // self.config.block_size
-                self._fresh_blocks.update(sched.block_ids[held:])
-            else:
-                state.block_ids.extend(sched.block_ids)
-                self._fresh_blocks.update(sched.block_ids)
-            state.computed_tokens = sched.num_computed_tokens + sched.num_scheduled_tokens
-            state.clear_deferral()
-            state.move(Phase.RUNNING)
-            self._plan_stores(state, stores)
-        for request_id in self._finishing:
-            state = self._states.get(request_id)
-            if state is not None and state.final_store_pending:
-                state.final_store_pending = False
-                self._plan_stores(state, stores)
-                if not state.jobs:
-                    self._drop(state)
-        flush = self._pending_flush | fenced_stores(self._tracker, self._states, self._fresh_blocks)
-        flush &= {job.job_id for job in self._tracker.jobs() if job.kind is JobKind.STORE}
-        plan = StepPlan(self._step, tuple(self._pending_loads), tuple(stores), frozenset(flush))
-        self.stats.flushes += len(flush)
-        self._pending_loads = []
-        self._pending_flush = set()
-        self._fresh_blocks = set()
-        self._finishing = []
-        return plan
-
-    def _plan_stores(self, state: RequestState, out: list[TransferJob]) -> None:
-        job = plan_store_job(state, self.directory, self._tracker.new_id, self.config)
-        if job is None:
-            return
-        self._track(state, job)
-        out.append(job)
-        self.stats.stores += 1
-        self.stats.stored_chunks += len(job.keys)
-
     # ------------------------------------------------------------------ reports
 
     def on_report(self, report: WorkerReport) -> list[Completion]:
@@ -297,9 +267,13 @@ class OffloadScheduler:
 
     def _complete(self, completion: Completion) -> None:
         job = completion.job
-        if job.kind is JobKind.STORE:
+        if not job.kind.touches_engine:
+            self.tiers.complete(job, completion.result)
+        elif job.kind is JobKind.STORE:
             self.directory.complete_store(job.keys, completion.success)
             self.stats.store_failures += not completion.success
+            if completion.success:
+                self.tiers.note_stored(job.keys)
         else:
             self.directory.complete_load(job.keys)
             if not completion.success:
@@ -307,6 +281,8 @@ class OffloadScheduler:
                 # request recomputes instead of retrying (no retry loops).
                 self.directory.discard(job.keys)
                 self.stats.load_failures += 1
+            else:
+                self.tiers.note_loaded(job.keys)
         state = self._states.get(job.request_id)
         if state is None:
             return
@@ -315,6 +291,8 @@ class OffloadScheduler:
         del state.jobs[job.job_id]
         if job.kind is JobKind.LOAD and state.phase is Phase.LOADING:
             state.move(Phase.RUNNING)
+        if job.kind is JobKind.PROMOTE and state.phase is Phase.PROMOTING:
+            state.move(Phase.WAITING)
         if state.jobs:
             return
         if state.phase is Phase.PREEMPTED_DRAINING:
@@ -334,7 +312,10 @@ class OffloadScheduler:
         self.stats.resets += 1
 
     def take_events(self) -> list[CacheEvent]:
-        return self.directory.take_events()
+        events = self.directory.take_events()
+        for tier in self.tiers.tiers.values():
+            events += tier.take_events()
+        return events
 
     @property
     def step(self) -> int:
@@ -344,7 +325,13 @@ class OffloadScheduler:
         """True while the engine must keep stepping for kvoffload: jobs in flight,
         or final stores of finished requests not yet planned. An idle engine that
         stopped stepping would never deliver their completions."""
-        return bool(len(self._tracker) or self._finishing or self._pending_loads)
+        return bool(
+            len(self._tracker)
+            or self._finishing
+            or self._pending_loads
+            or self._promotions
+            or self.tiers.has_queued()
+        )
 
     def jobs_in_flight(self) -> list[TransferJob]:
         return self._tracker.jobs()
@@ -357,4 +344,4 @@ class OffloadScheduler:
 
     def check_integrity(self) -> None:
         """Verify every scheduler-half and directory invariant (tests, debug runs)."""
-        verify_scheduler(self._states, self._tracker, self.directory)
+        verify_scheduler(self._states, self._tracker, self.directory, self.tiers)

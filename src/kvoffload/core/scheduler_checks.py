@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.jobs import JobKind
+from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.request_state import Phase
 
 if TYPE_CHECKING:
     from kvoffload.core.directory import Directory
     from kvoffload.core.job_tracker import JobTracker
     from kvoffload.core.request_state import RequestState
+    from kvoffload.core.tier_planning import TierPlanner
 
 
 def _fail(what: str) -> None:
@@ -19,7 +20,10 @@ def _fail(what: str) -> None:
 
 
 def verify_scheduler(
-    states: dict[str, RequestState], tracker: JobTracker, directory: Directory
+    states: dict[str, RequestState],
+    tracker: JobTracker,
+    directory: Directory,
+    tiers: TierPlanner | None = None,
 ) -> None:
     """Raise ContractViolation naming the first broken invariant."""
     directory.check_integrity()
@@ -29,6 +33,13 @@ def verify_scheduler(
             _fail(f"state of {request_id!r} names {state.request_id!r}")
         kinds = {job.kind for job in state.jobs.values()}
         loads = sum(job.kind is JobKind.LOAD for job in state.jobs.values())
+        promotions = sum(job.kind is JobKind.PROMOTE for job in state.jobs.values())
+        if JobKind.SPILL in kinds:
+            _fail(f"{request_id!r} owns a spill job")
+        if state.phase is Phase.PROMOTING and promotions != 1:
+            _fail(f"{request_id!r} is PROMOTING with {promotions} promotions")
+        if promotions > 1:
+            _fail(f"{request_id!r} has {promotions} promotions in flight")
         if loads > 1 or (loads and JobKind.STORE in kinds):
             _fail(f"{request_id!r} has {loads} loads and stores {state.store_ids()} in flight")
         phase = state.phase
@@ -36,9 +47,9 @@ def verify_scheduler(
             _fail(f"{request_id!r} is DONE but still tracked")
         if phase is Phase.LOADING and loads != 1:
             _fail(f"{request_id!r} is LOADING without a load")
-        if phase is not Phase.LOADING and phase is not Phase.FINISHED_DRAINING and loads:
+        if phase not in (Phase.LOADING, Phase.FINISHED_DRAINING) and loads:
             _fail(f"{request_id!r} is {phase.name} with a load in flight")
-        if phase in (Phase.WAITING,) and state.jobs:
+        if phase is Phase.WAITING and state.jobs:
             _fail(f"{request_id!r} is WAITING with jobs in flight")
         if phase is Phase.PREEMPTED_DRAINING and not state.jobs:
             _fail(f"{request_id!r} is draining with nothing in flight")
@@ -48,15 +59,27 @@ def verify_scheduler(
             if tracker.get(job_id) is not job:
                 _fail(f"job {job_id} of {request_id!r} is not tracked")
             owned.add(job_id)
-    orphans = [job.job_id for job in tracker.jobs() if job.job_id not in owned]
+    jobs = tracker.jobs()
+    orphans = [j.job_id for j in jobs if j.job_id not in owned and j.kind is not JobKind.SPILL]
     if orphans:
         _fail(f"jobs {orphans} belong to no request")
-    pins = sum(len(job.keys) for job in tracker.jobs() if job.kind is JobKind.LOAD)
+    pins = _keys_of(jobs, JobKind.LOAD, JobKind.SPILL)
     if directory.pinned_count != pins:
-        _fail(f"{directory.pinned_count} pins held, in-flight loads account for {pins}")
-    storing = sum(len(job.keys) for job in tracker.jobs() if job.kind is JobKind.STORE)
+        _fail(f"{directory.pinned_count} pins held, in-flight loads and spills account for {pins}")
+    storing = _keys_of(jobs, JobKind.STORE, JobKind.PROMOTE)
     if directory.storing_count != storing:
-        _fail(f"{directory.storing_count} slots storing, in-flight stores account for {storing}")
+        _fail(f"{directory.storing_count} slots storing, in-flight jobs account for {storing}")
+    for tier in tiers.directory_tiers() if tiers is not None else ():
+        tier.directory.check_integrity()
+        mine = [j for j in jobs if j.tier == tier.name]
+        if tier.directory.pinned_count != _keys_of(mine, JobKind.PROMOTE):
+            _fail(f"tier {tier.name}: pins do not match its in-flight promotions")
+        if tier.directory.storing_count != _keys_of(mine, JobKind.SPILL):
+            _fail(f"tier {tier.name}: storing slots do not match its in-flight spills")
     fences = sum(len(job.block_ids) for job in tracker.jobs() if job.kind is JobKind.STORE)
     if tracker.fence_count() != fences:
         _fail(f"{tracker.fence_count()} fences, in-flight stores read {fences} blocks")
+
+
+def _keys_of(jobs: list[TransferJob], *kinds: JobKind) -> int:
+    return sum(len(job.keys) for job in jobs if job.kind in kinds)

@@ -36,7 +36,10 @@ class EngineRequest(Protocol):
 class Deferral(enum.Enum):
     """Why lookup answered *retry later*."""
 
-    TRANSFER_IN_FLIGHT = "transfer_in_flight"
+    TRANSFER_IN_FLIGHT = "transfer_in_flight"  # the request's own jobs are in flight
+    PROMOTION = "promotion"  # its next chunks are being brought up from a lower tier
+    PENDING = "pending"  # its next chunk is being stored to host memory
+    LOOKUP = "lookup"  # a lower tier is being asked whether it holds the next chunks
 
 
 RETRY_LATER = None

@@ -169,7 +169,8 @@ def seed_race_scenario(
     """Two requests sharing a prefix, blocks for barely one of them, no engine prefix
     cache: the second is preempted while its store is in flight and can be
     re-admitted before that store is acknowledged, with part of its prefix readable
-    in kvoffload. The window of the upstream race (a shrunk random find)."""
+    in kvoffload. The window of the upstream race (a shrunk random find). The
+    deferral bound is one step, so waiting for a pending chunk ends quickly too."""
     prefix = (34, 28, 30, 49, 25, 12, 35, 34, 23, 46, 29, 44)
     return Scenario(
         requests=(
@@ -182,7 +183,7 @@ def seed_race_scenario(
         max_running=3,
         num_slots=8,
         eviction="arc",
-        max_deferral_steps=4,
+        max_deferral_steps=1,
         prefix_caching=False,
         options=dict(options or {}),
     )

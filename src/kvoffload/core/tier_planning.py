@@ -1,0 +1,179 @@
+"""Spill and promotion jobs between host memory and the lower tiers.
+
+Owned by the scheduler half, which calls it from ``lookup`` (where are the next
+chunks?), ``build_plan`` (the jobs) and ``on_report`` (their completions). It books
+host slots in the host directory and tier room in each :class:`LowerTier`:
+
+- a spill pins its host chunks (``prepare_load``) until it is reported, so they are
+  neither evicted nor overwritten while a worker reads them;
+- a promotion reserves host slots (``prepare_store``, bypassing admission: the chunk
+  was already admitted once) that become READY for the chunks that arrived and are
+  freed for the others.
+
+Spill admission: ``spill_after_hits`` 0 spills every chunk once its host store
+completes (write-through); N >= 1 spills a chunk once it has been loaded from host
+memory N times (counted in a bounded map).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from kvoffload.core.chunk_state import ChunkState
+from kvoffload.core.directory import Directory
+from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.keys import ChunkKey
+from kvoffload.core.tiering import DirectoryTier, LowerTier
+
+UNKNOWN = "unknown"  # a tier cannot tell yet: ask again later
+_FORGET = ("integrity:", "missing")  # per-chunk failures that prove the tier copy bad/gone
+
+
+class TierPlanner:
+    def __init__(
+        self,
+        host: Directory,
+        tiers: Sequence[LowerTier],
+        blocks_per_chunk: int,
+        *,
+        spill_after_hits: int = 0,
+        max_counters: int = 65536,
+    ) -> None:
+        self.host = host
+        self.tiers = {tier.name: tier for tier in tiers}
+        self.blocks_per_chunk = blocks_per_chunk
+        self.spill_after_hits = spill_after_hits
+        self._max_counters = max_counters
+        self._queues: dict[str, dict[ChunkKey, None]] = {name: {} for name in self.tiers}
+        self._hits: OrderedDict[ChunkKey, int] = OrderedDict()
+
+    def __bool__(self) -> bool:
+        return bool(self.tiers)
+
+    # ------------------------------------------------------------ lookups
+
+    def find_below(self, keys: Sequence[ChunkKey]) -> tuple[LowerTier, int] | str | None:
+        """The first tier holding ``keys[0]`` and how many leading keys it holds;
+        :data:`UNKNOWN` when a tier in front cannot tell yet; None when none holds it."""
+        for tier in self.tiers.values():
+            run = tier.present_run(keys)
+            tier.stats.lookups += 1
+            if run is None:
+                return UNKNOWN
+            if run:
+                tier.stats.hit_chunks += run
+                return tier, run
+        return None
+
+    # ------------------------------------------------------------ admission
+
+    def note_stored(self, keys: Sequence[ChunkKey]) -> None:
+        """Host stores of ``keys`` completed."""
+        if self.spill_after_hits == 0:
+            self._queue(keys)
+
+    def note_loaded(self, keys: Sequence[ChunkKey]) -> None:
+        """``keys`` were loaded from host memory (one hit each)."""
+        if self.spill_after_hits == 0:
+            return
+        ripe = []
+        for key in keys:
+            count = self._hits.pop(key, 0) + 1
+            if count >= self.spill_after_hits:
+                ripe.append(key)
+            else:
+                self._hits[key] = count
+        while len(self._hits) > self._max_counters:
+            self._hits.popitem(last=False)
+        self._queue(ripe)
+
+    def _queue(self, keys: Sequence[ChunkKey]) -> None:
+        for queue in self._queues.values():
+            queue.update(dict.fromkeys(keys))
+
+    def has_queued(self) -> bool:
+        return any(self._queues.values())
+
+    # ------------------------------------------------------------ jobs
+
+    def plan_spills(self, new_id: Callable[[], int]) -> list[TransferJob]:
+        jobs = []
+        for name, queue in self._queues.items():
+            keys = [
+                k for k in queue if self.host.state_of(k) in (ChunkState.READY, ChunkState.LOADING)
+            ]
+            queue.clear()
+            if not keys:
+                continue
+            tier = self.tiers[name]
+            booking = tier.book_spill(keys)
+            if booking is None or not booking.keys:
+                continue
+            jobs.append(
+                TransferJob(
+                    job_id=new_id(),
+                    kind=JobKind.SPILL,
+                    request_id="",
+                    keys=booking.keys,
+                    slots=self.host.prepare_load(booking.keys),
+                    block_ids=(),
+                    blocks_per_chunk=self.blocks_per_chunk,
+                    tier=name,
+                    drop_keys=booking.drop_keys,
+                )
+            )
+        return jobs
+
+    def plan_promotion(
+        self, request_id: str, tier_name: str, keys: Sequence[ChunkKey], new_id: Callable[[], int]
+    ) -> TransferJob | None:
+        """A promotion of the ``keys`` missing from host memory, or None (no room,
+        or nothing left to promote)."""
+        tier = self.tiers[tier_name]
+        if tier.present_run(keys) != len(keys):
+            return None  # changed since the lookup
+        prepared = self.host.prepare_store(keys, admit_all=True)
+        if prepared.no_room or not prepared.keys:
+            return None
+        tier.book_promotion(prepared.keys)
+        return TransferJob(
+            job_id=new_id(),
+            kind=JobKind.PROMOTE,
+            request_id=request_id,
+            keys=prepared.keys,
+            slots=prepared.slots,
+            block_ids=(),
+            blocks_per_chunk=self.blocks_per_chunk,
+            tier=tier_name,
+        )
+
+    def complete(self, job: TransferJob, result: JobResult) -> None:
+        """Book a spill's or a promotion's outcome (aggregated over every worker)."""
+        tier = self.tiers[job.tier]
+        failed = {i: reason for i, reason in result.failed_chunks}
+        if not result.success:
+            failed = {i: result.error or "failed" for i in range(len(job.keys))}
+        ok = [k for i, k in enumerate(job.keys) if i not in failed]
+        bad = [job.keys[i] for i in failed]
+        if job.kind is JobKind.SPILL:
+            self.host.complete_load(job.keys)
+            tier.complete_spill(ok, bad)
+            return
+        if ok:
+            self.host.complete_store(ok, success=True)
+        if bad:
+            self.host.complete_store(bad, success=False)
+        gone = [job.keys[i] for i, reason in failed.items() if reason.startswith(_FORGET)]
+        tier.release_promotion(job.keys, gone)
+        tier.stats.promoted_chunks += len(ok)
+        tier.stats.promotion_failures += len(bad)
+        for reason in failed.values():
+            if reason.startswith("integrity:"):
+                counts = tier.stats.integrity_errors
+                counts[reason] = counts.get(reason, 0) + 1
+            elif reason == "missing":
+                tier.stats.missing += 1
+
+    def directory_tiers(self) -> list[DirectoryTier]:
+        return [t for t in self.tiers.values() if isinstance(t, DirectoryTier)]

@@ -11,7 +11,7 @@ from kvoffload.engine.engine import ReferenceEngine
 from kvoffload.engine.manual_worker import ManualWorker
 from kvoffload.engine.model import reference_outputs
 from kvoffload.engine.settings import EngineConfig, StepMode
-from kvoffload.testing.explorer import seed_race_scenario
+from kvoffload.testing.explorer import seed_race_scenario, tier_scenario
 from kvoffload.testing.policies import Choice
 from kvoffload.testing.run import NAMESPACE, run_schedule
 
@@ -118,3 +118,12 @@ def test_aborts_and_a_reset_mid_run_leave_nothing_behind() -> None:
     assert e.scheduler.jobs_in_flight() == []
     assert e.requests["a"].output == reference_outputs(PROMPTS["a"], 4, VOCAB)
     assert e.requests["d"].output == reference_outputs(PROMPTS["d"], 4, VOCAB)
+
+
+def test_a_prefix_pushed_below_host_memory_is_promoted_then_loaded() -> None:
+    outcome = run_schedule(tier_scenario(), trace=True)
+    assert outcome.violation is None, outcome.violation
+    trace = "\n".join(outcome.trace)
+    assert "spill job" in trace and "promote job" in trace
+    assert "lookup again (local hit 0, jobs in flight []) -> 16" in trace
+    assert "load job" in trace.split("-> 16")[1]

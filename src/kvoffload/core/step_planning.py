@@ -61,6 +61,11 @@ class StepPlanning:
         self._step += 1
         for request_id in step.preempted:
             self.on_preempted(request_id)
+        # Spills first: they pin chunks whose host store just completed, so this
+        # step's new stores cannot evict them before they are written down.
+        spills = self.tiers.plan_spills(self._tracker.new_id) if self.tiers else []
+        for job in spills:
+            self._tracker.add(job)
         stores: list[TransferJob] = []
         for sched in step.scheduled:
             state = self._states.get(sched.request_id)
@@ -89,9 +94,6 @@ class StepPlanning:
                 if not state.jobs:
                     self._drop(state)
         promotions = self._plan_promotions()
-        spills = self.tiers.plan_spills(self._tracker.new_id) if self.tiers else []
-        for job in spills:
-            self._tracker.add(job)
         flush = self._pending_flush | fenced_stores(self._tracker, self._states, self._fresh_blocks)
         flush &= {job.job_id for job in self._tracker.jobs() if job.kind is JobKind.STORE}
         plan = StepPlan(

@@ -26,9 +26,10 @@ def plan_store_job(
 
     Full means: every token of the chunk has a block hash (tokens known) and KV
     (``computed_tokens``), and the request holds the chunk's blocks. Prepares the
-    store in ``directory`` and advances ``state.stored_chunks``; on "no room" changes
-    nothing (the chunks are offered again next step) and returns None. Never for a
-    request with a load in flight."""
+    store in ``directory`` and advances ``state.stored_chunks``. When not all fit, the
+    leading chunks that fit are stored; when none fits, nothing changes (the chunks
+    are offered again next step) and it returns None. Never for a request with a load
+    in flight."""
     if state.has_load():
         return None
     k, chunk = config.blocks_per_chunk, config.chunk_tokens
@@ -40,6 +41,13 @@ def plan_store_job(
     if end <= start:
         return None
     prepared = directory.prepare_store(keys[start:end])
+    room = directory.free_slots + directory.evictable_count
+    while prepared.no_room and room > 0:
+        # Not everything fits: store the leading chunks that do (a prefix is what a
+        # later request can use); the rest is offered again next step.
+        end = start + min(room, end - start - 1)
+        room //= 2
+        prepared = directory.prepare_store(keys[start:end])
     if prepared.no_room:
         return None
     state.stored_chunks = end

@@ -69,6 +69,8 @@ class ManualWorker:
         self.expected = expected
         self.host: list[bytes | None] = [None] * num_slots
         self.host_key: list[ChunkKey | None] = [None] * num_slots
+        self.lower: dict[str, dict[ChunkKey, bytes]] = {}  # in-memory lower tiers
+        self.known: dict[ChunkKey, bytes] = {}  # the bytes every verified store captured
         self.pending: dict[int, PendingJob] = {}
         self.unacknowledged: dict[int, TransferJob] = {}
         self.step = 0
@@ -80,8 +82,9 @@ class ManualWorker:
 
     def begin_step(self, plan: StepPlan) -> None:
         self.step = plan.step
-        for job in (*plan.stores, *plan.loads):
-            self.pending[job.job_id] = PendingJob(job, plan.step, runnable=job.kind is JobKind.LOAD)
+        for job in (*plan.stores, *plan.loads, *plan.spills, *plan.promotions):
+            runnable = job.kind is not JobKind.STORE
+            self.pending[job.job_id] = PendingJob(job, plan.step, runnable=runnable)
             self.unacknowledged[job.job_id] = job
         for load in plan.loads:
             stores = [
@@ -111,9 +114,12 @@ class ManualWorker:
         results = []
         for job_id, success in chosen.items():
             pending = self.pending.pop(job_id)
-            if not pending.ran:
+            failed: tuple[tuple[int, str], ...] = ()
+            if not pending.job.kind.touches_engine:
+                failed = self._run_tier(pending.job, success)
+            elif not pending.ran:
                 self._run(pending, success)
-            results.append(JobResult(job_id, success, len(pending.job.keys)))
+            results.append(JobResult(job_id, success, len(pending.job.keys), failed_chunks=failed))
         return [WorkerReport(rank, tuple(results)) for rank in range(self.world_size)]
 
     def applied(self, reports: Sequence[WorkerReport]) -> None:
@@ -138,6 +144,7 @@ class ManualWorker:
                     continue
                 self._verify(job, i, data, "store captured")
                 self.host[slot], self.host_key[slot] = data, job.keys[i]
+                self.known[job.keys[i]] = data
             return
         for slot, index, block in job.chunk_blocks():
             chunk = job.slots.index(slot)
@@ -152,6 +159,42 @@ class ManualWorker:
                 )
             self._verify(job, chunk, held, "load read")
             self.pool.write(block, 0, held[index * block_bytes : (index + 1) * block_bytes])
+
+    def _run_tier(self, job: TransferJob, success: bool) -> tuple[tuple[int, str], ...]:
+        """Run a spill or a promotion against the in-memory tier (authoritative, like
+        the disk tier: a chunk it should hold but does not is a violation); return the
+        chunks that did not make it (none: a job succeeds or fails whole here)."""
+        self.copies += 1
+        tier = self.lower.setdefault(job.tier, {})
+        if job.kind is JobKind.SPILL:
+            for key in job.drop_keys:
+                tier.pop(key, None)
+            for key, slot in zip(job.keys, job.slots, strict=True):
+                held = self.host[slot]
+                if held is None or self.host_key[slot] != key or held != self.known.get(key):
+                    raise InvariantViolation(
+                        f"step {self.step}: spill job {job.job_id} reads slot {slot}, which does "
+                        "not hold the chunk's bytes"
+                    )
+                if success:
+                    tier[key] = held
+            return ()
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            if not success:
+                self.host[slot], self.host_key[slot] = b"\xcc", None  # a torn copy
+                continue
+            data = tier.get(key)
+            if data is None:
+                raise InvariantViolation(
+                    f"step {self.step}: promotion job {job.job_id} of a chunk tier "
+                    f"{job.tier!r} does not hold"
+                )
+            if data != self.known.get(key):
+                raise InvariantViolation(
+                    f"step {self.step}: promotion job {job.job_id} found wrong bytes in tier"
+                )
+            self.host[slot], self.host_key[slot] = data, key
+        return ()
 
     def _verify(self, job: TransferJob, chunk: int, data: bytes, what: str) -> None:
         if self.expected is None:

@@ -189,6 +189,26 @@ def seed_race_scenario(
     )
 
 
+def tier_scenario(mode: StepMode = StepMode.BATCH_QUEUE) -> Scenario:
+    """A prefix stored by one request, pushed below a six-slot host tier by another,
+    then needed again: the third request waits for a promotion, then loads."""
+    prefix = tuple(range(10, 26))  # four chunks
+    return Scenario(
+        requests=(
+            RequestSpec("first", (*prefix, 90, 91), max_tokens=2),
+            RequestSpec("other", tuple(range(60, 76)), max_tokens=1, arrival_step=3),
+            RequestSpec("again", (*prefix, 92), max_tokens=2, arrival_step=6),
+        ),
+        mode=mode,
+        num_blocks=12,
+        token_budget=16,
+        num_slots=6,
+        max_deferral_steps=6,
+        prefix_caching=False,
+        lower_tier_slots=8,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="kvoffload interleaving explorer")
     parser.add_argument("--random", type=int, default=0, help="random schedules to run")

@@ -17,6 +17,7 @@ from kvoffload.core.jobs import StepPlan, WorkerReport
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import EngineRequest, SchedulerConfig, StepInput
+from kvoffload.core.tiering import DirectoryTier
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.engine import ReferenceEngine
 from kvoffload.engine.manual_worker import InvariantViolation, ManualWorker
@@ -31,8 +32,9 @@ NAMESPACE = Namespace(model="reference", layout="kv8", dtype="bytes")
 VOCAB = 1000
 
 _CATEGORIES = (
-    ("issued while its store jobs", "load while stores in flight"),
-    ("PREEMPTED_DRAINING -> LOADING", "load while stores in flight"),
+    ("issued while its store jobs", "load while jobs in flight"),
+    ("PREEMPTED_DRAINING -> LOADING", "load while jobs in flight"),
+    ("PROMOTING -> LOADING", "load while jobs in flight"),
     ("written while store job", "block overwritten under a store"),
     ("outside its own key chain", "cross-tenant chunk"),
     ("wrong bytes", "wrong bytes"),
@@ -86,7 +88,19 @@ def run_schedule(
         testing_disable_inflight_deferral=scenario.options.get("disable_deferral", False),
     )
     directory = Directory(scenario.num_slots, policy=scenario.eviction)
-    scheduler = OffloadScheduler(config, directory, NAMESPACE, clock=lambda: 0.0)
+    lower = (
+        [DirectoryTier(Directory(scenario.lower_tier_slots, tier="disk", policy=scenario.eviction))]
+        if scenario.lower_tier_slots
+        else []
+    )
+    scheduler = OffloadScheduler(
+        config,
+        directory,
+        NAMESPACE,
+        lower_tiers=lower,
+        spill_after_hits=scenario.spill_after_hits,
+        clock=lambda: 0.0,
+    )
     worker = ManualWorker(pool, scenario.num_slots, world_size=scenario.world_size, policy=policy)
     engine = ReferenceEngine(
         EngineConfig(
@@ -202,6 +216,11 @@ def _install_tracer(scheduler: OffloadScheduler, worker: ManualWorker, log: list
             log.append(
                 f"    {job.kind.value} job {job.job_id} {job.request_id}: "
                 f"{len(job.keys)} chunks, blocks {list(job.block_ids)}"
+            )
+        for job in (*plan.spills, *plan.promotions):
+            log.append(
+                f"    {job.kind.value} job {job.job_id} {job.request_id or '-'}: "
+                f"{len(job.keys)} chunks, tier {job.tier}, host slots {list(job.slots)}"
             )
         if plan.flush:
             log.append(f"    flush {sorted(plan.flush)}")

@@ -34,6 +34,8 @@ class Scenario:
     max_hold_steps: int = 3  # a job is reported at most this many steps after it may run
     prefix_caching: bool = True  # the engine's own prefix cache
     reset_steps: tuple[int, ...] = ()  # kvoffload's cache is reset before these steps
+    lower_tier_slots: int = 0  # a disk-like tier below host memory (0: none)
+    spill_after_hits: int = 0  # its admission: 0 write-through, N after N host hits
     options: dict[str, bool] = field(default_factory=dict)  # testing switches
 
     def without(self, index: int) -> Scenario:
@@ -46,7 +48,8 @@ class Scenario:
             f"token_budget={self.token_budget} max_running={self.max_running} "
             f"num_slots={self.num_slots} eviction={self.eviction} world_size={self.world_size} "
             f"max_deferral_steps={self.max_deferral_steps} prefix_caching={self.prefix_caching} "
-            f"reset_steps={list(self.reset_steps)} options={self.options}"
+            f"reset_steps={list(self.reset_steps)} lower_tier_slots={self.lower_tier_slots} "
+            f"spill_after_hits={self.spill_after_hits} options={self.options}"
         ]
         for r in self.requests:
             extra = f" salt={r.salt!r}" if r.salt else ""
@@ -60,11 +63,17 @@ class Scenario:
 
 
 def random_scenario(rng: random.Random, options: dict[str, bool] | None = None) -> Scenario:
-    """Small, preemption-prone scenarios: shared prefixes, salts, aborts."""
+    """Small, preemption-prone scenarios: shared prefixes, salts, aborts. With a lower
+    tier, the host tier is tiny and arrivals are spread out, so later requests find
+    their prefix below host memory and must wait for a promotion."""
     block_size = 4
     blocks_per_chunk = rng.choice((1, 1, 2))
     num_blocks = rng.randint(8, 20)
-    prefixes = [[rng.randrange(3, 50) for _ in range(rng.randint(4, 16))] for _ in range(2)]
+    lower_tier_slots = rng.choice((0, 0, 4, 8, 16))
+    tiered = bool(lower_tier_slots)
+    longest = 20 if tiered else 16
+    prefixes = [[rng.randrange(3, 50) for _ in range(rng.randint(4, longest))] for _ in range(2)]
+    arrivals = (0, 3, 6, 9, 12) if tiered else (0, 0, 1, 2, 4)
     requests = []
     for i in range(rng.randint(2, 5)):
         prompt = list(rng.choice(prefixes)) + [
@@ -81,7 +90,7 @@ def random_scenario(rng: random.Random, options: dict[str, bool] | None = None) 
                 tuple(prompt),
                 max_tokens,
                 salt=rng.choice((None, None, None, "tenant-b")),
-                arrival_step=rng.choice((0, 0, 1, 2, 4)),
+                arrival_step=rng.choice(arrivals),
                 abort_step=rng.randint(1, 12) if rng.random() < 0.15 else None,
             )
         )
@@ -93,12 +102,14 @@ def random_scenario(rng: random.Random, options: dict[str, bool] | None = None) 
         num_blocks=num_blocks,
         token_budget=rng.choice((8, 12, 16, 32)),
         max_running=rng.randint(2, 4),
-        num_slots=rng.choice((2, 4, 8, 32)),
+        num_slots=rng.choice((2, 3, 4)) if tiered else rng.choice((2, 4, 8, 32)),
         eviction=rng.choice(("lru", "arc", "s3fifo")),
         max_deferral_steps=rng.choice((2, 4, 50)),
         max_hold_steps=rng.choice((1, 2, 3)),
-        prefix_caching=rng.random() < 0.7,
+        prefix_caching=rng.random() < (0.4 if tiered else 0.7),
         world_size=rng.choice((1, 1, 1, 2)),
         reset_steps=(rng.randint(2, 10),) if rng.random() < 0.1 else (),
+        lower_tier_slots=lower_tier_slots,
+        spill_after_hits=rng.choice((0, 0, 1)),
         options=dict(options or {}),
     )

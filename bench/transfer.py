@@ -2,10 +2,16 @@
 
     .venv/bin/python bench/transfer.py [--reps 5] [--move-mib 256] [--engine-mib 1024]
 
-Engine: vLLM's CPU layout for the tiny 2-layer model (per layer ``[num_blocks, 1,
-32, 128]`` bf16 = 8 KiB pages, all layers views of one shared storage: 16 KiB per
-block across layers). Chunks of 1, 16 and 128 blocks (16 KiB, 256 KiB, 2 MiB), with
-1 and 2 copy threads. Each repetition stores ``--move-mib`` of chunks (jobs of about
+Engines, both in vLLM's CPU layout (per layer ``[num_blocks, heads, 32, 2 * head]``,
+all layers views of one shared storage):
+
+- ``tiny``: the test model, 2 layers of 8 KiB pages (bf16, 1 KV head): 16 KiB per
+  block. Chunks of 1, 16 and 128 blocks (16 KiB, 256 KiB, 2 MiB): the worst case,
+  every page is small.
+- ``64KiB-pages``: 4 layers of 64 KiB pages (fp32, 4 KV heads of 64, the demo
+  model's page): 256 KiB per block. Chunks of 1 and 8 blocks (256 KiB, 2 MiB).
+
+With 1 and 2 copy threads. Each repetition stores ``--move-mib`` of chunks (jobs of about
 4 MiB) from random engine blocks into host slots, then loads them into other random
 blocks, through :class:`TransferWorker` (submit every job, then wait for all). Slot
 patterns: ``random`` (a fragmented directory) and ``sequential`` (a fresh one). The
@@ -36,7 +42,12 @@ from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer import TransferWorker, register_kv_caches
 
 GiB = 1 << 30
-LAYERS, HEADS, BLOCK, HEAD2 = 2, 1, 32, 128  # 8 KiB bf16 pages
+# name: (layers, kv heads, block tokens, 2 * head size, dtype)
+ENGINES = {
+    "tiny": (2, 1, 32, 128, torch.bfloat16),
+    "64KiB-pages": (4, 4, 32, 128, torch.float32),
+}
+CHUNK_BLOCKS = {"tiny": (1, 16, 128), "64KiB-pages": (1, 8)}
 JOB_BYTES = 4 << 20
 KEY = ChunkKey(bytes(16))
 JOB_IDS = itertools.count()
@@ -60,25 +71,28 @@ def memcpy_references(src: np.ndarray, dst: np.ndarray) -> tuple[float, float]:
     return whole, pieces
 
 
-def engine(engine_bytes: int) -> tuple[dict[str, torch.Tensor], int]:
+def engine(name: str, engine_bytes: int) -> tuple[dict[str, torch.Tensor], int]:
     """vLLM-CPU-style KV caches: per-layer views of one shared storage."""
-    page = HEADS * BLOCK * HEAD2 * 2
-    num_blocks = engine_bytes // (LAYERS * page)
-    raw = torch.empty(LAYERS * num_blocks * page // 2, dtype=torch.int16)
+    layers, heads, block, head2, dtype = ENGINES[name]
+    page = heads * block * head2 * dtype.itemsize
+    num_blocks = engine_bytes // (layers * page)
+    raw = torch.empty(layers * num_blocks * page // 2, dtype=torch.int16)
     raw.random_()
     per_layer = num_blocks * page // 2
     caches = {
         f"layer{i}": raw[i * per_layer : (i + 1) * per_layer]
-        .view(torch.bfloat16)
-        .view(num_blocks, HEADS, BLOCK, HEAD2)
-        for i in range(LAYERS)
+        .view(dtype)
+        .view(num_blocks, heads, block, head2)
+        for i in range(layers)
     }
     return caches, num_blocks
 
 
-def make_jobs(kind: JobKind, slots: np.ndarray, blocks: np.ndarray, k: int) -> list[TransferJob]:
+def make_jobs(
+    kind: JobKind, slots: np.ndarray, blocks: np.ndarray, k: int, block_bytes: int
+) -> list[TransferJob]:
     """Jobs of about ``JOB_BYTES`` moving chunk ``i`` between ``slots[i]`` and blocks."""
-    per_job = max(1, JOB_BYTES // (k * LAYERS * HEADS * BLOCK * HEAD2 * 2))
+    per_job = max(1, JOB_BYTES // (k * block_bytes))
     jobs = []
     for start in range(0, len(slots), per_job):
         chunk_slots = tuple(int(s) for s in slots[start : start + per_job])
@@ -92,6 +106,7 @@ def make_jobs(kind: JobKind, slots: np.ndarray, blocks: np.ndarray, k: int) -> l
 class Case:
     """One table row: a worker over one slab, and its measured GB/s per direction."""
 
+    engine: str
     k: int
     pattern: str
     threads: int
@@ -109,7 +124,7 @@ def run_phase(case: Case, kind: JobKind, move_bytes: int, rng: np.random.Generat
     else:
         slots = np.arange(chunks) + int(rng.integers(0, num_slots - chunks + 1))
     blocks = rng.permutation(num_blocks)[: chunks * k]
-    jobs = make_jobs(kind, slots, blocks, k)
+    jobs = make_jobs(kind, slots, blocks, k, worker.layout.block_bytes)
     submit = worker.submit_store if kind is JobKind.STORE else worker.submit_load
     begin = time.perf_counter()
     for job in jobs:
@@ -129,15 +144,16 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     move = args.move_mib << 20
-    caches, num_blocks = engine(args.engine_mib << 20)
-    layout = register_kv_caches(caches, num_blocks)
     cases = []
-    for k in (1, 16, 128):
-        slab = HostSlab(layout.chunk_bytes(k), 2 * move)
-        for pattern in ("random", "sequential"):
-            for threads in (1, 2):
-                worker = TransferWorker(layout, slab, k, threads=threads)
-                cases.append(Case(k, pattern, threads, worker))
+    for name in ENGINES:
+        caches, num_blocks = engine(name, args.engine_mib << 20)
+        layout = register_kv_caches(caches, num_blocks)
+        for k in CHUNK_BLOCKS[name]:
+            slab = HostSlab(layout.chunk_bytes(k), 2 * move)
+            for pattern in ("random", "sequential"):
+                for threads in (1, 2):
+                    worker = TransferWorker(layout, slab, k, threads=threads)
+                    cases.append(Case(name, k, pattern, threads, worker))
     src, dst = np.ones(GiB, np.uint8), np.empty(GiB, np.uint8)
     dst.fill(0)  # pre-fault
     memcpy: list[float] = []
@@ -158,10 +174,13 @@ def main() -> None:
     piece = statistics.median(pieces)
     print(f"pieces (np.copyto, 256 KiB pieces):    {piece:5.2f} GB/s = {piece / mem:.2f}x memcpy")
     print(
-        f"engine: {num_blocks} blocks x {LAYERS} layers x 8 KiB pages (vLLM CPU layout); "
-        f"{args.move_mib} MiB per phase in ~4 MiB jobs; median of {args.reps} reps\n"
+        f"engines: vLLM CPU layout, {args.engine_mib} MiB each; {args.move_mib} MiB per phase "
+        f"in ~4 MiB jobs; median of {args.reps} reps\n"
     )
-    header = f"{'chunk':>8} {'k':>4} {'slots':>10} {'thr':>3} | {'store GB/s':>10} {'x':>5} | "
+    header = (
+        f"{'engine':>12} {'chunk':>8} {'k':>4} {'slots':>10} {'thr':>3} | "
+        f"{'store GB/s':>10} {'x':>5} | "
+    )
     print(header + f"{'load GB/s':>10} {'x':>5}")
     print("-" * (len(header) + 17))
     for case in cases:
@@ -169,7 +188,8 @@ def main() -> None:
         load = statistics.median(case.gbps[JobKind.LOAD])
         chunk = case.worker.slab.chunk_bytes
         print(
-            f"{chunk >> 10:>5}KiB {case.k:>4} {case.pattern:>10} {case.threads:>3} | "
+            f"{case.engine:>12} {chunk >> 10:>5}KiB {case.k:>4} {case.pattern:>10} "
+            f"{case.threads:>3} | "
             f"{store:>10.2f} {store / mem:>5.2f} | {load:>10.2f} {load / mem:>5.2f}"
         )
     for case in cases:

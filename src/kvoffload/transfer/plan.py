@@ -87,3 +87,16 @@ def _check_range(job: TransferJob, what: str, ids: tuple[int, ...], limit: int) 
     if min(ids) < 0 or max(ids) >= limit:
         bad = next(i for i in ids if not 0 <= i < limit)
         raise JobRejected(f"job {job.job_id}: {what} {bad} out of range [0, {limit})")
+
+
+def merge_plans(plans: list[CopyPlan]) -> CopyPlan:
+    """One plan copying everything ``plans`` copy (jobs of one direction whose
+    destinations are disjoint, as the scheduler half guarantees). Its ``job`` is the
+    first plan's; only the copier, which ignores it, runs a merged plan."""
+    if len(plans) == 1:
+        return plans[0]
+    rows = np.concatenate([p.rows for p in plans])
+    blocks = np.concatenate([p.blocks for p in plans])
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    bounds = np.concatenate(([0], breaks, [len(rows)])).astype(np.int64)
+    return CopyPlan(plans[0].job, rows, blocks, bounds, sum(p.nbytes for p in plans))

@@ -31,9 +31,9 @@ shared. ``threads`` (CPU only) splits each job between that many copy threads.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -42,10 +42,10 @@ from kvoffload.core.jobs import JobKind, JobResult, TransferJob, WorkerReport
 from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer.cpu_copy import CpuCopier
 from kvoffload.transfer.cuda_copy import CudaCopier, InFlight
+from kvoffload.transfer.lanes import Lane
 from kvoffload.transfer.layout import KVLayout, register_kv_caches
-from kvoffload.transfer.plan import CopyPlan, JobRejected, plan_job
+from kvoffload.transfer.plan import CopyPlan, JobRejected, merge_plans, plan_job
 from kvoffload.transfer.results import ResultBook
-from kvoffload.transfer.threads import copy_executor
 
 CopyHook = Callable[[TransferJob], None]
 
@@ -78,12 +78,15 @@ class TransferWorker:
         self._cuda: CudaCopier | None = None
         self._cpu: CpuCopier | None = None
         self._inflight: dict[int, InFlight] = {}
-        self._executors: dict[JobKind, ThreadPoolExecutor] = {}
+        self._lanes: dict[JobKind, Lane] = {}
         if layout.device.type == "cuda":
             self._cuda = CudaCopier(layout, slab, blocks_per_chunk)
         else:
             self._cpu = CpuCopier(layout, slab, blocks_per_chunk, threads=threads)
-            self._executors = {kind: copy_executor(f"kvoffload-{kind.value}") for kind in JobKind}
+            self._lanes = {
+                kind: Lane(f"kvoffload-{kind.value}", functools.partial(self._run_batch, kind))
+                for kind in (JobKind.STORE, JobKind.LOAD)
+            }
 
     @classmethod
     def for_kv_caches(
@@ -135,15 +138,16 @@ class TransferWorker:
         Idempotent. Results stay available to ``poll``; later submissions fail.
         """
         self._closed = True
-        for executor in self._executors.values():
-            executor.shutdown(wait=False, cancel_futures=True)
+        for lane in self._lanes.values():
+            for job in lane.close():
+                self._book.fail(job.job_id, "cancelled: worker shut down before the copy started")
         self._collect_cuda(wait_for=set(self._inflight))
         if not self._book.wait(self._book.running(), timeout):
             for job_id in self._book.running():
                 self._book.fail(job_id, "abandoned: still running at shutdown")
             return  # the copy threads stay busy; joining them could hang
-        for executor in self._executors.values():
-            executor.shutdown(wait=True)
+        for lane in self._lanes.values():
+            lane.join()
         if self._cpu is not None:
             self._cpu.close()
 
@@ -153,13 +157,8 @@ class TransferWorker:
             self._book.fail(job.job_id, "worker is shut down")
         elif self._cuda is not None:
             self._start_cuda(job, kind)
-        else:
-            try:
-                future = self._executors[kind].submit(self._run_cpu, job, kind)
-            except RuntimeError as exc:  # the executor was shut down concurrently
-                self._book.fail(job.job_id, f"worker is shut down: {exc}")
-                return
-            future.add_done_callback(lambda f: self._after_cpu(job.job_id, f))
+        elif not self._lanes[kind].put(job):
+            self._book.fail(job.job_id, "worker is shut down")
 
     def _plan(self, job: TransferJob, kind: JobKind) -> CopyPlan:
         if self._hook is not None:
@@ -173,24 +172,37 @@ class TransferWorker:
             block_bytes=self.layout.block_bytes,
         )
 
-    def _run_cpu(self, job: TransferJob, kind: JobKind) -> None:
-        """Copy thread: validate, copy, record the result (never raises)."""
-        assert self._cpu is not None
+    def _run_batch(self, kind: JobKind, jobs: list[TransferJob]) -> None:
+        """Lane thread: validate each job, copy the valid ones in one pass, record every
+        result (never raises). With a test hook, jobs run one at a time, so a hook
+        that holds a job does not hold the jobs queued before it."""
+        if self._hook is not None and len(jobs) > 1:
+            for job in jobs:
+                self._run_batch(kind, [job])
+            return
+        plans = []
+        for job in jobs:
+            try:
+                plans.append(self._plan(job, kind))
+            except Exception as exc:
+                self._book.fail(job.job_id, _describe(exc))
+        if not plans:
+            return
+        cpu = self._cpu
+        if cpu is None:  # pragma: no cover - lanes exist only with a CPU copier
+            return
         try:
-            plan = self._plan(job, kind)
             begin = time.perf_counter()
-            (self._cpu.store if kind is JobKind.STORE else self._cpu.load)(plan)
+            (cpu.store if kind is JobKind.STORE else cpu.load)(merge_plans(plans))
             seconds = time.perf_counter() - begin
         except Exception as exc:
-            self._book.fail(job.job_id, _describe(exc))
-        else:
-            self._book.finish(JobResult(job.job_id, True, plan.nbytes, seconds))
-
-    def _after_cpu(self, job_id: int, future: Future[None]) -> None:
-        if future.cancelled():
-            self._book.fail(job_id, "cancelled: worker shut down before the copy started")
-        elif future.exception() is not None:
-            self._book.fail(job_id, _describe(future.exception()))
+            for plan in plans:
+                self._book.fail(plan.job.job_id, _describe(exc))
+            return
+        total = sum(plan.nbytes for plan in plans)
+        for plan in plans:
+            share = seconds * plan.nbytes / total if total else 0.0
+            self._book.finish(JobResult(plan.job.job_id, True, plan.nbytes, share))
 
     def _start_cuda(self, job: TransferJob, kind: JobKind) -> None:
         assert self._cuda is not None

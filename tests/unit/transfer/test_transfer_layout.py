@@ -7,9 +7,7 @@ import torch
 from kv_engines import cross_layer, gpu_style, odd_pages, vllm_cpu
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer import register_kv_caches
-from kvoffload.transfer.cpu_units import copy_units
 
 
 def test_vllm_cpu_layers_merge_into_one_strided_group() -> None:
@@ -99,15 +97,3 @@ def test_unsupported_layouts_are_config_errors(
     with pytest.raises(ConfigError, match=words) as info:
         register_kv_caches(caches, num_blocks)
     assert info.value.field == field
-
-
-def test_cpu_copies_index_pages_when_strides_are_whole_pages() -> None:
-    def units(caches: dict[str, torch.Tensor]) -> list[tuple[int, tuple[int, ...]]]:
-        layout = register_kv_caches(caches, 10)
-        slab = HostSlab(layout.chunk_bytes(2), 4 * layout.chunk_bytes(2), pin_memory=False)
-        rows = slab.view(layout.word).view(-1, layout.block_words)
-        return [(u.per_block, u.unit_shape) for u in copy_units(layout, rows)]
-
-    assert units(vllm_cpu(10, layers=4).caches) == [(4, (32,))]  # one page per unit
-    assert units(cross_layer(10).caches) == [(1, (96,))]
-    assert units(gpu_style(10, layers=2).caches) == [(1, (2, 16)), (1, (2, 16))]  # blocks

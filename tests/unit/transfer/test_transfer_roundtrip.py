@@ -17,12 +17,11 @@ from kvoffload.transfer.plan import plan_job
 NUM_BLOCKS = 40
 SLOTS = 12
 
-# (threads, direct_store_min, direct_load_min, piece_bytes): force every copy path.
-PATHS = {
-    "bounced": (1, 1 << 40, 1 << 40, 4 << 20),
-    "direct": (1, 0, 0, 4 << 20),
-    "bounced-2-threads-small-pieces": (2, 1 << 40, 1 << 40, 1),
-    "direct-2-threads-small-pieces": (2, 0, 0, 1),
+# Every way a job is split between copy threads.
+PATHS = {  # copy threads, split_bytes
+    "one-thread": (1, 1 << 20),
+    "two-threads-split-every-job": (2, 1),
+    "three-threads-split-every-job": (3, 1),
 }
 
 
@@ -37,16 +36,8 @@ class Harness:
         self.engine, self.k = engine, k
         self.layout = register_kv_caches(engine.caches, engine.num_blocks)
         self.slab = HostSlab(self.layout.chunk_bytes(k), self.layout.chunk_bytes(k) * SLOTS)
-        threads, store_min, load_min, piece = PATHS[path]
-        self.copier = CpuCopier(
-            self.layout,
-            self.slab,
-            k,
-            threads=threads,
-            direct_store_min=store_min,
-            direct_load_min=load_min,
-            piece_bytes=piece,
-        )
+        threads, split = PATHS[path]
+        self.copier = CpuCopier(self.layout, self.slab, k, threads=threads, split_bytes=split)
         self.next_id = 0
 
     def run(self, kind: JobKind, slots: list[int], blocks: list[int], skip: int = 0) -> None:

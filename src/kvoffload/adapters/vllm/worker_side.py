@@ -32,6 +32,7 @@ class WorkerSide:
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
     ) -> None:
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
+        self.config = config
         self.worker: TransferWorker | None = None
         self.copy_hook: CopyHook | None = None  # tests: hold or fail copies
         self.rank = 0
@@ -53,6 +54,7 @@ class WorkerSide:
             g.num_blocks,
             blocks_per_chunk=g.blocks_per_chunk,
             host_budget_bytes=g.host_bytes_per_worker,
+            threads=self.config.copy_threads,
             rank=self.rank,
             hook=self.copy_hook,
         )
@@ -83,6 +85,10 @@ class WorkerSide:
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         if self.worker is None:
             return None, None
+        if self._plan is not None and self._plan.loads and self.copy_hook is None:
+            # This step's loads take a millisecond or so: report them now rather than
+            # a step later (a request waiting for its load gains a whole step).
+            self.worker.wait(job.job_id for job in self._plan.loads)
         loaded: set[str] = set()
         for result in self.worker.poll():
             job = self._jobs.pop(result.job_id, None)

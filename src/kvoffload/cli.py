@@ -9,13 +9,18 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvoffload", description="KV-cache offloading tools")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="replay a chat workload through the directory, per policy")
-    args = parser.parse_args(argv)
+    sub.add_parser(
+        "demo",
+        help="multi-turn chat on a real vLLM engine, without and with kvoffload",
+        add_help=False,
+    )
+    args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
-        from kvoffload.demos.policies import run
+        from kvoffload.demos.chat_demo import main as demo_main
 
-        print(run())
-    return 0
+        return demo_main(rest)
+    parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return 2
 
 
 if __name__ == "__main__":

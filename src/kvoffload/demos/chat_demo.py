@@ -113,7 +113,7 @@ def make_setup(quick: bool, users: int | None, turns: int | None) -> ChatSetup:
     if quick:
         chat = ChatWorkload(users or 8, turns or 3, 128, (32, 96), 8, vocab=vocab, seed=7)
     else:
-        chat = ChatWorkload(users or 8, turns or 6, 256, (64, 192), 16, vocab=vocab, seed=7)
+        chat = ChatWorkload(users or 8, turns or 14, 256, (32, 64), 16, vocab=vocab, seed=7)
     return ChatSetup(preset, chat)
 
 
@@ -130,7 +130,7 @@ def prepare_model(preset: str) -> None:
 
 def run_side(setup: ChatSetup, label: str, with_kvoffload: bool) -> RunResult:
     """One full pass of the workload on a fresh engine, with a progress bar."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm
 
     batches = turn_batches(setup.workload.requests())
     with tqdm(total=sum(len(b) for b in batches), desc=f"{label:<16}", unit="req") as bar:

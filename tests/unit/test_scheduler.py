@@ -216,8 +216,12 @@ def test_deferral_is_bounded_and_then_recomputes_without_a_load(bound: str) -> N
     s.build_plan(StepInput(preempted=("a",)))
     assert s.lookup(req, 0) is RETRY_LATER
     if bound == "steps":
-        for _ in range(3):
+        for _ in range(5):  # idle steps do not count
             s.build_plan(StepInput())
+        assert s.lookup(req, 0) is RETRY_LATER
+        busy = StepInput((ScheduledRequest("b", 0, 4, (9,), True),))  # another request ran
+        for _ in range(3):
+            s.build_plan(busy)
     else:
         clock.now += 10.0
     assert s.lookup(req, 0) == 0  # admitted: recompute, no load on top of the stores

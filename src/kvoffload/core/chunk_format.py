@@ -62,15 +62,13 @@ def encode_header(format_digest: bytes, key: bytes, payload: bytes | memoryview)
     return _HEADER.pack(MAGIC, VERSION, 0, len(payload), format_digest, key, checksum(payload))
 
 
-def verify(
-    stored: bytes | memoryview, format_digest: bytes, key: bytes, payload_bytes: int
-) -> memoryview:
-    """The payload of ``stored`` (header + payload) if every field matches; else
-    :class:`IntegrityError`. Zero-copy: returns a view into ``stored``."""
-    view = memoryview(stored)
-    if len(view) < HEADER_BYTES:
-        raise IntegrityError(IntegrityReason.SIZE, f"{len(view)} bytes")
-    magic, version, _, length, digest, stored_key, check = _HEADER.unpack_from(view)
+def check_header(
+    header: bytes | memoryview, format_digest: bytes, key: bytes, payload_bytes: int
+) -> int:
+    """Check a header's fields; return the payload checksum it promises."""
+    if len(header) < HEADER_BYTES:
+        raise IntegrityError(IntegrityReason.SIZE, f"{len(header)} header bytes")
+    magic, version, _, length, digest, stored_key, check = _HEADER.unpack_from(header)
     if magic != MAGIC:
         raise IntegrityError(IntegrityReason.MAGIC)
     if version != VERSION:
@@ -81,9 +79,23 @@ def verify(
         raise IntegrityError(IntegrityReason.KEY)
     if length != payload_bytes:
         raise IntegrityError(IntegrityReason.LENGTH, f"{length} != {payload_bytes}")
-    payload = view[HEADER_BYTES:]
-    if len(payload) != length:
-        raise IntegrityError(IntegrityReason.SIZE, f"{len(payload)} of {length} bytes")
-    if checksum(payload) != check:
+    return int(check)
+
+
+def check_payload(payload: bytes | memoryview, payload_bytes: int, expected: int) -> None:
+    if len(payload) != payload_bytes:
+        raise IntegrityError(IntegrityReason.SIZE, f"{len(payload)} of {payload_bytes} bytes")
+    if checksum(payload) != expected:
         raise IntegrityError(IntegrityReason.CHECKSUM)
+
+
+def verify(
+    stored: bytes | memoryview, format_digest: bytes, key: bytes, payload_bytes: int
+) -> memoryview:
+    """The payload of ``stored`` (header + payload) if every field matches; else
+    :class:`IntegrityError`. Zero-copy: returns a view into ``stored``."""
+    view = memoryview(stored)
+    expected = check_header(view[:HEADER_BYTES], format_digest, key, payload_bytes)
+    payload = view[HEADER_BYTES:]
+    check_payload(payload, payload_bytes, expected)
     return payload

@@ -84,11 +84,80 @@ OPTIONS: tuple[Option, ...] = (
         _int_at_least(1),
     ),
     Option(
+        "disk_path",
+        "a directory path (created owner-only if missing)",
+        None,
+        "Enables the local-disk tier below host memory, with chunk files under this "
+        "directory. Needs disk_bytes.",
+        lambda v: v is None or (isinstance(v, str) and bool(v)),
+    ),
+    Option(
+        "disk_bytes",
+        "integer >= 1",
+        None,
+        "Capacity of the disk tier in bytes, all workers together; the least valuable "
+        "chunks are evicted (by the eviction policy) beyond it.",
+        lambda v: v is None or _int_at_least(1)(v),
+    ),
+    Option(
+        "disk_o_direct",
+        "true | false",
+        False,
+        "Read and write chunk files with O_DIRECT (bypass the page cache).",
+        lambda v: isinstance(v, bool),
+    ),
+    Option(
+        "redis_url",
+        "redis://[user:password@]host:port[/db] or rediss://... (TLS)",
+        None,
+        "Enables the shared Redis/Valkey tier. Capacity and eviction are the server's "
+        "(set maxmemory and maxmemory-policy allkeys-lru).",
+        lambda v: v is None or (isinstance(v, str) and v.startswith(("redis://", "rediss://"))),
+    ),
+    Option(
+        "redis_cluster",
+        "true | false",
+        False,
+        "redis_url names a node of a Redis Cluster.",
+        lambda v: isinstance(v, bool),
+    ),
+    Option(
+        "redis_timeout_ms",
+        "integer >= 1",
+        1000,
+        "Timeout of every Redis operation, connecting included; a slower server fails "
+        "the operation (a miss), it never stalls the engine.",
+        _int_at_least(1),
+    ),
+    Option(
+        "redis_username",
+        "string",
+        None,
+        "Redis username (overrides the URL's).",
+        lambda v: v is None or isinstance(v, str),
+    ),
+    Option(
+        "redis_password",
+        "string",
+        None,
+        "Redis password (overrides the URL's).",
+        lambda v: v is None or isinstance(v, str),
+    ),
+    Option(
+        "lower_tier_admission",
+        '"write_through" or an integer N >= 1',
+        "write_through",
+        "When a chunk is written below host memory: as soon as its host store completes "
+        "(write_through), or after it was loaded from host memory N times.",
+        lambda v: v == "write_through" or _int_at_least(1)(v),
+    ),
+    Option(
         "max_deferral_steps",
         "integer >= 1",
         500,
-        "A request deferred (transfers in flight) for this many engine steps is admitted "
-        "without a hit and recomputes.",
+        "A request deferred (transfers in flight, promotion, lower-tier lookup) for this "
+        "many busy engine steps (steps that ran other requests; idle steps do not count) "
+        "is admitted without a hit and recomputes.",
         _int_at_least(1),
     ),
     Option(
@@ -112,6 +181,15 @@ class OffloadConfig:
     eviction: str = "lru"
     store_threshold: int = 1
     copy_threads: int = 1
+    disk_path: str | None = None
+    disk_bytes: int | None = None
+    disk_o_direct: bool = False
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    redis_timeout_ms: int = 1000
+    redis_username: str | None = None
+    redis_password: str | None = None
+    lower_tier_admission: str | int = "write_through"
     max_deferral_steps: int = 500
     max_deferral_seconds: float = 5.0
 
@@ -121,6 +199,15 @@ class OffloadConfig:
             value = getattr(self, f.name)
             if not option.check(value):
                 raise ConfigError(f.name, f"invalid value {value!r}; accepted: {option.accepted}")
+        if (self.disk_path is None) != (self.disk_bytes is None):
+            missing = "disk_bytes" if self.disk_bytes is None else "disk_path"
+            raise ConfigError(missing, "disk_path and disk_bytes go together")
+
+    @property
+    def spill_after_hits(self) -> int:
+        """0: write-through; N: after N host hits (see ``lower_tier_admission``)."""
+        admission = self.lower_tier_admission
+        return 0 if admission == "write_through" else int(admission)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OffloadConfig:

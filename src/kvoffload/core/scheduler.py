@@ -18,8 +18,11 @@ be one step late (asynchronous scheduling).
 Correct by construction under every interleaving of those calls:
 
 - A request with any job in flight is never looked up in the directory: lookup
-  answers retry later (bounded: past ``max_deferral_steps`` / ``_seconds`` it answers
-  0, so the request recomputes and no load is ever issued on top of its stores).
+  answers retry later (bounded: past ``max_deferral_steps`` busy steps, those that
+  scheduled any request, or ``max_deferral_seconds`` it answers 0, so the request
+  recomputes and no load is ever issued on top of its stores). Idle steps do not
+  count: an engine with nothing else to run spins through thousands of empty steps
+  a second while a promotion reads from disk, and the seconds bound covers it.
 - Every in-flight store fences its source blocks: a store whose block is handed out
   fresh in a step (to any request, or as a load destination) is in that step's
   ``flush`` set, so the worker finishes it before the block is written.
@@ -81,6 +84,7 @@ class OffloadScheduler(StepPlanning):
         self._states: dict[str, RequestState] = {}
         self._tracker = JobTracker(config.world_size)
         self._step = 0
+        self._busy_steps = 0  # steps that scheduled work: the deferral bound counts these
         self._pending_loads: list[TransferJob] = []
         self._pending_flush: set[int] = set()
         self._fresh_blocks: set[int] = set()
@@ -165,13 +169,13 @@ class OffloadScheduler(StepPlanning):
         if state.deferred_since_step is None or state.deferred_since_s is None:
             return False
         return (
-            self._step - state.deferred_since_step >= self.config.max_deferral_steps
+            self._busy_steps - state.deferred_since_step >= self.config.max_deferral_steps
             or self._clock() - state.deferred_since_s >= self.config.max_deferral_seconds
         )
 
     def _defer(self, state: RequestState, reason: Deferral) -> None:
         if state.deferred_since_step is None:
-            state.deferred_since_step = self._step
+            state.deferred_since_step = self._busy_steps
             state.deferred_since_s = self._clock()
         self.stats.deferrals[reason] = self.stats.deferrals.get(reason, 0) + 1
 
@@ -291,8 +295,11 @@ class OffloadScheduler(StepPlanning):
         del state.jobs[job.job_id]
         if job.kind is JobKind.LOAD and state.phase is Phase.LOADING:
             state.move(Phase.RUNNING)
-        if job.kind is JobKind.PROMOTE and state.phase is Phase.PROMOTING:
-            state.move(Phase.WAITING)
+        if job.kind is JobKind.PROMOTE:
+            if not completion.success or completion.result.failed_chunks:
+                state.no_promotion = True  # take what arrived; no retry loop on a bad tier
+            if state.phase is Phase.PROMOTING:
+                state.move(Phase.WAITING)
         if state.jobs:
             return
         if state.phase is Phase.PREEMPTED_DRAINING:

@@ -26,6 +26,7 @@ class StepPlanning:
     _states: dict[str, RequestState]
     _tracker: JobTracker
     _step: int
+    _busy_steps: int
     _pending_loads: list[TransferJob]
     _pending_flush: set[int]
     _fresh_blocks: set[int]
@@ -59,6 +60,8 @@ class StepPlanning:
         """The plan for this engine step (see :class:`StepPlan`); resets the
         per-step bookkeeping."""
         self._step += 1
+        if step.scheduled:
+            self._busy_steps += 1
         for request_id in step.preempted:
             self.on_preempted(request_id)
         # Spills first: they pin chunks whose host store just completed, so this

@@ -84,7 +84,9 @@ def run_schedule(
         blocks_per_chunk=scenario.blocks_per_chunk,
         world_size=scenario.world_size,
         max_deferral_steps=scenario.max_deferral_steps,
-        max_deferral_seconds=1e9,
+        # Logical time: one second per engine step, so the bound in seconds also
+        # covers idle steps (those the busy-step bound does not count).
+        max_deferral_seconds=float(scenario.max_deferral_steps),
         testing_disable_inflight_deferral=scenario.options.get("disable_deferral", False),
     )
     directory = Directory(scenario.num_slots, policy=scenario.eviction)
@@ -99,7 +101,7 @@ def run_schedule(
         NAMESPACE,
         lower_tiers=lower,
         spill_after_hits=scenario.spill_after_hits,
-        clock=lambda: 0.0,
+        clock=lambda: float(scheduler.step),
     )
     worker = ManualWorker(pool, scenario.num_slots, world_size=scenario.world_size, policy=policy)
     engine = ReferenceEngine(

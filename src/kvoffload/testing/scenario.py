@@ -30,7 +30,7 @@ class Scenario:
     num_slots: int = 16
     eviction: str = "lru"
     world_size: int = 1
-    max_deferral_steps: int = 8
+    max_deferral_steps: int = 8  # the bound in steps, busy or idle (logical clock)
     max_hold_steps: int = 3  # a job is reported at most this many steps after it may run
     prefix_caching: bool = True  # the engine's own prefix cache
     reset_steps: tuple[int, ...] = ()  # kvoffload's cache is reset before these steps

@@ -123,6 +123,10 @@ class TransferWorker:
         """``poll()`` wrapped as this rank's :class:`WorkerReport`."""
         return WorkerReport(self.rank, tuple(self.poll()))
 
+    def running(self) -> set[int]:
+        """Ids of the jobs submitted and not finished yet."""
+        return self._book.running()
+
     def wait(self, job_ids: Iterable[int]) -> None:
         """Block until the given jobs finished; unknown or reported ids are fine.
 

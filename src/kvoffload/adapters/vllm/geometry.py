@@ -13,10 +13,12 @@ import hashlib
 from dataclasses import dataclass
 
 from kvoffload.adapters.vllm.compat import AttentionSpec, KVCacheConfig, VllmConfig
+from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler_types import SchedulerConfig
+from kvoffload.tiers.disk import ALIGN
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Geometry:
     num_blocks: int
     num_slots: int
     namespace: Namespace
+    disk_slots: int = 0  # chunks the disk tier holds (0: no disk tier)
 
     @property
     def chunk_bytes(self) -> int:
@@ -98,6 +101,18 @@ def derive_geometry(
         ).encode(),
         digest_size=12,
     ).hexdigest()
+    disk_slots = 0
+    if config.disk_bytes is not None:
+        file_bytes = HEADER_BYTES + chunk_bytes
+        if config.disk_o_direct:
+            file_bytes = -(-file_bytes // ALIGN) * ALIGN
+        disk_slots = config.disk_bytes // (file_bytes * world_size)
+        if disk_slots < 1:
+            raise ConfigError(
+                "disk_bytes",
+                f"invalid value {config.disk_bytes}; accepted: at least one chunk file per "
+                f"worker, {file_bytes * world_size} bytes here",
+            )
     model = vllm_config.model_config
     namespace = Namespace(
         model=f"{model.model}@{model.revision or 'main'}",
@@ -114,4 +129,5 @@ def derive_geometry(
         num_blocks=num_blocks,
         num_slots=num_slots,
         namespace=namespace,
+        disk_slots=disk_slots,
     )

@@ -3,6 +3,9 @@ scheduler half (one per engine; no tensors)."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from kvoffload.adapters.vllm.compat import (
     KVCacheBlocks,
     KVCacheConfig,
@@ -15,8 +18,15 @@ from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.directory import Directory
+from kvoffload.core.errors import ConfigError
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
+from kvoffload.core.tiering import LowerTier
+from kvoffload.tiers.disk_index import open_disk_tier
+from kvoffload.tiers.redis_client import RedisSettings, make_client
+from kvoffload.tiers.redis_index import RedisIndex
+
+logger = logging.getLogger("kvoffload")
 
 
 def step_input(output: SchedulerOutput) -> StepInput:
@@ -60,8 +70,31 @@ class SchedulerSide:
             policy=config.eviction,
             store_threshold=config.store_threshold,
         )
+        g = self.geometry
+        lower: list[LowerTier] = []
+        self.redis_index: RedisIndex | None = None
+        if config.disk_path is not None:
+            disk, removed = open_disk_tier(
+                Path(config.disk_path),
+                g.namespace.digest(),
+                g.world_size,
+                g.disk_slots,
+                config.eviction,
+            )
+            if removed:
+                logger.info("kvoffload: removed %d incomplete or surplus chunk files", removed)
+            lower.append(disk)
+        if config.redis_url is not None:
+            self.redis_index = RedisIndex(
+                make_client(redis_settings(config)), g.namespace.digest(), g.world_size
+            )
+            lower.append(self.redis_index)
         self.scheduler = OffloadScheduler(
-            self.geometry.scheduler_config(config), directory, self.geometry.namespace
+            g.scheduler_config(config),
+            directory,
+            g.namespace,
+            lower_tiers=lower,
+            spill_after_hits=config.spill_after_hits,
         )
 
     def get_num_new_matched_tokens(
@@ -93,3 +126,19 @@ class SchedulerSide:
     def reset_cache(self) -> bool:
         self.scheduler.reset()
         return True
+
+    def shutdown(self) -> None:
+        if self.redis_index is not None:
+            self.redis_index.close()
+
+
+def redis_settings(config: OffloadConfig) -> RedisSettings:
+    if config.redis_url is None:
+        raise ConfigError("redis_url", "is not set")
+    return RedisSettings(
+        url=config.redis_url,
+        cluster=config.redis_cluster,
+        timeout_ms=config.redis_timeout_ms,
+        username=config.redis_username,
+        password=config.redis_password,
+    )

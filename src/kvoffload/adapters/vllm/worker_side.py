@@ -13,16 +13,23 @@ half in the worker metadata. Nothing here raises for a failed copy.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_parallel_rank
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.adapters.vllm.scheduler_side import redis_settings
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.tiers.disk import DiskStore
+from kvoffload.tiers.disk_store import DiskTierStore
+from kvoffload.tiers.redis_client import make_client
+from kvoffload.tiers.redis_store import RedisStore
 from kvoffload.transfer import CopyHook, TransferWorker
+from kvoffload.transfer.tier_worker import TierStore, TierWorker
 
 
 class WorkerSide:
@@ -66,6 +73,25 @@ class WorkerSide:
                 f"bytes per chunk, the KV cache config {g.chunk_bytes}: unsupported layout",
             )
         self.worker = worker
+        self.tiers = self._open_tiers(worker)
+
+    def _open_tiers(self, worker: TransferWorker) -> TierWorker | None:
+        stores: dict[str, TierStore] = {}
+        g, config = self.geometry, self.config
+        digest = g.namespace.digest()
+        if config.disk_path is not None:
+            disk = DiskStore(
+                Path(config.disk_path),
+                digest,
+                self.rank,
+                g.chunk_bytes,
+                o_direct=config.disk_o_direct,
+            )
+            stores["disk"] = DiskTierStore(disk)
+        if config.redis_url is not None:
+            client = make_client(redis_settings(config))
+            stores["redis"] = RedisStore(client, digest, self.rank, g.chunk_bytes)
+        return TierWorker(worker.slab, stores) if stores else None
 
     # ------------------------------------------------------------ per step
 
@@ -76,6 +102,13 @@ class WorkerSide:
         plan = self._begin(metadata.plan)
         for job in plan.loads:
             self._submit(job)
+        for job in (*plan.spills, *plan.promotions):
+            if job.job_id not in self._submitted:
+                self._submitted.add(job.job_id)
+                if self.tiers is not None:
+                    self.tiers.submit(job)
+                else:  # no tier configured on this worker: report the job failed
+                    self._results.append(JobResult(job.job_id, False, error="no such tier"))
 
     def wait_for_save(self, metadata: PlanMetadata) -> None:
         plan = self._begin(metadata.plan)
@@ -90,6 +123,8 @@ class WorkerSide:
             # a step later (a request waiting for its load gains a whole step).
             self.worker.wait(job.job_id for job in self._plan.loads)
         loaded: set[str] = set()
+        if self.tiers is not None:
+            self._results.extend(self.tiers.poll())
         for result in self.worker.poll():
             job = self._jobs.pop(result.job_id, None)
             self._results.append(result)
@@ -111,6 +146,8 @@ class WorkerSide:
         return ReportMetadata((WorkerReport(self.rank, results),))
 
     def shutdown(self) -> None:
+        if self.tiers is not None:
+            self.tiers.shutdown()
         if self.worker is not None:
             self.worker.shutdown(timeout=10.0)
 

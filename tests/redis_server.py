@@ -1,0 +1,164 @@
+"""Private redis-servers for tests: free loopback ports, stopped by their pids.
+
+``RedisServer.start()`` launches ``redis-server`` (no persistence, debug commands on
+so tests can make it slow with ``DEBUG SLEEP``) and waits until it answers PING;
+``kill()`` stops it by pid (SIGKILL: a crash), ``restart()`` starts it again on the
+same port, empty. ``extra`` adds server arguments (``--requirepass``, TLS, cluster
+mode); ``client_kwargs`` are what a client needs to reach it (TLS settings).
+``start_cluster`` makes a three-master Redis Cluster of such servers.
+``scripts/test`` installs redis-server when it is missing.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_cluster_port() -> int:
+    """A free port P whose cluster bus port P + 10000 is free too (and below 65536)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+class RedisServer:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        extra: Sequence[str] = (),
+        client_kwargs: dict[str, Any] | None = None,
+        scheme: str = "redis",
+    ) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.extra = tuple(extra)
+        self.client_kwargs = dict(client_kwargs or {})
+        self.scheme = scheme
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (./scripts/test installs it)")
+        tls = "--tls-port" in self.extra
+        port_args = (
+            ["--port", "0", "--tls-port", str(self.port)] if tls else ["--port", str(self.port)]
+        )
+        extra = [a for a in self.extra if a != "--tls-port"]
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                *port_args,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--enable-debug-command",
+                "yes",
+                "--dir",
+                str(self.workdir),
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = self.client(socket_timeout=1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return self
+            except (redis.ConnectionError, redis.TimeoutError):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)  # waiting for a process to listen, not for a transfer
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def client(self, socket_timeout: float = 5) -> redis.Redis:
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=socket_timeout, **self.client_kwargs
+        )
+
+
+def start_cluster(workdir: Path, masters: int = 3) -> list[RedisServer]:
+    """``masters`` cluster-mode servers joined into one cluster covering every slot."""
+    servers = []
+    try:
+        for i in range(masters):
+            port = free_cluster_port()
+            servers.append(
+                RedisServer(
+                    workdir / f"node{i}",
+                    port,
+                    extra=(
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        f"nodes-{port}.conf",
+                    ),
+                ).start()
+            )
+        slots = 16384
+        for i, server in enumerate(servers):
+            low, high = i * slots // masters, (i + 1) * slots // masters
+            server.client().execute_command("CLUSTER ADDSLOTSRANGE", low, high - 1)
+        for server in servers[1:]:
+            servers[0].client().execute_command("CLUSTER MEET", "127.0.0.1", server.port)
+        deadline = time.monotonic() + 20
+        while not all(_converged(s, masters) for s in servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test cluster did not converge")
+            time.sleep(0.05)  # waiting for gossip between processes, not for a transfer
+        return servers
+    except BaseException:
+        for server in servers:
+            server.kill()
+        raise
+
+
+def _converged(server: RedisServer, masters: int) -> bool:
+    info = server.client().cluster("info")
+    return bool(
+        info.get("cluster_state") == "ok" and int(info.get("cluster_known_nodes", 0)) == masters
+    )

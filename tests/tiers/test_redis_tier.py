@@ -1,0 +1,134 @@
+"""The Redis/Valkey tier against a real redis-server: values, integrity, the index,
+and a server that is down, killed, restarted or slow."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from kvoffload.core.keys import ChunkKey
+from kvoffload.tiers.redis_client import RedisSettings, key_name, make_client
+from kvoffload.tiers.redis_index import RedisIndex
+from kvoffload.tiers.redis_store import RedisStore
+from redis_server import RedisServer
+
+DIGEST = bytes(range(16))
+PAYLOAD = 4096
+
+
+def K(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "big"))
+
+
+def data(i: int) -> bytes:
+    return bytes((i * 13 + j) % 256 for j in range(PAYLOAD))
+
+
+def store(server: RedisServer, rank: int = 0, timeout_ms: int = 1000) -> RedisStore:
+    client = make_client(RedisSettings(server.url, timeout_ms=timeout_ms))
+    return RedisStore(client, DIGEST, rank, PAYLOAD)
+
+
+def wait_known(index: RedisIndex, keys: list[ChunkKey]) -> int:
+    """Ask until the index can tell (its query thread answers within milliseconds)."""
+    deadline = time.monotonic() + 10
+    while (run := index.present_run(keys)) is None:
+        assert time.monotonic() < deadline, "the index never answered"
+        time.sleep(0.005)
+    return run
+
+
+def test_values_round_trip_under_namespaced_keys(redis_server: RedisServer) -> None:
+    s = store(redis_server)
+    assert s.write_many([(K(1), memoryview(data(1))), (K(2), memoryview(data(2)))]) == [None] * 2
+    outs = [bytearray(PAYLOAD), bytearray(PAYLOAD), bytearray(PAYLOAD)]
+    failures = s.read_many([K(1), K(2), K(3)], [memoryview(o) for o in outs])
+    assert failures == [None, None, "missing"]
+    assert bytes(outs[0]) == data(1) and bytes(outs[1]) == data(2)
+    names = sorted(n.decode() for n in redis_server.client().keys("*"))
+    assert names == sorted([key_name(DIGEST, K(1), 0), key_name(DIGEST, K(2), 0)])
+    assert all(n.startswith(f"kvoffload:v1:{DIGEST.hex()}:") for n in names)
+
+
+def test_a_garbage_value_is_a_counted_miss_and_is_deleted(redis_server: RedisServer) -> None:
+    s = store(redis_server)
+    s.write_many([(K(1), memoryview(data(1)))])
+    raw = redis_server.client()
+    raw.set(s.name(K(1)), b"garbage" * 100)
+    failures = s.read_many([K(1)], [memoryview(bytearray(PAYLOAD))])
+    assert failures == ["integrity:magic"]
+    assert raw.exists(s.name(K(1))) == 0
+    s.write_many([(K(2), memoryview(data(2)))])
+    value = bytearray(raw.get(s.name(K(2))))
+    value[-1] ^= 1
+    raw.set(s.name(K(2)), bytes(value))
+    assert s.read_many([K(2)], [memoryview(bytearray(PAYLOAD))]) == ["integrity:checksum"]
+
+
+def test_ranks_and_namespaces_never_read_each_other(redis_server: RedisServer) -> None:
+    rank0, rank1 = store(redis_server, 0), store(redis_server, 1)
+    rank0.write_many([(K(1), memoryview(data(1)))])
+    raw = redis_server.client()
+    raw.set(rank1.name(K(1)), raw.get(rank0.name(K(1))))  # rank 0's value under rank 1's name
+    assert rank1.read_many([K(1)], [memoryview(bytearray(PAYLOAD))]) == ["integrity:key"]
+    other = RedisStore(rank0.client, bytes(16), 0, PAYLOAD)
+    raw.set(other.name(K(1)), raw.get(rank0.name(K(1))))
+    assert other.read_many([K(1)], [memoryview(bytearray(PAYLOAD))]) == ["integrity:format"]
+
+
+def test_the_index_asks_the_server_and_needs_every_rank(redis_server: RedisServer) -> None:
+    client = make_client(RedisSettings(redis_server.url))
+    index = RedisIndex(client, DIGEST, world_size=2)
+    try:
+        store(redis_server, 0).write_many([(K(i), memoryview(data(i))) for i in range(3)])
+        store(redis_server, 1).write_many([(K(i), memoryview(data(i))) for i in range(2)])
+        assert index.present_run([K(0), K(1), K(2)]) is None  # asked, not known yet
+        assert wait_known(index, [K(0), K(1), K(2)]) == 2  # K(2) lacks rank 1's share
+        booking = index.book_spill([K(0), K(5)])
+        assert booking is not None and booking.keys == (K(5),)  # K(0) is known present
+    finally:
+        index.close()
+
+
+def test_a_server_that_is_down_killed_or_restarted_never_blocks(
+    redis_server: RedisServer,
+) -> None:
+    client = make_client(RedisSettings(redis_server.url, timeout_ms=200))
+    index = RedisIndex(client, DIGEST, world_size=1, retry_s=0.2)
+    s = store(redis_server, timeout_ms=200)
+    try:
+        s.write_many([(K(1), memoryview(data(1)))])
+        assert wait_known(index, [K(1)]) == 1
+        redis_server.kill()
+        with pytest.raises(redis.ConnectionError):
+            s.read_many([K(1)], [memoryview(bytearray(PAYLOAD))])
+        index.present_run([K(7)])  # an unknown key: the query fails, the index backs off
+        assert wait_known(index, [K(7)]) == 0
+        assert index.query_errors >= 1
+        assert index.present_run([K(8), K(9)]) == 0  # down: answered at once, no query
+        redis_server.restart()  # back, empty
+        deadline = time.monotonic() + 10
+        while wait_known(index, [K(1)]) != 0 or index.present_run([K(10)]) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert s.write_many([(K(1), memoryview(data(1)))]) == [None]
+    finally:
+        index.close()
+
+
+def test_a_slow_server_times_out_instead_of_stalling(redis_server: RedisServer) -> None:
+    s = store(redis_server, timeout_ms=150)
+    s.write_many([(K(1), memoryview(data(1)))])
+    sleeper = threading.Thread(
+        target=lambda: redis_server.client().execute_command("DEBUG", "SLEEP", 1)
+    )
+    sleeper.start()
+    time.sleep(0.05)  # let DEBUG SLEEP reach the server first
+    begin = time.monotonic()
+    with pytest.raises(redis.TimeoutError):
+        s.read_many([K(1)], [memoryview(bytearray(PAYLOAD))])
+    assert time.monotonic() - begin < 0.9
+    sleeper.join()

@@ -1,0 +1,119 @@
+"""The worker's tier lane: spills and promotions through host slots, per-chunk failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.keys import ChunkKey
+from kvoffload.tiers.disk import DiskStore
+from kvoffload.tiers.disk_store import DiskTierStore
+from kvoffload.tiers.host import HostSlab
+from kvoffload.tiers.redis_client import RedisSettings, make_client
+from kvoffload.tiers.redis_store import RedisStore
+from kvoffload.transfer.tier_worker import TierStore, TierWorker
+from redis_server import RedisServer
+
+DIGEST = bytes(range(16))
+CHUNK = 4096
+
+
+def K(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "big"))
+
+
+def job(
+    job_id: int,
+    kind: JobKind,
+    *,
+    tier: str,
+    keys: list[int],
+    slots: list[int],
+    drop: tuple[int, ...] = (),
+) -> TransferJob:
+    return TransferJob(
+        job_id,
+        kind,
+        "",
+        tuple(K(k) for k in keys),
+        tuple(slots),
+        (),
+        1,
+        tier=tier,
+        drop_keys=tuple(K(k) for k in drop),
+    )
+
+
+def run(worker: TierWorker, j: TransferJob) -> JobResult:
+    worker.submit(j)
+    worker.wait([j.job_id])
+    (result,) = worker.poll()
+    return result
+
+
+def make(tmp_path: Path, server: RedisServer | None = None) -> TierWorker:
+    slab = HostSlab(CHUNK, 8 * CHUNK, pin_memory=False)
+    for slot in range(8):
+        slab.slot_bytes(slot)[:] = bytes([slot]) * CHUNK
+    stores: dict[str, TierStore] = {"disk": DiskTierStore(DiskStore(tmp_path, DIGEST, 0, CHUNK))}
+    if server is not None:
+        client = make_client(RedisSettings(server.url, timeout_ms=300))
+        stores["redis"] = RedisStore(client, DIGEST, 0, CHUNK)
+    return TierWorker(slab, stores)
+
+
+def test_spill_then_promote_round_trips_through_both_tiers(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    w = make(tmp_path, redis_server)
+    try:
+        for tier in ("disk", "redis"):
+            assert run(
+                w,
+                job(
+                    1 if tier == "disk" else 3, JobKind.SPILL, tier=tier, keys=[1, 2], slots=[1, 2]
+                ),
+            ).success
+            result = run(
+                w,
+                job(
+                    2 if tier == "disk" else 4,
+                    JobKind.PROMOTE,
+                    tier=tier,
+                    keys=[1, 2],
+                    slots=[6, 7],
+                ),
+            )
+            assert result.success and result.failed_chunks == ()
+            assert bytes(w.slab.slot_bytes(6)) == bytes([1]) * CHUNK
+            assert bytes(w.slab.slot_bytes(7)) == bytes([2]) * CHUNK
+    finally:
+        w.shutdown()
+
+
+def test_a_missing_chunk_fails_alone_and_drops_happen_first(tmp_path: Path) -> None:
+    w = make(tmp_path)
+    try:
+        run(w, job(1, JobKind.SPILL, tier="disk", keys=[1], slots=[1]))
+        assert run(w, job(2, JobKind.SPILL, tier="disk", keys=[2], slots=[2], drop=(1,))).success
+        result = run(w, job(3, JobKind.PROMOTE, tier="disk", keys=[1, 2], slots=[5, 6]))
+        assert result.success and result.failed_chunks == ((0, "missing"),)
+        assert bytes(w.slab.slot_bytes(6)) == bytes([2]) * CHUNK
+        everything_gone = run(w, job(4, JobKind.PROMOTE, tier="disk", keys=[1], slots=[5]))
+        assert not everything_gone.success and everything_gone.error == "missing"
+    finally:
+        w.shutdown()
+
+
+def test_a_dead_tier_fails_the_whole_job_without_raising(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    w = make(tmp_path, redis_server)
+    try:
+        redis_server.kill()
+        result = run(w, job(1, JobKind.SPILL, tier="redis", keys=[1], slots=[1]))
+        assert not result.success and "ConnectionError" in result.error
+        unknown = run(w, job(2, JobKind.SPILL, tier="nfs", keys=[1], slots=[1]))
+        assert not unknown.success
+    finally:
+        w.shutdown()

@@ -1,0 +1,123 @@
+"""The tier planner alone: spill admission, pins while spilling, promotion outcomes
+and their counters (no engine, no worker)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kvoffload.core.chunk_state import ChunkState
+from kvoffload.core.directory import Directory
+from kvoffload.core.jobs import JobKind, JobResult
+from kvoffload.core.keys import ChunkKey
+from kvoffload.core.tier_planning import TierPlanner
+from kvoffload.core.tiering import DirectoryTier
+
+
+def K(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "big"))
+
+
+def setup(
+    spill_after_hits: int = 0, disk_slots: int = 8
+) -> tuple[Directory, DirectoryTier, TierPlanner]:
+    host = Directory(8)
+    disk = DirectoryTier(Directory(disk_slots, tier="disk"))
+    return host, disk, TierPlanner(host, [disk], 1, spill_after_hits=spill_after_hits)
+
+
+def stored(host: Directory, keys: list[ChunkKey]) -> None:
+    prepared = host.prepare_store(keys, admit_all=True)
+    host.complete_store(prepared.keys, success=True)
+
+
+ids = itertools.count(1).__next__
+
+
+def test_write_through_spills_once_the_host_store_completed_and_pins_meanwhile() -> None:
+    host, disk, planner = setup()
+    keys = [K(1), K(2)]
+    stored(host, keys)
+    planner.note_stored(keys)
+    (job,) = planner.plan_spills(ids)
+    assert job.kind is JobKind.SPILL and job.keys == tuple(keys) and job.tier == "disk"
+    assert host.pinned_count == 2  # a spilling chunk cannot be evicted under the worker
+    assert planner.plan_spills(ids) == []  # queued once
+    planner.complete(job, JobResult(job.job_id, success=True))
+    assert host.pinned_count == 0
+    assert disk.present_run(keys) == 2 and disk.stats.spilled_chunks == 2
+
+
+def test_after_n_hits_a_chunk_spills_on_its_nth_host_load_only() -> None:
+    host, _, planner = setup(spill_after_hits=2)
+    stored(host, [K(1), K(2)])
+    planner.note_stored([K(1), K(2)])
+    assert planner.plan_spills(ids) == []  # not on store
+    planner.note_loaded([K(1), K(2)])
+    assert planner.plan_spills(ids) == []  # one hit each
+    planner.note_loaded([K(1)])
+    (job,) = planner.plan_spills(ids)
+    assert job.keys == (K(1),)
+
+
+def test_hit_counters_are_bounded() -> None:
+    host = Directory(8)
+    planner = TierPlanner(
+        host, [DirectoryTier(Directory(8, tier="disk"))], 1, spill_after_hits=2, max_counters=3
+    )
+    planner.note_loaded([K(i) for i in range(10)])
+    assert len(planner._hits) == 3
+
+
+def test_a_chunk_evicted_from_host_before_its_spill_is_not_spilled() -> None:
+    host, _, planner = setup()
+    stored(host, [K(1)])
+    planner.note_stored([K(1)])
+    host.discard([K(1)])
+    assert planner.plan_spills(ids) == []
+
+
+def test_a_full_tier_refuses_the_spill_and_counts_it() -> None:
+    host, disk, planner = setup(disk_slots=1)
+    stored(host, [K(1), K(2)])
+    first = disk.directory.prepare_store([K(9)], admit_all=True)  # the tier's only slot
+    assert first.keys == (K(9),)  # storing: neither readable nor evictable
+    planner.note_stored([K(1), K(2)])
+    assert planner.plan_spills(ids) == []
+    assert disk.stats.spill_no_room == 2 and host.pinned_count == 0
+
+
+@pytest.mark.parametrize(
+    ("reason", "forgotten"),
+    [("integrity:checksum", True), ("missing", True), ("io:Input/output error", False)],
+)
+def test_promotion_outcomes_per_chunk(reason: str, forgotten: bool) -> None:
+    host, disk, planner = setup()
+    keys = [K(1), K(2)]
+    prepared = disk.directory.prepare_store(keys, admit_all=True)
+    disk.directory.complete_store(prepared.keys, success=True)
+    job = planner.plan_promotion("r", "disk", keys, ids)
+    assert job is not None and job.kind is JobKind.PROMOTE
+    assert [host.state_of(k) for k in keys] == [ChunkState.STORING] * 2
+    planner.complete(job, JobResult(job.job_id, success=True, failed_chunks=((1, reason),)))
+    assert host.state_of(K(1)) is ChunkState.READY and host.state_of(K(2)) is ChunkState.FREE
+    assert disk.stats.promoted_chunks == 1 and disk.stats.promotion_failures == 1
+    assert disk.directory.pinned_count == 0
+    assert (disk.present_run([K(2)]) == 0) is forgotten
+    assert (K(2) in disk.pending_drops()) is forgotten  # its file goes with the next spill
+    if reason.startswith("integrity:"):
+        assert disk.stats.integrity_errors == {reason: 1}
+    if reason == "missing":
+        assert disk.stats.missing == 1
+
+
+def test_a_promotion_that_failed_as_a_whole_frees_every_reserved_slot() -> None:
+    host, disk, planner = setup()
+    prepared = disk.directory.prepare_store([K(1)], admit_all=True)
+    disk.directory.complete_store(prepared.keys, success=True)
+    job = planner.plan_promotion("r", "disk", [K(1)], ids)
+    assert job is not None
+    planner.complete(job, JobResult(job.job_id, success=False, error="ConnectionError"))
+    assert host.state_of(K(1)) is ChunkState.FREE and len(host) == 0
+    assert disk.present_run([K(1)]) == 1  # a failed read says nothing about the copy

@@ -21,6 +21,11 @@ class ConfigError(KvOffloadError, ValueError):
         self.field = field
 
 
+class UsageError(KvOffloadError):
+    """A command-line problem (bad arguments, unreadable input, unreachable server);
+    the ``kvoffload`` command prints it as one line and exits with status 2."""
+
+
 class ContractViolation(KvOffloadError, RuntimeError):
     """A caller broke a documented precondition of a core operation."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import stat
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from kvoffload.core.chunk_format import IntegrityError, IntegrityReason
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers import disk as disk_module
-from kvoffload.tiers.disk import DiskStore, scan, sweep
+from kvoffload.tiers.disk import PAYLOAD_OFFSET, DiskStore, scan, sweep
 from kvoffload.tiers.disk_index import open_disk_tier
 from kvoffload.tiers.disk_store import DiskTierStore
 
@@ -39,6 +40,30 @@ def test_round_trip_and_owner_only_permissions(tmp_path: Path, o_direct: bool) -
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     for parent in (path.parent, path.parent.parent, path.parent.parent.parent):
         assert stat.S_IMODE(parent.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("payload", [PAYLOAD, PAYLOAD - 100])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_o_direct_moves_aligned_buffers_in_place_and_others_through_a_bounce(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload: int, aligned: bool
+) -> None:
+    store = DiskStore(tmp_path, DIGEST, 0, payload, o_direct=True)
+    source = memoryview(mmap.mmap(-1, payload + (0 if aligned else 1)))[(0 if aligned else 1) :]
+    source[:] = data(3)[:payload]
+    bounced: list[int] = []
+    real = DiskStore._bounce
+    monkeypatch.setattr(DiskStore, "_bounce", lambda self: bounced.append(1) or real(self))
+    store.write(K(3), source)
+    out = memoryview(mmap.mmap(-1, payload))
+    store.read_into(K(3), out)
+    assert bytes(out) == data(3)[:payload]
+    raw = store.path(K(3)).read_bytes()
+    assert len(raw) == PAYLOAD_OFFSET + -(-payload // 4096) * 4096  # page-padded
+    assert raw[PAYLOAD_OFFSET : PAYLOAD_OFFSET + payload] == data(3)[:payload]
+    if store.o_direct:  # the filesystem took O_DIRECT (tmpfs would not)
+        whole_pages = payload % 4096 == 0
+        expected = int(not (aligned and whole_pages)) + int(not whole_pages)  # write + read
+        assert len(bounced) == expected
 
 
 def test_a_write_that_dies_before_the_rename_leaves_nothing_readable(
@@ -68,6 +93,9 @@ def test_a_stale_temporary_file_is_swept(tmp_path: Path) -> None:
     assert [f.key for f in scan(tmp_path, DIGEST)] == [K(3)]
 
 
+FLIP = PAYLOAD_OFFSET + 500  # a payload byte
+
+
 @pytest.mark.parametrize(
     "damage, reason",
     [
@@ -76,7 +104,9 @@ def test_a_stale_temporary_file_is_swept(tmp_path: Path) -> None:
         (lambda p: p.write_bytes(p.read_bytes() + b"x"), IntegrityReason.SIZE),
         (
             lambda p: p.write_bytes(
-                p.read_bytes()[:500] + bytes([p.read_bytes()[500] ^ 0xFF]) + p.read_bytes()[501:]
+                p.read_bytes()[:FLIP]
+                + bytes([p.read_bytes()[FLIP] ^ 0xFF])
+                + p.read_bytes()[FLIP + 1 :]
             ),
             IntegrityReason.CHECKSUM,
         ),

@@ -75,7 +75,7 @@ def test_wrong_credentials_make_the_index_back_off_not_fail(secured: RedisServer
         while index.present_run([K(1)]) is None:  # asks in the background, fails
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        assert index.present_run([K(1)]) == 0 and index.query_errors == 1
+        assert index.present_run([K(1)]) == 0 and index.query_errors >= 1
     finally:
         index.close()
 
@@ -161,7 +161,7 @@ def test_a_cluster_that_is_down_at_start_fails_operations_not_the_engine() -> No
         while index.present_run([K(1)]) is None:
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        assert index.query_errors == 1
+        assert index.query_errors >= 1
     finally:
         index.close()
 

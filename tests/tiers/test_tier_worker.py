@@ -51,7 +51,9 @@ def run(worker: TierWorker, j: TransferJob) -> JobResult:
     return result
 
 
-def make(tmp_path: Path, server: RedisServer | None = None) -> TierWorker:
+def make(
+    tmp_path: Path, server: RedisServer | None = None, part_bytes: int = 8 << 20
+) -> TierWorker:
     slab = HostSlab(CHUNK, 8 * CHUNK, pin_memory=False)
     for slot in range(8):
         slab.slot_bytes(slot)[:] = bytes([slot]) * CHUNK
@@ -59,7 +61,7 @@ def make(tmp_path: Path, server: RedisServer | None = None) -> TierWorker:
     if server is not None:
         client = make_client(RedisSettings(server.url, timeout_ms=300))
         stores["redis"] = RedisStore(client, DIGEST, 0, CHUNK)
-    return TierWorker(slab, stores)
+    return TierWorker(slab, stores, part_bytes=part_bytes)
 
 
 def test_spill_then_promote_round_trips_through_both_tiers(
@@ -115,5 +117,19 @@ def test_a_dead_tier_fails_the_whole_job_without_raising(
         assert not result.success and "ConnectionError" in result.error
         unknown = run(w, job(2, JobKind.SPILL, tier="nfs", keys=[1], slots=[1]))
         assert not unknown.success
+    finally:
+        w.shutdown()
+
+
+def test_a_large_job_runs_in_parts_and_reports_failures_by_index(tmp_path: Path) -> None:
+    w = make(tmp_path, part_bytes=2 * CHUNK)  # parts of two chunks: [0, 1] [2, 3] [4]
+    try:
+        keys, slots = [10, 11, 12, 13, 14], [0, 1, 2, 3, 4]
+        assert run(w, job(1, JobKind.SPILL, tier="disk", keys=keys, slots=slots)).success
+        w.stores["disk"].delete_many([K(12), K(14)])  # one chunk gone in two parts
+        result = run(w, job(2, JobKind.PROMOTE, tier="disk", keys=keys, slots=[3, 4, 5, 6, 7]))
+        assert result.success and result.failed_chunks == ((2, "missing"), (4, "missing"))
+        assert result.nbytes == 3 * CHUNK
+        assert [bytes(w.slab.slot_bytes(s))[0] for s in (3, 4, 6)] == [0, 1, 3]
     finally:
         w.shutdown()

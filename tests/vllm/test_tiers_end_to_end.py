@@ -8,114 +8,27 @@ happened.
 from __future__ import annotations
 
 import errno
-import gc
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llm_support import (
+    CHUNK_BYTES,
+    PROMPTS,
+    engine,
+    generate,
+    quiescent,
+    settle,
+    tier,
+    tokens,
+)
+
 from redis_server import RedisServer
-
-BLOCK = 32
-CHUNK_BYTES = 32 * 1024  # 2 layers x 2 KV heads x 32 tokens x 2 x 32 dims x 4 bytes
-PROMPTS = [[(7 * p + 3 * i) % 997 + 3 for i in range(8 * BLOCK)] for p in range(4)]
-
-
-@contextmanager
-def engine(model: Path, extra: dict[str, Any] | None, dtype: str = "float32") -> Iterator[Any]:
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-    from vllm import LLM
-
-    transfer = None
-    if extra is not None:
-        transfer = {
-            "kv_connector": "KVOffloadConnector",
-            "kv_connector_module_path": "kvoffload.vllm",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": extra,
-        }
-    llm = LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        max_model_len=1024,
-        block_size=BLOCK,
-        enforce_eager=True,
-        dtype=dtype,
-        kv_cache_memory_bytes=128 * 32 * 1024,
-        enable_prefix_caching=True,
-        max_num_seqs=4,
-        seed=0,
-        kv_transfer_config=transfer,
-    )
-    try:
-        yield llm
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        cleanup_dist_env_and_memory()
-        gc.collect()
-
-
-def generate(llm: Any, prompts: list[list[int]], salt: str | None = None) -> list[Any]:
-    from vllm.inputs import TokensPrompt
-
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    inputs = [
-        TokensPrompt(prompt_token_ids=p, **({"cache_salt": salt} if salt else {}))  # type: ignore[typeddict-item]
-        for p in prompts
-    ]
-    return list(llm.generate(inputs, params, use_tqdm=False))
-
-
-def tokens(outputs: list[Any]) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in outputs]
-
-
-def half(llm: Any) -> Any:
-    return llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side.scheduler
-
-
-def tier(llm: Any, name: str) -> Any:
-    return half(llm).tiers.tiers[name]
-
-
-def settle(llm: Any) -> None:
-    """Step the engine until kvoffload has nothing in flight. Each step first waits
-    for the worker's copies and tier jobs to finish (so the step's report delivers
-    them: completion is driven by the test, not by timing); vLLM keeps stepping an
-    idle engine while the connector has pending work."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-    core = llm.llm_engine.engine_core.engine_core
-    worker = get_kv_transfer_group().worker_side
-    for _ in range(50):
-        if not core.scheduler.has_requests():
-            return
-        if worker.tiers is not None:
-            assert worker.tiers.wait(worker.tiers.running(), timeout=60)
-        worker.worker.wait(worker.worker.running())
-        core.step()
-    h = half(llm)
-    raise AssertionError(
-        f"kvoffload jobs did not drain: in flight {h.jobs_in_flight()}, "
-        f"queued below host {h.tiers.has_queued()}, promotions {h._promotions}"
-    )
-
-
-def quiescent(llm: Any) -> None:
-    h = half(llm)
-    assert h.directory.pinned_count == 0 and h.jobs_in_flight() == []
-    for t in h.tiers.directory_tiers():
-        assert t.directory.pinned_count == 0
-    h.check_integrity()
 
 
 def config(
@@ -277,7 +190,7 @@ def test_a_damaged_chunk_file_is_a_counted_miss_and_is_deleted(
         for path in files:
             raw = path.read_bytes()
             damaged[path] = (
-                raw[:-7] if damage == "truncate" else raw[:100] + bytes([raw[100] ^ 1]) + raw[101:]
+                raw[:-7] if damage == "truncate" else raw[:5000] + bytes([raw[5000] ^ 1]) + raw[5001:]
             )
             path.write_bytes(damaged[path])
         again = generate(llm, [PROMPTS[0]])[0]

@@ -152,6 +152,14 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: v == "write_through" or _int_at_least(1)(v),
     ),
     Option(
+        "metrics_port",
+        "integer 1..65535",
+        None,
+        "Serve kvoffload's Prometheus metrics on http://127.0.0.1:<port>/metrics from the "
+        "scheduler process (vLLM's own /metrics carries them too when stats are on).",
+        lambda v: v is None or (_int_at_least(1)(v) and v <= 65535),
+    ),
+    Option(
         "max_deferral_steps",
         "integer >= 1",
         500,
@@ -190,6 +198,7 @@ class OffloadConfig:
     redis_username: str | None = None
     redis_password: str | None = None
     lower_tier_admission: str | int = "write_through"
+    metrics_port: int | None = None
     max_deferral_steps: int = 500
     max_deferral_seconds: float = 5.0
 

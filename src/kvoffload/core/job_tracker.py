@@ -52,6 +52,11 @@ class JobTracker:
         self._next_id += 1
         return self._next_id
 
+    def job(self, job_id: int) -> TransferJob | None:
+        """The in-flight job with this id, if any."""
+        tracked = self._jobs.get(job_id)
+        return None if tracked is None else tracked.job
+
     def add(self, job: TransferJob) -> None:
         self._jobs[job.job_id] = _Tracked(job)
         if job.kind is JobKind.STORE:

@@ -29,7 +29,7 @@ import enum
 from kvoffload.core.errors import IllegalTransition
 from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
-from kvoffload.core.scheduler_types import EngineRequest
+from kvoffload.core.scheduler_types import Deferral, EngineRequest
 
 
 class Phase(enum.Enum):
@@ -77,6 +77,7 @@ class RequestState:
     __slots__ = (
         "block_ids",
         "computed_tokens",
+        "deferral_reason",
         "deferred_since_s",
         "deferred_since_step",
         "final_store_pending",
@@ -102,6 +103,7 @@ class RequestState:
         self.lookup_hit: tuple[int, int] | None = None  # (local tokens, external tokens)
         self.deferred_since_step: int | None = None
         self.deferred_since_s: float | None = None
+        self.deferral_reason: Deferral | None = None  # the last reason it was deferred
         self.final_store_pending = False
         self.load_failed = False  # a load of this request failed: it recomputes from now on
         self.promotion: tuple[str, tuple[ChunkKey, ...]] | None = None  # wanted: tier, keys
@@ -133,3 +135,4 @@ class RequestState:
     def clear_deferral(self) -> None:
         self.deferred_since_step = None
         self.deferred_since_s = None
+        self.deferral_reason = None

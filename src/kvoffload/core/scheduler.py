@@ -46,6 +46,7 @@ from kvoffload.core.events import CacheEvent
 from kvoffload.core.job_tracker import Completion, JobTracker
 from kvoffload.core.jobs import JobKind, TransferJob, WorkerReport
 from kvoffload.core.keys import ChunkKey, Namespace
+from kvoffload.core.metrics import MetricsRecorder
 from kvoffload.core.request_state import Phase, RequestState
 from kvoffload.core.scheduler_checks import verify_scheduler
 from kvoffload.core.scheduler_types import (
@@ -80,6 +81,7 @@ class OffloadScheduler(StepPlanning):
             directory, lower_tiers, config.blocks_per_chunk, spill_after_hits=spill_after_hits
         )
         self.stats = SchedulerStats()
+        self.metrics = MetricsRecorder()
         self._clock = clock
         self._states: dict[str, RequestState] = {}
         self._tracker = JobTracker(config.world_size)
@@ -177,6 +179,7 @@ class OffloadScheduler(StepPlanning):
         if state.deferred_since_step is None:
             state.deferred_since_step = self._busy_steps
             state.deferred_since_s = self._clock()
+        state.deferral_reason = reason
         self.stats.deferrals[reason] = self.stats.deferrals.get(reason, 0) + 1
 
     # -------------------------------------------------------------- allocation
@@ -203,7 +206,7 @@ class OffloadScheduler(StepPlanning):
         self.directory.touch(keys[: (local + num_external_tokens) // chunk])
         self.directory.record_lookups(keys)
         state.lookup_hit = None
-        state.clear_deferral()
+        self._end_deferral(state)
         state.stored_chunks = 0
         state.promotion = None
         state.no_promotion = False
@@ -260,6 +263,10 @@ class OffloadScheduler(StepPlanning):
         reported). Unknown and repeated results are ignored and counted."""
         done: list[Completion] = []
         for result in report.results:
+            job = self._tracker.job(result.job_id)
+            if job is not None:
+                tier = job.tier or "host"
+                self.metrics.observe_transfer(job.kind.value, tier, result.nbytes, result.seconds)
             completion = self._tracker.record(report.rank, result)
             if completion is None:
                 if result.job_id not in self._tracker:
@@ -276,6 +283,7 @@ class OffloadScheduler(StepPlanning):
         elif job.kind is JobKind.STORE:
             self.directory.complete_store(job.keys, completion.success)
             self.stats.store_failures += not completion.success
+            self.stats.failed_store_chunks += 0 if completion.success else len(job.keys)
             if completion.success:
                 self.tiers.note_stored(job.keys)
         else:
@@ -285,6 +293,7 @@ class OffloadScheduler(StepPlanning):
                 # request recomputes instead of retrying (no retry loops).
                 self.directory.discard(job.keys)
                 self.stats.load_failures += 1
+                self.stats.failed_load_chunks += len(job.keys)
             else:
                 self.tiers.note_loaded(job.keys)
         state = self._states.get(job.request_id)

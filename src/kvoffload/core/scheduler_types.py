@@ -132,9 +132,11 @@ class SchedulerStats:
     deferral_timeouts: int = 0
     loads: int = 0
     load_failures: int = 0
+    failed_load_chunks: int = 0
     loaded_chunks: int = 0
     stores: int = 0
     store_failures: int = 0
+    failed_store_chunks: int = 0
     stored_chunks: int = 0
     flushes: int = 0
     preemptions: int = 0

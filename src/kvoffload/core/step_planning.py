@@ -7,9 +7,12 @@ of requests, reports) lives in :mod:`kvoffload.core.scheduler`, the per-step pla
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvoffload.core.directory import Directory
 from kvoffload.core.job_tracker import JobTracker
 from kvoffload.core.jobs import JobKind, StepPlan, TransferJob
+from kvoffload.core.metrics import MetricsRecorder
 from kvoffload.core.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import SchedulerConfig, SchedulerStats, StepInput
 from kvoffload.core.store_planning import fenced_stores, plan_store_job
@@ -23,6 +26,8 @@ class StepPlanning:
     directory: Directory
     tiers: TierPlanner
     stats: SchedulerStats
+    metrics: MetricsRecorder
+    _clock: Callable[[], float]
     _states: dict[str, RequestState]
     _tracker: JobTracker
     _step: int
@@ -32,6 +37,13 @@ class StepPlanning:
     _fresh_blocks: set[int]
     _finishing: list[str]
     _promotions: list[str]
+
+    def _end_deferral(self, state: RequestState) -> None:
+        """The request is admitted: record how long it was deferred, if it was."""
+        if state.deferred_since_s is not None and state.deferral_reason is not None:
+            waited = self._clock() - state.deferred_since_s
+            self.metrics.observe_deferral(state.deferral_reason.value, waited)
+        state.clear_deferral()
 
     def _track(self, state: RequestState, job: TransferJob) -> None:
         self._tracker.add(job)
@@ -86,7 +98,7 @@ class StepPlanning:
                 state.block_ids.extend(sched.block_ids)
                 self._fresh_blocks.update(sched.block_ids)
             state.computed_tokens = sched.num_computed_tokens + sched.num_scheduled_tokens
-            state.clear_deferral()
+            self._end_deferral(state)
             state.move(Phase.RUNNING)
             self._plan_stores(state, stores)
         for request_id in self._finishing:

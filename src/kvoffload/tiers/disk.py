@@ -4,17 +4,19 @@ Layout under ``root``::
 
     root/kvoffload-v1/<namespace digest hex>/<key hex[:2]>/<key hex>.r<rank>
 
-Each file is a :mod:`kvoffload.core.chunk_format` header and the payload. A write
+Each file is one 4 KiB header block (a :mod:`kvoffload.core.chunk_format` header,
+zero-padded) followed by the payload, zero-padded to a multiple of 4 KiB. A write
 goes to a temporary name (``.tmp.<pid>.<n>``) and is renamed into place, so a torn
 or partial write never appears under a chunk's name; every read is verified anyway
 (a power cut can leave a renamed file whose data never reached the disk). Files
 and directories are created owner-only (0600 / 0700).
 
-With ``o_direct`` writes and reads bypass the page cache (``O_DIRECT``) through a
-page-aligned bounce buffer; files are then zero-padded to 4 KiB (the header gives
-the payload length, buffered reads accept the padding). Where the filesystem
-refuses O_DIRECT, the store falls back to buffered I/O. Without it, reads go
-straight into the caller's buffer.
+With ``o_direct`` writes and reads bypass the page cache (``O_DIRECT``). The
+layout keeps the payload page-aligned in the file, so a page-aligned caller buffer
+(a host slab slot) is written and read in place, with no copy; other buffers go
+through a per-thread bounce buffer. Where the filesystem refuses O_DIRECT, the
+store falls back to buffered I/O (same layout). Buffered reads go straight into the
+caller's buffer.
 
 Used from the worker's tier threads (reads, writes, deletes; each call touches one
 file, calls on different files may run concurrently) and, at start-up, from the
@@ -27,6 +29,7 @@ included) after removing its temporary file.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import itertools
 import mmap
@@ -43,12 +46,13 @@ from kvoffload.core.chunk_format import (
     check_header,
     check_payload,
     encode_header,
-    verify,
 )
 from kvoffload.core.keys import ChunkKey, shard_key
 
 FORMAT_DIR = "kvoffload-v1"
 ALIGN = 4096
+PAYLOAD_OFFSET = ALIGN  # the header block: header, zero-padded to one page
+_ZERO_BLOCK = bytes(ALIGN)
 _TMP = ".tmp."
 _counter = itertools.count()
 
@@ -82,10 +86,11 @@ class DiskStore:
         self.rank = rank
         self.payload_bytes = payload_bytes
         self.o_direct = o_direct and hasattr(os, "O_DIRECT")
-        self.file_bytes = _aligned(HEADER_BYTES + payload_bytes)
+        self.file_bytes = file_bytes(payload_bytes)
+        self._pad = bytes(self.file_bytes - PAYLOAD_OFFSET - payload_bytes)
         _make_private_dirs(self.dir)
         self._made: set[Path] = set()  # fan-out directories known to exist
-        self._buffers = threading.local()  # per-thread aligned O_DIRECT buffers
+        self._buffers = threading.local()  # per-thread aligned buffers (O_DIRECT)
 
     def path(self, key: ChunkKey) -> Path:
         hexkey = key.hex()
@@ -101,25 +106,11 @@ class DiskStore:
         header = encode_header(self.digest, shard_key(key, self.rank), payload)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
-            if self.o_direct:
-                buf = self._aligned_buffer()
-                buf[:HEADER_BYTES] = header
-                end = HEADER_BYTES + len(payload)
-                buf[HEADER_BYTES:end] = payload
-                buf[end:] = bytes(len(buf) - end)  # padding: zeros, never stale bytes
-                fd = self._open_direct(tmp, flags, 0o600)
-                try:
-                    _write_all(fd, buf)
-                finally:
-                    os.close(fd)
-            else:
-                fd = os.open(tmp, flags, 0o600)
-                try:
-                    written = os.writev(fd, [header, payload])
-                    if written != HEADER_BYTES + len(payload):
-                        _write_all(fd, memoryview(header + bytes(payload))[written:])
-                finally:
-                    os.close(fd)
+            fd = self._open_direct(tmp, flags) if self.o_direct else os.open(tmp, flags, 0o600)
+            try:
+                _write_all(fd, self._file_parts(header, payload, direct=self.o_direct))
+            finally:
+                os.close(fd)
             os.replace(tmp, final)
         except BaseException:
             unlink_quietly(tmp)
@@ -128,48 +119,86 @@ class DiskStore:
     def read_into(self, key: ChunkKey, out: memoryview) -> None:
         """Read and verify ``key``'s chunk into ``out`` (``payload_bytes`` long)."""
         path = self.path(key)
-        if self.o_direct:
-            buf = self._aligned_buffer()
-            fd = self._open_direct(path, os.O_RDONLY)
-            try:
-                size = _read_all(fd, buf)
-            finally:
-                os.close(fd)
-            stored = buf[: min(size, HEADER_BYTES + self.payload_bytes)]
-            out[:] = verify(stored, self.digest, shard_key(key, self.rank), self.payload_bytes)
-            return
-        with open(path, "rb", buffering=0) as f:
-            header = f.read(HEADER_BYTES)
-            expected = check_header(header, self.digest, shard_key(key, self.rank), len(out))
-            got = f.readinto(out) or 0
-            rest = len(f.read(ALIGN))
-        if rest and HEADER_BYTES + got + rest != _aligned(HEADER_BYTES + len(out)):
+        direct = self.o_direct
+        fd = self._open_direct(path, os.O_RDONLY) if direct else os.open(path, os.O_RDONLY)
+        try:
+            head = self._head_block(clear=False)
+            if not direct:  # one extra page catches a file longer than it should be
+                got = _read_all(fd, [head, out, memoryview(bytearray(ALIGN))]) - PAYLOAD_OFFSET
+            elif _is_aligned(out):  # straight into the caller's memory
+                got = _read_all(fd, [head, out]) - PAYLOAD_OFFSET
+            else:
+                bounce = self._bounce()
+                got = _read_all(fd, [head, bounce]) - PAYLOAD_OFFSET
+                out[:] = bounce[: len(out)]
+        finally:
+            os.close(fd)
+        expected = check_header(
+            head[:HEADER_BYTES], self.digest, shard_key(key, self.rank), len(out)
+        )
+        if got > len(self._pad) + len(out):
             raise IntegrityError(IntegrityReason.SIZE, "longer than its header says")
-        check_payload(out[:got], len(out), expected)
+        check_payload(out[: max(got, 0)], len(out), expected)
 
-    def _aligned_buffer(self) -> memoryview:
-        """This thread's page-aligned buffer of one file (O_DIRECT needs aligned
-        memory); allocated once per thread and kept for the store's lifetime."""
-        buf: memoryview | None = getattr(self._buffers, "view", None)
+    def delete(self, key: ChunkKey) -> None:
+        unlink_quietly(self.path(key))
+
+    # ------------------------------------------------------------ internals
+
+    def _file_parts(self, header: bytes, payload: memoryview, *, direct: bool) -> list[memoryview]:
+        """The file as buffers to write: the header block, the payload, the padding.
+        O_DIRECT needs page-aligned memory: the payload goes straight from the
+        caller's buffer when it is aligned, else through this thread's bounce buffer."""
+        head = self._head_block(clear=True)
+        head[: len(header)] = header
+        if not direct:
+            return [head, payload, memoryview(self._pad)]
+        if _is_aligned(payload) and not self._pad:
+            return [head, payload]
+        bounce = self._bounce()
+        bounce[: len(payload)] = payload
+        bounce[len(payload) :] = self._pad
+        return [head, bounce]
+
+    def _head_block(self, *, clear: bool) -> memoryview:
+        head = self._thread_buffer("head", PAYLOAD_OFFSET)
+        if clear:
+            head[HEADER_BYTES:] = _ZERO_BLOCK[HEADER_BYTES:]
+        return head
+
+    def _bounce(self) -> memoryview:
+        return self._thread_buffer("bounce", self.file_bytes - PAYLOAD_OFFSET)
+
+    def _thread_buffer(self, name: str, size: int) -> memoryview:
+        """This thread's page-aligned buffer ``name`` (allocated once per thread,
+        kept for the store's lifetime: O_DIRECT needs aligned memory)."""
+        buf: memoryview | None = getattr(self._buffers, name, None)
         if buf is None:
-            buf = memoryview(mmap.mmap(-1, self.file_bytes))
-            self._buffers.view = buf
+            buf = memoryview(mmap.mmap(-1, size))
+            setattr(self._buffers, name, buf)
         return buf
 
-    def _open_direct(self, path: Path, flags: int, mode: int = 0o600) -> int:
+    def _open_direct(self, path: Path, flags: int) -> int:
         """Open with O_DIRECT; where the filesystem refuses it (tmpfs), switch this
-        store to buffered I/O for good (files stay readable either way: buffered
-        reads accept the 4 KiB padding)."""
+        store to buffered I/O for good (the file layout is the same either way)."""
         try:
-            return os.open(path, flags | os.O_DIRECT, mode)
+            return os.open(path, flags | os.O_DIRECT, 0o600)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
             self.o_direct = False
-            return os.open(path, flags, mode)
+            return os.open(path, flags, 0o600)
 
-    def delete(self, key: ChunkKey) -> None:
-        unlink_quietly(self.path(key))
+
+def file_bytes(payload_bytes: int) -> int:
+    """Size of one chunk file: the header block and the payload, padded to 4 KiB."""
+    return PAYLOAD_OFFSET + _aligned(payload_bytes)
+
+
+def read_header(path: Path) -> bytes:
+    """The header bytes of a chunk file (for scans and inspection; unverified)."""
+    with open(path, "rb", buffering=0) as f:
+        return f.read(HEADER_BYTES)
 
 
 def scan(root: Path, namespace_digest: bytes) -> Iterator[ChunkFile]:
@@ -228,19 +257,33 @@ def unlink_quietly(path: Path) -> None:
         os.unlink(path)
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        n = os.write(fd, data)
-        if n <= 0:
-            raise OSError(errno.EIO, "short write")
-        data = data[n:]
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    total = sum(len(p) for p in parts)
+    written = os.writev(fd, parts)
+    if written < total:  # short write (rare): finish it piece by piece
+        rest = memoryview(b"".join(bytes(p) for p in parts))[written:]
+        while rest:
+            rest = rest[os.write(fd, rest) :]
 
 
-def _read_all(fd: int, out: memoryview) -> int:
+def _read_all(fd: int, parts: list[memoryview]) -> int:
+    """Fill ``parts`` from ``fd`` until end of file; the bytes read."""
     total = 0
-    while total < len(out):
-        n = os.readv(fd, [out[total:]])
+    while parts:
+        n = os.readv(fd, parts)
         if n <= 0:
             break
         total += n
+        while parts and n >= len(parts[0]):
+            n -= len(parts[0])
+            parts = parts[1:]
+        if parts and n:
+            parts = [parts[0][n:], *parts[1:]]
     return total
+
+
+def _is_aligned(view: memoryview) -> bool:
+    """Page-aligned start and length (what O_DIRECT needs from memory)."""
+    if len(view) % ALIGN or view.readonly:
+        return False
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN == 0

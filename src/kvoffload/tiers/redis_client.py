@@ -73,7 +73,11 @@ def _split_credentials(settings: RedisSettings) -> tuple[str, dict[str, Any]]:
     except ValueError as exc:
         raise ConfigError("redis_url", f"invalid value {settings.url!r}: {exc}") from None
     timeout = settings.timeout_ms / 1000
-    kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    kwargs: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "command_packer": _zero_copy_packer(),
+    }
     username = settings.username if settings.username is not None else url.username
     password = settings.password if settings.password is not None else url.password
     if username:
@@ -84,6 +88,29 @@ def _split_credentials(settings: RedisSettings) -> tuple[str, dict[str, Any]]:
     if port is not None:
         netloc += f":{port}"
     return url._replace(netloc=netloc).geturl(), kwargs
+
+
+def _zero_copy_packer() -> Any:
+    """redis-py's pure-Python command packer: it sends large and memoryview arguments
+    as they are, where the default (hiredis) packer copies every value into one
+    command buffer; chunk values are megabytes."""
+    from redis.connection import PythonRespSerializer
+
+    return PythonRespSerializer(6000, _encode)
+
+
+def _encode(value: Any) -> bytes | memoryview:
+    """Command arguments as bytes (keys and values kvoffload sends are str, bytes,
+    memoryview or numbers)."""
+    if isinstance(value, bytes | memoryview):
+        return value
+    if isinstance(value, bytearray):
+        return memoryview(value)
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value).encode()
+    raise TypeError(f"cannot send {type(value).__name__} to Redis")
 
 
 class LazyCluster:

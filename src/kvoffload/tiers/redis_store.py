@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvoffload.core.chunk_format import IntegrityError, encode_header, verify
+from kvoffload.core.chunk_format import HEADER_BYTES, IntegrityError, encode_header, verify
 from kvoffload.core.keys import ChunkKey, shard_key
 from kvoffload.tiers.redis_client import key_name
 
@@ -32,8 +32,10 @@ class RedisStore:
     def write_many(self, items: Sequence[tuple[ChunkKey, memoryview]]) -> list[str | None]:
         pipe = self.client.pipeline(transaction=False)
         for key, payload in items:
-            header = encode_header(self.digest, shard_key(key, self.rank), payload)
-            pipe.set(self.name(key), header + bytes(payload))
+            value = bytearray(HEADER_BYTES + len(payload))  # the one copy of the payload
+            value[:HEADER_BYTES] = encode_header(self.digest, shard_key(key, self.rank), payload)
+            value[HEADER_BYTES:] = payload
+            pipe.set(self.name(key), memoryview(value))  # sent as is (see redis_client)
         pipe.execute()
         return [None] * len(items)
 

@@ -4,7 +4,8 @@ One per model worker, next to the :class:`~kvoffload.transfer.worker.TransferWor
 (which moves engine blocks <-> host slots). A spill job writes its host slots to a
 tier under its keys (after deleting ``drop_keys``); a promote job reads chunks from
 a tier, verified, into its host slots. Each job runs on a small thread pool (tier I/O
-blocks: disks, networks), so a slow tier delays only its own jobs.
+blocks: disks, networks), so a slow tier delays only its own jobs; a large job is
+split into parts of about ``part_bytes`` that run in parallel.
 
 Results follow :class:`~kvoffload.core.jobs.JobResult`: a chunk that failed inside
 a job is listed in ``failed_chunks`` with its reason; a job that failed as a whole
@@ -15,6 +16,7 @@ ones, so no other job touches them meanwhile.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,10 +40,33 @@ class TierStore(Protocol):
     def delete_many(self, keys: Sequence[ChunkKey]) -> None: ...
 
 
+PART_BYTES = 8 << 20  # a job is split into parts of about this size, run in parallel
+
+
+class _Parts:
+    """The parts of one job in flight; the last part to finish reports the job."""
+
+    def __init__(self, job: TransferJob, count: int, begin: float) -> None:
+        self.job = job
+        self.begin = begin
+        self.left = count
+        self.failures: dict[int, str] = {}
+        self.error = ""
+        self.lock = threading.Lock()
+
+
 class TierWorker:
-    def __init__(self, slab: HostSlab, stores: dict[str, TierStore], *, threads: int = 4):
+    def __init__(
+        self,
+        slab: HostSlab,
+        stores: dict[str, TierStore],
+        *,
+        threads: int = 4,
+        part_bytes: int = PART_BYTES,
+    ):
         self.slab = slab
         self.stores = stores
+        self.part_chunks = max(1, part_bytes // max(1, slab.chunk_bytes))
         self._book = ResultBook()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvoffload-tier")
         self._closed = False
@@ -53,7 +78,7 @@ class TierWorker:
             self._book.fail(job.job_id, f"cannot run {job.kind.value} job on tier {job.tier!r}")
             return
         try:
-            self._pool.submit(self._run, job)
+            self._pool.submit(self._start, job)
         except RuntimeError as exc:
             self._book.fail(job.job_id, f"worker is shut down: {exc}")
 
@@ -74,29 +99,67 @@ class TierWorker:
             for job_id in self.running():
                 self._book.fail(job_id, "abandoned: still running at shutdown")
 
-    def _run(self, job: TransferJob) -> None:
-        store = self.stores[job.tier]
+    def _start(self, job: TransferJob) -> None:
+        """Drop what the spill replaces, then run the job's parts: the first here,
+        the others on the pool (the last one to finish reports)."""
         begin = time.perf_counter()
-        try:
-            views = [self.slab.slot_bytes(slot) for slot in job.slots]
-            if job.kind is JobKind.SPILL:
-                if job.drop_keys:
-                    store.delete_many(job.drop_keys)
-                failures = store.write_many(list(zip(job.keys, views, strict=True)))
-            else:
-                failures = store.read_many(job.keys, views)
-        except Exception as exc:
-            self._book.fail(job.job_id, f"{type(exc).__name__}: {exc}")
+        if job.kind is JobKind.SPILL and job.drop_keys:
+            try:
+                self.stores[job.tier].delete_many(job.drop_keys)
+            except Exception as exc:
+                self._book.fail(job.job_id, f"{type(exc).__name__}: {exc}")
+                return
+        n = len(job.keys)
+        bounds = [(i, min(i + self.part_chunks, n)) for i in range(0, n, self.part_chunks)]
+        parts = _Parts(job, max(1, len(bounds)), begin)
+        if not bounds:
+            self._finish(parts)
             return
-        failed = tuple((i, reason) for i, reason in enumerate(failures) if reason is not None)
+        for lo, hi in bounds[1:]:
+            try:
+                self._pool.submit(self._run_part, parts, lo, hi)
+            except RuntimeError:  # shut down meanwhile: run it here
+                self._run_part(parts, lo, hi)
+        self._run_part(parts, *bounds[0])
+
+    def _run_part(self, parts: _Parts, lo: int, hi: int) -> None:
+        job = parts.job
+        store = self.stores[job.tier]
+        failures: list[str | None] = []
+        error = ""
+        try:
+            views = [self.slab.slot_bytes(slot) for slot in job.slots[lo:hi]]
+            keys = job.keys[lo:hi]
+            if job.kind is JobKind.SPILL:
+                failures = store.write_many(list(zip(keys, views, strict=True)))
+            else:
+                failures = store.read_many(keys, views)
+        except Exception as exc:  # the tier failed as a whole: every chunk of the part
+            error = f"{type(exc).__name__}: {exc}"
+        with parts.lock:
+            if error:
+                parts.error = parts.error or error
+                parts.failures.update((i, error) for i in range(lo, hi))
+            else:
+                parts.failures.update(
+                    (lo + i, reason) for i, reason in enumerate(failures) if reason is not None
+                )
+            parts.left -= 1
+            last = parts.left == 0
+        if last:
+            self._finish(parts)
+
+    def _finish(self, parts: _Parts) -> None:
+        job = parts.job
+        failed = tuple(sorted(parts.failures.items()))
         done = len(job.keys) - len(failed)
         self._book.finish(
             JobResult(
                 job.job_id,
                 success=done > 0 or not job.keys,
                 nbytes=done * self.slab.chunk_bytes,
-                seconds=time.perf_counter() - begin,
-                error=failed[0][1] if failed and not done else "",
+                seconds=time.perf_counter() - parts.begin,
+                error=(parts.error or (failed[0][1] if failed else "")) if not done else "",
                 failed_chunks=failed if done else (),
             )
         )

@@ -16,9 +16,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 from vllm.forward_context import ForwardContext
 from vllm.v1.attention.backend import AttentionMetadata
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -38,12 +43,15 @@ __all__ = [
     "KVConnectorBase_V1",
     "KVConnectorMetadata",
     "KVConnectorOutput",
+    "KVConnectorPromMetrics",
     "KVConnectorRole",
+    "KVConnectorStats",
     "KVConnectorTransferResults",
     "KVConnectorWorkerMetadata",
     "Request",
     "SchedulerOutput",
     "VllmConfig",
+    "maybe_convert_block_hash",
 ]
 
 

@@ -33,7 +33,9 @@ from kvoffload.adapters.vllm.compat import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorOutput,
+    KVConnectorPromMetrics,
     KVConnectorRole,
+    KVConnectorStats,
     KVConnectorWorkerMetadata,
     Request,
     SchedulerOutput,
@@ -41,6 +43,7 @@ from kvoffload.adapters.vllm.compat import (
 )
 from kvoffload.adapters.vllm.messages import PlanMetadata
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
+from kvoffload.adapters.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
 from kvoffload.adapters.vllm.worker_side import WorkerSide
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
@@ -111,10 +114,41 @@ class KVOffloadConnector(KVConnectorBase_V1):
 
     def has_pending_push_work(self) -> bool:
         """Keeps vLLM's engine stepping until kvoffload's jobs have drained."""
-        return self.scheduler_side is not None and self.scheduler_side.scheduler.has_pending_work()
+        side = self.scheduler_side
+        if side is None:
+            return False
+        with side.lock:
+            return side.scheduler.has_pending_work()
 
     def take_events(self) -> list[KVCacheEvent]:
-        return []
+        """Stored / removed events of every tier, in vLLM's KV event types."""
+        return self._sched().take_events()
+
+    # ------------------------------------------------------------ metrics
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """Scheduler role: kvoffload's metrics delta since the previous step (see
+        ``adapters/vllm/stats.py``). Workers send nothing: their results already
+        reach the scheduler half in the step reports."""
+        if self.scheduler_side is None:
+            return None
+        return self.scheduler_side.connector_stats()
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KVConnectorStats | None:
+        return KVOffloadStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return KVOffloadPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def reset_cache(self) -> bool:
         return self._sched().reset_cache()

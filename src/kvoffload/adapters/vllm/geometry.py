@@ -13,12 +13,11 @@ import hashlib
 from dataclasses import dataclass
 
 from kvoffload.adapters.vllm.compat import AttentionSpec, KVCacheConfig, VllmConfig
-from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler_types import SchedulerConfig
-from kvoffload.tiers.disk import ALIGN
+from kvoffload.tiers.disk import file_bytes as disk_file_bytes
 
 
 @dataclass(frozen=True)
@@ -103,9 +102,7 @@ def derive_geometry(
     ).hexdigest()
     disk_slots = 0
     if config.disk_bytes is not None:
-        file_bytes = HEADER_BYTES + chunk_bytes
-        if config.disk_o_direct:
-            file_bytes = -(-file_bytes // ALIGN) * ALIGN
+        file_bytes = disk_file_bytes(chunk_bytes)
         disk_slots = config.disk_bytes // (file_bytes * world_size)
         if disk_slots < 1:
             raise ConfigError(

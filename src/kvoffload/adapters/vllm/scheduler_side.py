@@ -4,21 +4,30 @@ scheduler half (one per engine; no tensors)."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
+from kvoffload.adapters.prometheus import MetricsEndpoint
 from kvoffload.adapters.vllm.compat import (
     KVCacheBlocks,
     KVCacheConfig,
+    KVCacheEvent,
     KVConnectorOutput,
     Request,
     SchedulerOutput,
     VllmConfig,
+    maybe_convert_block_hash,
 )
+from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
+from kvoffload.core.jobs import StepPlan
+from kvoffload.core.keys import ChunkKey
+from kvoffload.core.metrics_view import MetricsReading, Series, read_metrics
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering import LowerTier
@@ -58,29 +67,28 @@ def step_input(output: SchedulerOutput) -> StepInput:
 
 
 class SchedulerSide:
-    """Owns the scheduler half and its host-tier directory for one engine."""
+    """Owns the scheduler half, its directories and its observability for one engine.
+
+    Every entry point holds ``lock``, so the metrics endpoint's thread reads a
+    consistent state between engine calls.
+    """
 
     def __init__(
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
     ) -> None:
+        self.lock = threading.RLock()
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
-        directory = Directory(
-            self.geometry.num_slots,
-            tier="host",
-            policy=config.eviction,
-            store_threshold=config.store_threshold,
-        )
         g = self.geometry
+        directory = Directory(
+            g.num_slots, tier="host", policy=config.eviction, store_threshold=config.store_threshold
+        )
         lower: list[LowerTier] = []
         self.redis_index: RedisIndex | None = None
         if config.disk_path is not None:
             disk, removed = open_disk_tier(
-                Path(config.disk_path),
-                g.namespace.digest(),
-                g.world_size,
-                g.disk_slots,
+                Path(config.disk_path), g.namespace.digest(), g.world_size, g.disk_slots,
                 config.eviction,
-            )
+            )  # fmt: skip
             if removed:
                 logger.info("kvoffload: removed %d incomplete or surplus chunk files", removed)
             lower.append(disk)
@@ -96,11 +104,24 @@ class SchedulerSide:
             lower_tiers=lower,
             spill_after_hits=config.spill_after_hits,
         )
+        self.chunk_bytes = g.chunk_bytes * g.world_size  # one chunk, all workers
+        self.deltas = DeltaSource(self.read_metrics, self._take_observations)
+        self.events: EventTranslator | None = None
+        events = vllm_config.kv_events_config
+        if events is not None and events.enable_kv_cache_events:
+            sc = self.scheduler.config
+            self.events = EventTranslator(
+                sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash
+            )
+        self.endpoint: MetricsEndpoint | None = None
+        if config.metrics_port is not None:
+            self.endpoint = MetricsEndpoint(self.read_metrics, config.metrics_port)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        tokens = self.scheduler.lookup(request, num_computed_tokens)
+        with self.lock:
+            tokens = self.scheduler.lookup(request, num_computed_tokens)
         if tokens is None:
             return None, False
         return tokens, tokens > 0
@@ -109,25 +130,66 @@ class SchedulerSide:
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         block_ids = blocks.get_block_ids()[0] if num_external_tokens else []
-        self.scheduler.on_allocated(request.request_id, block_ids, num_external_tokens)
+        with self.lock:
+            self.scheduler.on_allocated(request.request_id, block_ids, num_external_tokens)
 
     def build_connector_meta(self, output: SchedulerOutput) -> PlanMetadata:
-        return PlanMetadata(self.scheduler.build_plan(step_input(output)))
+        with self.lock:
+            plan = self.scheduler.build_plan(step_input(output))
+            if self.events is not None:
+                self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
+        return PlanMetadata(plan)
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta
         if isinstance(meta, ReportMetadata):
-            for report in meta.reports:
-                self.scheduler.on_report(report)
+            with self.lock:
+                for report in meta.reports:
+                    done = self.scheduler.on_report(report)
+                    if self.events is not None:
+                        self.events.note_completed(c.job for c in done)
 
     def request_finished(self, request: Request) -> None:
-        self.scheduler.on_finished(request.request_id)
+        with self.lock:
+            self.scheduler.on_finished(request.request_id)
 
     def reset_cache(self) -> bool:
-        self.scheduler.reset()
+        with self.lock:
+            self.scheduler.reset()
         return True
 
+    def take_events(self) -> list[KVCacheEvent]:
+        """vLLM KV events for what changed in any tier (empty when vLLM's KV events
+        are off; kvoffload's own events are drained either way)."""
+        with self.lock:
+            events = self.scheduler.take_events()
+            return self.events.translate(events) if self.events is not None else []
+
+    def read_metrics(self, with_gauges: bool = True) -> MetricsReading:
+        with self.lock:
+            return read_metrics(self.scheduler, self.chunk_bytes, with_gauges=with_gauges)
+
+    def _take_observations(self) -> dict[Series, list[float]]:
+        with self.lock:
+            return self.scheduler.metrics.take_observations()
+
+    def connector_stats(self) -> KVOffloadStats | None:
+        """The metrics delta since the previous call (vLLM's stats path), or None."""
+        data = self.deltas.delta()
+        return KVOffloadStats(data=data) if data else None
+
+    def _chains(self, plan: StepPlan) -> dict[str, tuple[list[ChunkKey], object]]:
+        chains: dict[str, tuple[list[ChunkKey], object]] = {}
+        for job in (*plan.stores, *plan.promotions):
+            state = self.scheduler.state_of(job.request_id)
+            if state is not None and job.request_id not in chains:
+                chains[job.request_id] = (state.keys.keys, state.request)
+        return chains
+
     def shutdown(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
         if self.redis_index is not None:
             self.redis_index.close()
 

@@ -1,0 +1,228 @@
+"""Metric definitions and the histograms the scheduler half records.
+
+Every metric kvoffload exports is declared once in :data:`METRICS` (name, kind,
+help, label names); the Prometheus exporters and the metrics reference in
+``docs/usage.md`` are generated from it. Counters and gauges are *read* from the
+stats the scheduler half keeps anyway (:mod:`kvoffload.core.metrics_view`); only
+distributions need recording, in :class:`MetricsRecorder`:
+
+- per worker and job: bytes moved and seconds taken, by direction and tier;
+- per deferred request: how long it waited before admission, by reason.
+
+A :class:`Histogram` keeps cumulative bucket counts (for scrapes of the totals);
+the recorder also queues raw observations, drained by :meth:`take_observations`
+(for vLLM's stats path, which ships per-step deltas between processes). The queue
+is bounded: past ``MAX_PENDING`` observations per series the oldest are dropped and
+counted in ``dropped``; totals are never affected. Pure Python, no locking (the
+owner serializes access).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+PREFIX = "kvoffload_"
+MAX_PENDING = 4096
+
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
+
+BYTES_BUCKETS = tuple(float(1 << p) for p in range(12, 33, 2))  # 4 KiB .. 4 GiB
+SECONDS_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str  # without the prefix
+    kind: str  # "counter" | "gauge" | "histogram"
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def full_name(self) -> str:
+        return PREFIX + self.name
+
+
+METRICS: tuple[MetricDef, ...] = (
+    MetricDef("lookups_total", "counter", "Prefix lookups answered, per tier.", ("tier",)),
+    MetricDef(
+        "hit_tokens_total",
+        "counter",
+        "Tokens found: host = tokens loaded into the engine instead of recomputed; "
+        "disk/redis = tokens found below host memory (then promoted).",
+        ("tier",),
+    ),
+    MetricDef(
+        "deferrals_total",
+        "counter",
+        "Lookups answered retry-later, by reason: transfer_in_flight (the request's own "
+        "jobs), promotion, pending (its next chunk is being stored: the convoy case), "
+        "lookup (a lower tier was asked).",
+        ("reason",),
+    ),
+    MetricDef(
+        "deferral_seconds",
+        "histogram",
+        "How long a deferred request waited before it was admitted, by the last reason.",
+        ("reason",),
+        SECONDS_BUCKETS,
+    ),
+    MetricDef(
+        "deferral_timeouts_total",
+        "counter",
+        "Deferrals that hit max_deferral_steps / max_deferral_seconds (the request recomputed).",
+    ),
+    MetricDef(
+        "transfer_bytes",
+        "histogram",
+        "Bytes one worker moved in one job, by direction (load: host to engine, store: "
+        "engine to host, spill: host to tier, promote: tier to host) and tier.",
+        ("direction", "tier"),
+        BYTES_BUCKETS,
+    ),
+    MetricDef(
+        "transfer_seconds",
+        "histogram",
+        "Seconds one worker took for one job, by direction and tier.",
+        ("direction", "tier"),
+        SECONDS_BUCKETS,
+    ),
+    MetricDef(
+        "transferred_chunks_total",
+        "counter",
+        "Chunks moved successfully, by direction and tier.",
+        ("direction", "tier"),
+    ),
+    MetricDef(
+        "failed_chunks_total",
+        "counter",
+        "Chunks whose transfer failed (the engine recomputes or the tier misses), by "
+        "direction and tier.",
+        ("direction", "tier"),
+    ),
+    MetricDef("evictions_total", "counter", "Chunks evicted to make room, per tier.", ("tier",)),
+    MetricDef(
+        "admission_refusals_total",
+        "counter",
+        "Chunks not stored because they were not reused enough yet (store_threshold).",
+        ("tier",),
+    ),
+    MetricDef(
+        "no_room_total",
+        "counter",
+        "Stores refused because every slot was pinned or in flight, per tier.",
+        ("tier",),
+    ),
+    MetricDef(
+        "integrity_errors_total",
+        "counter",
+        "Chunks read from a tier that failed verification (a miss; the copy is deleted), "
+        "by reason.",
+        ("tier", "reason"),
+    ),
+    MetricDef(
+        "missing_chunks_total",
+        "counter",
+        "Chunks a tier was expected to hold but did not have when read (a miss).",
+        ("tier",),
+    ),
+    MetricDef("preemptions_total", "counter", "Requests preempted while kvoffload tracked them."),
+    MetricDef("flushes_total", "counter", "Store jobs the workers were told to finish early."),
+    MetricDef("usage_bytes", "gauge", "Bytes of chunks held, per tier.", ("tier",)),
+    MetricDef(
+        "capacity_bytes",
+        "gauge",
+        "Capacity per tier (host and disk; the Redis server's is its own maxmemory).",
+        ("tier",),
+    ),
+    MetricDef(
+        "pinned_chunks", "gauge", "Chunks pinned by transfers in flight, per tier.", ("tier",)
+    ),
+    MetricDef("jobs_in_flight", "gauge", "Transfer jobs not yet reported by every worker.", ()),
+)
+
+BY_NAME = {m.name: m for m in METRICS}
+
+
+def labels(**pairs: str) -> Labels:
+    return tuple(sorted(pairs.items()))
+
+
+class Histogram:
+    """Cumulative bucket counts: ``counts[i]`` observations <= ``bounds[i]``
+    (non-cumulative per bucket; the last bucket is +Inf), their ``total`` and ``count``."""
+
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[int]:
+        """Counts per upper bound, cumulative (Prometheus' ``le`` buckets), +Inf last."""
+        out, running = [], 0
+        for c in self.counts:
+            running += c
+            out.append(running)
+        return out
+
+
+@dataclass
+class MetricsRecorder:
+    """Histograms of the scheduler half, keyed by (metric name, labels)."""
+
+    histograms: dict[tuple[str, Labels], Histogram] = field(default_factory=dict)
+    pending: dict[tuple[str, Labels], deque[float]] = field(default_factory=dict)
+    dropped: int = 0
+
+    def observe(self, name: str, series: Labels, value: float) -> None:
+        key = (name, series)
+        histogram = self.histograms.get(key)
+        if histogram is None:
+            histogram = self.histograms[key] = Histogram(BY_NAME[name].buckets)
+            self.pending[key] = deque(maxlen=MAX_PENDING)
+        histogram.observe(value)
+        queue = self.pending[key]
+        if len(queue) == MAX_PENDING:
+            self.dropped += 1
+        queue.append(value)
+
+    def observe_transfer(self, direction: str, tier: str, nbytes: int, seconds: float) -> None:
+        series = labels(direction=direction, tier=tier)
+        self.observe("transfer_bytes", series, float(nbytes))
+        self.observe("transfer_seconds", series, seconds)
+
+    def observe_deferral(self, reason: str, seconds: float) -> None:
+        self.observe("deferral_seconds", labels(reason=reason), seconds)
+
+    def take_observations(self) -> dict[tuple[str, Labels], list[float]]:
+        """Raw observations since the previous call (bounded, see module docstring)."""
+        taken = {key: list(queue) for key, queue in self.pending.items() if queue}
+        for key in taken:
+            self.pending[key].clear()
+        return taken

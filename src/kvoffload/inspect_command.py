@@ -1,0 +1,154 @@
+"""``kvoffload inspect``: what a disk tier directory or a Redis namespace holds.
+
+``kvoffload inspect disk PATH [...]`` and ``kvoffload inspect redis URL [...]`` report,
+per namespace, complete and incomplete chunks, files or values per rank, bytes,
+payload sizes, format versions and leftover temporary files; ``--verify`` also reads
+every file or value and checks its header and checksum. See ``docs/inspect.md``.
+
+Read-only: inspect never creates, changes or deletes anything in a tier (the engine
+sweeps temporary files and deletes bad copies itself).
+
+Exit status of :func:`main`: 0 when the inspection ran (and, with ``--verify``, found
+nothing bad); 1 when ``--verify`` found bad files or values. Usage errors (bad
+arguments, a path that is not a kvoffload directory, an unreachable or refusing
+server) raise :class:`~kvoffload.core.errors.UsageError`, which ``kvoffload`` prints
+as one line with exit status 2; ``--help`` exits 0 through ``SystemExit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from kvoffload.core.errors import UsageError
+from kvoffload.inspection.disk_scan import inspect_disk
+from kvoffload.inspection.model import Report, is_digest_hex
+from kvoffload.inspection.redis_scan import inspect_redis
+from kvoffload.inspection.render import to_json, to_text
+
+EXIT_OK = 0
+EXIT_BAD = 1
+PASSWORD_ENV = "REDISCLI_AUTH"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are :class:`UsageError` (one line, status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def main(argv: list[str]) -> int:
+    """Run ``kvoffload inspect`` with ``argv`` (the arguments after ``inspect``);
+    print the report on stdout and return the exit status (module docstring)."""
+    args = build_parser().parse_args(argv)
+    report: Report
+    if args.tier == "disk":
+        report = inspect_disk(Path(args.path), args.namespace, args.verify, args.world_size)
+    else:
+        report = inspect_redis(
+            args.url,
+            namespace=args.namespace,
+            verify=args.verify,
+            world_size=args.world_size,
+            cluster=args.cluster,
+            username=args.username,
+            password=args.password if args.password is not None else os.environ.get(PASSWORD_ENV),
+            timeout_ms=args.timeout_ms,
+        )
+    sys.stdout.write(to_json(report) + "\n" if args.json else to_text(report))
+    return EXIT_BAD if report.bad_total else EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="kvoffload inspect",
+        description=(
+            "Show what a kvoffload disk tier directory or Redis/Valkey server holds: "
+            "chunks, bytes, namespaces, and with --verify an integrity check of every "
+            "file or value. Read-only: nothing is changed or deleted."
+        ),
+        epilog=(
+            "exit status: 0 fine, 1 --verify found bad files or values, 2 usage error "
+            "(bad arguments, not a kvoffload directory, server unreachable)"
+        ),
+    )
+    sub = parser.add_subparsers(dest="tier", required=True, metavar="TIER")
+    disk = sub.add_parser(
+        "disk",
+        help="a disk tier directory",
+        description="Inspect a disk tier directory (read-only).",
+    )
+    disk.add_argument(
+        "path",
+        metavar="PATH",
+        help="the tier's directory (the one holding kvoffload-v1/), kvoffload-v1/ "
+        "itself, or one namespace directory",
+    )
+    redis = sub.add_parser(
+        "redis",
+        help="a Redis/Valkey server or cluster",
+        description="Inspect kvoffload's values in a Redis/Valkey server (read-only: "
+        "SCAN, STRLEN, GETRANGE, GET, INFO).",
+    )
+    redis.add_argument(
+        "url",
+        metavar="URL",
+        help="redis://[user:password@]host:port[/db] or rediss://... (TLS; certificates "
+        "in the query, e.g. ?ssl_ca_certs=/etc/ca.pem), as the tier's redis_url",
+    )
+    redis.add_argument("--cluster", action="store_true", help="URL names a Redis Cluster node")
+    redis.add_argument("--username", help="ACL user (overrides the URL's)")
+    redis.add_argument(
+        "--password",
+        help=f"password (overrides the URL's); default: ${PASSWORD_ENV} when set",
+    )
+    redis.add_argument(
+        "--timeout-ms",
+        type=_positive,
+        default=2000,
+        metavar="MS",
+        help="timeout for connecting and for every command (default 2000)",
+    )
+    for tier in (disk, redis):
+        tier.add_argument(
+            "--namespace",
+            type=_namespace,
+            metavar="HEX",
+            help="only this namespace (its digest: 32 hex digits, as in the output)",
+        )
+        tier.add_argument(
+            "--verify",
+            action="store_true",
+            help="read every file or value in full and check header and checksum; "
+            "exit status 1 if any is bad",
+        )
+        tier.add_argument(
+            "--world-size",
+            type=_positive,
+            metavar="N",
+            help="ranks per chunk (a chunk is complete when ranks 0..N-1 are all there); "
+            "default: the highest rank seen + 1",
+        )
+        tier.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return parser
+
+
+def _namespace(text: str) -> str:
+    value = text.lower()
+    if not is_digest_hex(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace digest (32 hex digits)")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value

@@ -1,0 +1,246 @@
+"""The tally of one namespace and the integrity check of one stored share.
+
+A *share* is one rank's part of a chunk: one file (disk) or one value (Redis). A chunk
+is *complete* when every rank ``0 .. world_size - 1`` has a share; the world size is
+given (``--world-size``) or taken as the highest rank seen plus one.
+
+:func:`check_stored` verifies a share without knowing the engine's payload size: the
+payload length is read from the header, and the stored size must then fit it
+(exactly, or within the disk tier's padding). Pure functions and plain accumulators;
+nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvoffload.core.chunk_format import (
+    HEADER_BYTES,
+    MAGIC,
+    IntegrityError,
+    IntegrityReason,
+    check_header,
+    check_payload,
+)
+from kvoffload.core.keys import ChunkKey, shard_key
+
+EXAMPLES = 5
+"""How many bad shares (and stray names) a report lists, the first by name."""
+
+UNKNOWN_VERSION = "?"
+"""The format version of a share whose header is unreadable, short or lacks the magic."""
+
+MAX_RANK = 4095
+"""Names with a higher rank are not taken for shares (no engine runs that many ranks)."""
+
+
+def is_digest_hex(text: str) -> bool:
+    """Whether ``text`` is a 16-byte digest or key as kvoffload names it: 32 lowercase
+    hex digits."""
+    return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
+
+
+def header_fields(header: bytes | memoryview) -> tuple[int, int] | None:
+    """``(format version, payload length)`` of a header that starts with the magic;
+    None for anything else (too short, another magic)."""
+    view = memoryview(header)
+    if len(view) < HEADER_BYTES or bytes(view[:4]) != MAGIC:
+        return None
+    return int.from_bytes(view[4:6], "little"), int.from_bytes(view[8:16], "little")
+
+
+def check_stored(
+    stored: bytes | memoryview,
+    namespace_digest: bytes,
+    key: ChunkKey,
+    rank: int,
+    *,
+    payload_offset: int = HEADER_BYTES,
+    max_bytes: Callable[[int], int] | None = None,
+) -> IntegrityError | None:
+    """None when ``stored`` (one whole file or value) is what kvoffload writes for
+    ``rank``'s share of ``key`` in the namespace ``namespace_digest``; otherwise the
+    :class:`IntegrityError` naming the first failed check.
+
+    Checks, in the order of the engine's readers: size of the header, magic, format
+    version, namespace digest, storage key (``shard_key(key, rank)``); then, with the
+    payload length ``L`` the header gives, that the payload (at ``payload_offset``) is
+    all there and that ``stored`` is no longer than ``max_bytes(L)`` (default: exactly
+    ``payload_offset + L``; the disk tier pads its files); then the xxh3 checksum.
+    """
+    view = memoryview(stored)
+    fields = header_fields(view)
+    length = fields[1] if fields is not None else 0
+    try:
+        expected = check_header(view[:HEADER_BYTES], namespace_digest, shard_key(key, rank), length)
+        end = payload_offset + length
+        limit = max_bytes(length) if max_bytes is not None else end
+        if len(view) > limit:
+            raise IntegrityError(
+                IntegrityReason.SIZE, f"{len(view)} bytes, at most {limit} expected"
+            )
+        check_payload(view[payload_offset:end], length, expected)
+    except IntegrityError as exc:
+        return exc
+    return None
+
+
+class FirstNames:
+    """The first ``limit`` names in sorted order among all offered (bounded memory,
+    independent of the order they are offered in), with the total count."""
+
+    def __init__(self, limit: int = EXAMPLES) -> None:
+        self.limit = limit
+        self.count = 0
+        self._items: list[tuple[str, str]] = []
+
+    def add(self, name: str, note: str = "") -> None:
+        self.count += 1
+        self._items.append((name, note))
+        if len(self._items) > 4 * self.limit:
+            self._items = sorted(self._items)[: self.limit]
+
+    def first(self) -> list[tuple[str, str]]:
+        return sorted(self._items)[: self.limit]
+
+
+@dataclass(frozen=True)
+class BadShare:
+    name: str  # path relative to the inspected directory, or the Redis key
+    reason: str  # an IntegrityReason value, "unreadable" or "type"
+    detail: str
+
+
+@dataclass(frozen=True)
+class NamespaceReport:
+    """What one namespace holds. ``ok``/``bad``/``bad_examples`` are filled only when
+    ``verified``; every other field always."""
+
+    namespace: str
+    world_size: int
+    complete_chunks: int
+    incomplete_chunks: int
+    shares_per_rank: dict[int, int]
+    bytes: int
+    format_versions: dict[str, int]
+    payload_bytes: dict[int, int]
+    temporary_files: int
+    temporary_bytes: int
+    vanished: int
+    verified: bool
+    ok: int
+    bad: dict[str, int]
+    bad_examples: list[BadShare]
+
+    @property
+    def shares(self) -> int:
+        return sum(self.shares_per_rank.values())
+
+    @property
+    def bad_total(self) -> int:
+        return sum(self.bad.values())
+
+
+@dataclass
+class Report:
+    """The whole inspection: one entry per namespace (sorted by digest), names under
+    kvoffload's prefix that are not shares (``stray``), the Redis server's memory
+    settings (``server``, None for disk) and warnings for the reader."""
+
+    tier: str
+    location: str
+    verified: bool
+    namespaces: list[NamespaceReport]
+    stray: int = 0
+    stray_examples: list[str] = field(default_factory=list)
+    server: dict[str, str | int] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def bad_total(self) -> int:
+        return sum(ns.bad_total for ns in self.namespaces)
+
+
+class NamespaceTally:
+    """Accumulates one namespace while a scan walks it; :meth:`report` summarizes.
+
+    Each share is offered once through :meth:`add` (a repeated ``(key, rank)``, as
+    Redis SCAN may return, is refused by :meth:`seen`).
+    """
+
+    def __init__(self, digest_hex: str, verify: bool) -> None:
+        self.digest_hex = digest_hex
+        self.verify = verify
+        self._ranks: dict[bytes, int] = {}  # chunk key -> bit mask of the ranks seen
+        self._per_rank: Counter[int] = Counter()
+        self._versions: Counter[str] = Counter()
+        self._lengths: Counter[int] = Counter()
+        self._bad: Counter[str] = Counter()
+        self._bad_names = FirstNames()
+        self._bytes = self._ok = self._tmp_files = self._tmp_bytes = self._vanished = 0
+
+    def seen(self, key: ChunkKey, rank: int) -> bool:
+        return bool(self._ranks.get(key, 0) >> rank & 1)
+
+    def add(
+        self,
+        key: ChunkKey,
+        rank: int,
+        name: str,
+        *,
+        size: int,
+        header: bytes | memoryview | None,
+        failure: tuple[str, str] | None,
+    ) -> None:
+        """One share: its stored ``size``, its first bytes (``header``, None when
+        unreadable) and, when verifying, its failure ``(reason, detail)`` or None."""
+        self._ranks[key] = self._ranks.get(key, 0) | 1 << rank
+        self._per_rank[rank] += 1
+        self._bytes += size
+        fields = header_fields(header) if header is not None else None
+        if fields is None:
+            self._versions[UNKNOWN_VERSION] += 1
+        else:
+            self._versions[str(fields[0])] += 1
+            self._lengths[fields[1]] += 1
+        if not self.verify:
+            return
+        if failure is None:
+            self._ok += 1
+        else:
+            self._bad[failure[0]] += 1
+            self._bad_names.add(name, f"{failure[0]}\0{failure[1]}")
+
+    def add_temporary(self, size: int) -> None:
+        self._tmp_files += 1
+        self._tmp_bytes += size
+
+    def add_vanished(self) -> None:
+        """A share listed but gone when read (evicted, deleted by the engine)."""
+        self._vanished += 1
+
+    def report(self, world_size: int | None) -> NamespaceReport:
+        ranks = world_size or max(self._per_rank, default=-1) + 1
+        full = (1 << ranks) - 1
+        complete = sum(1 for mask in self._ranks.values() if mask & full == full)
+        return NamespaceReport(
+            namespace=self.digest_hex,
+            world_size=ranks,
+            complete_chunks=complete,
+            incomplete_chunks=len(self._ranks) - complete,
+            shares_per_rank=dict(sorted(self._per_rank.items())),
+            bytes=self._bytes,
+            format_versions=dict(sorted(self._versions.items())),
+            payload_bytes=dict(sorted(self._lengths.items())),
+            temporary_files=self._tmp_files,
+            temporary_bytes=self._tmp_bytes,
+            vanished=self._vanished,
+            verified=self.verify,
+            ok=self._ok,
+            bad=dict(sorted(self._bad.items())),
+            bad_examples=[
+                BadShare(name, *note.split("\0", 1)) for name, note in self._bad_names.first()
+            ],
+        )

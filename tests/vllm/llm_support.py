@@ -1,0 +1,112 @@
+"""In-process vLLM engines with kvoffload for the end-to-end tests (tiny Llama,
+block size 32, float32 by default), and the steps tests need around them: greedy
+generation, draining kvoffload's jobs deterministically, and quiescence checks."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+BLOCK = 32
+CHUNK_BYTES = 32 * 1024  # 2 layers x 2 KV heads x 32 tokens x 2 x 32 dims x 4 bytes
+PROMPTS = [[(7 * p + 3 * i) % 997 + 3 for i in range(8 * BLOCK)] for p in range(4)]
+
+
+@contextmanager
+def engine(
+    model: Path, extra: dict[str, Any] | None, dtype: str = "float32", **more: Any
+) -> Iterator[Any]:
+    """An LLM with kvoffload configured by ``extra`` (None: no connector); ``more``
+    goes to ``LLM`` (e.g. ``kv_events_config``, ``disable_log_stats``)."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    from vllm import LLM
+
+    transfer = None
+    if extra is not None:
+        transfer = {
+            "kv_connector": "KVOffloadConnector",
+            "kv_connector_module_path": "kvoffload.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": extra,
+        }
+    llm = LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        max_model_len=1024,
+        block_size=BLOCK,
+        enforce_eager=True,
+        dtype=dtype,
+        kv_cache_memory_bytes=128 * 32 * 1024,
+        enable_prefix_caching=True,
+        max_num_seqs=4,
+        seed=0,
+        kv_transfer_config=transfer,
+        **more,
+    )
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        cleanup_dist_env_and_memory()
+        gc.collect()
+
+
+def generate(llm: Any, prompts: list[list[int]], salt: str | None = None) -> list[Any]:
+    from vllm.inputs import TokensPrompt
+
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    inputs = [
+        TokensPrompt(prompt_token_ids=p, **({"cache_salt": salt} if salt else {}))  # type: ignore[typeddict-item]
+        for p in prompts
+    ]
+    return list(llm.generate(inputs, params, use_tqdm=False))
+
+
+def tokens(outputs: list[Any]) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def half(llm: Any) -> Any:
+    return llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side.scheduler
+
+
+def tier(llm: Any, name: str) -> Any:
+    return half(llm).tiers.tiers[name]
+
+
+def settle(llm: Any) -> None:
+    """Step the engine until kvoffload has nothing in flight. Each step first waits
+    for the worker's copies and tier jobs to finish (so the step's report delivers
+    them: completion is driven by the test, not by timing); vLLM keeps stepping an
+    idle engine while the connector has pending work."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    core = llm.llm_engine.engine_core.engine_core
+    worker = get_kv_transfer_group().worker_side
+    for _ in range(50):
+        if not core.scheduler.has_requests():
+            return
+        if worker.tiers is not None:
+            assert worker.tiers.wait(worker.tiers.running(), timeout=60)
+        worker.worker.wait(worker.worker.running())
+        llm.llm_engine.step()  # as the engine loop does (stats go to the stat loggers)
+    h = half(llm)
+    raise AssertionError(
+        f"kvoffload jobs did not drain: in flight {h.jobs_in_flight()}, "
+        f"queued below host {h.tiers.has_queued()}, promotions {h._promotions}"
+    )
+
+
+def quiescent(llm: Any) -> None:
+    h = half(llm)
+    assert h.directory.pinned_count == 0 and h.jobs_in_flight() == []
+    for t in h.tiers.directory_tiers():
+        assert t.directory.pinned_count == 0
+    h.check_integrity()

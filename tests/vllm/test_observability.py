@@ -3,8 +3,9 @@
 One engine run with kvoffload (host memory for eight chunks), vLLM's stat loggers
 on, kvoffload's metrics endpoint on a loopback port and vLLM's KV events captured at
 the publisher. The run: prompt 0 (8 chunks stored), prompt 0 again after the
-engine's own prefix cache is reset (all 8 chunks loaded back), then prompts 1 and 2 (16 more chunks: host memory evicts). The
-scraped numbers are checked against what that run did.
+engine's own prefix cache is reset (all 8 chunks loaded back), then prompts 1 and 2
+(16 more chunks: host memory evicts). The scraped numbers are checked against what
+that run did.
 """
 
 from __future__ import annotations

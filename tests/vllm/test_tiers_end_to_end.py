@@ -189,9 +189,8 @@ def test_a_damaged_chunk_file_is_a_counted_miss_and_is_deleted(
         damaged = {}
         for path in files:
             raw = path.read_bytes()
-            damaged[path] = (
-                raw[:-7] if damage == "truncate" else raw[:5000] + bytes([raw[5000] ^ 1]) + raw[5001:]
-            )
+            flipped = raw[:5000] + bytes([raw[5000] ^ 1]) + raw[5001:]  # a payload byte
+            damaged[path] = raw[:-7] if damage == "truncate" else flipped
             path.write_bytes(damaged[path])
         again = generate(llm, [PROMPTS[0]])[0]
         assert list(again.outputs[0].token_ids) == reference[0]

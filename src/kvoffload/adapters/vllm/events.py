@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvoffload.adapters.vllm.compat import BlockRemoved, BlockStored, KVCacheEvent
 from kvoffload.core.events import CacheEvent, EventKind

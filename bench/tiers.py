@@ -126,6 +126,7 @@ def move(
             block_ids=(),
             blocks_per_chunk=1,
             tier=tier,
+            tier_slots=tuple(range(i, min(i + per_job, len(keys)))),  # slot i -> tier slot i
         )
         for i in range(0, len(keys), per_job)
     ]
@@ -192,16 +193,18 @@ def disk_runs(root: Path, slab: HostSlab, digests: list[int], per_job: int, runs
         times.setdefault("GNU dd O_DIRECT", []).append(Run(*dd) if dd else Run(None, None, "dd"))
         for o_direct in (True, False):
             tier_root = root / f"tier-{run}-{o_direct}"
-            store = DiskStore(tier_root, DIGEST, 0, payload, o_direct=o_direct)
+            # The slab is created and preallocated here, untimed: the engine does it
+            # once at start.
+            store = DiskStore(tier_root, DIGEST, 0, payload, count, o_direct=o_direct)
 
             def evict(store: DiskStore = store) -> None:
-                for path in store.dir.glob("*/*.r0"):
-                    evict_page_cache(path)
+                evict_page_cache(store.path)
 
             try:
                 tier = DiskTierStore(store)
                 spent = round_trip(slab, digests, "disk", tier, per_job, between=evict)
             finally:
+                store.close()
                 shutil.rmtree(tier_root, ignore_errors=True)
             if o_direct and not store.o_direct:
                 print("  the filesystem refused O_DIRECT: the store fell back to buffered I/O")

@@ -1,16 +1,18 @@
 """``kvoffload inspect``: what a disk tier directory or a Redis namespace holds.
 
-``kvoffload inspect disk PATH [...]`` and ``kvoffload inspect redis URL [...]`` report,
-per namespace, complete and incomplete chunks, files or values per rank, bytes,
-payload sizes, format versions and leftover temporary files; ``--verify`` also reads
-every file or value and checks its header and checksum. See ``docs/inspect.md``.
+``kvoffload inspect disk PATH [...]`` reports, per namespace, the slab files' used
+slots and capacity per rank, complete and incomplete chunks (as start-up recovery
+counts them), bytes, payload sizes, format versions and slab files that are bad;
+``kvoffload inspect redis URL [...]`` reports complete and incomplete chunks, values
+per rank, bytes, payload sizes and format versions. ``--verify`` also reads every used
+slot or value and checks it as the engine's readers do. See ``docs/inspect.md``.
 
 Read-only: inspect never creates, changes or deletes anything in a tier (the engine
-sweeps temporary files and deletes bad copies itself).
+clears or deletes bad copies itself).
 
 Exit status of :func:`main`: 0 when the inspection ran (and, with ``--verify``, found
-nothing bad); 1 when ``--verify`` found bad files or values. Usage errors (bad
-arguments, a path that is not a kvoffload directory, an unreachable or refusing
+nothing bad); 1 when ``--verify`` found bad slots, slab files or values. Usage errors
+(bad arguments, a path that is not a kvoffload directory, an unreachable or refusing
 server) raise :class:`~kvoffload.core.errors.UsageError`, which ``kvoffload`` prints
 as one line with exit status 2; ``--help`` exits 0 through ``SystemExit``.
 """
@@ -69,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Show what a kvoffload disk tier directory or Redis/Valkey server holds: "
             "chunks, bytes, namespaces, and with --verify an integrity check of every "
-            "file or value. Read-only: nothing is changed or deleted."
+            "stored chunk. Read-only: nothing is changed or deleted."
         ),
         epilog=(
-            "exit status: 0 fine, 1 --verify found bad files or values, 2 usage error "
+            "exit status: 0 fine, 1 --verify found bad slots, slab files or values, 2 usage error "
             "(bad arguments, not a kvoffload directory, server unreachable)"
         ),
     )
@@ -80,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     disk = sub.add_parser(
         "disk",
         help="a disk tier directory",
-        description="Inspect a disk tier directory (read-only).",
+        description="Inspect a disk tier directory (read-only): the slab file of each "
+        "namespace and rank, its used slots and capacity, complete chunks (every rank "
+        "holds the chunk in the same slot, as start-up recovery requires) and bad slab files.",
     )
     disk.add_argument(
         "path",
@@ -113,6 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="timeout for connecting and for every command (default 2000)",
     )
+    verify_help = {
+        disk: "read every used slot in full and check header and checksum, as the disk "
+        "tier's reader does; exit status 1 if any slot or slab file is bad",
+        redis: "read every file or value in full and check header and checksum; "
+        "exit status 1 if any is bad",
+    }
+    world_help = {
+        disk: "ranks per chunk (a chunk is complete when ranks 0..N-1 all hold it in "
+        "the same slot); default: the highest rank of a slab file + 1",
+        redis: "ranks per chunk (a chunk is complete when ranks 0..N-1 are all there); "
+        "default: the highest rank seen + 1",
+    }
     for tier in (disk, redis):
         tier.add_argument(
             "--namespace",
@@ -120,19 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="HEX",
             help="only this namespace (its digest: 32 hex digits, as in the output)",
         )
-        tier.add_argument(
-            "--verify",
-            action="store_true",
-            help="read every file or value in full and check header and checksum; "
-            "exit status 1 if any is bad",
-        )
-        tier.add_argument(
-            "--world-size",
-            type=_positive,
-            metavar="N",
-            help="ranks per chunk (a chunk is complete when ranks 0..N-1 are all there); "
-            "default: the highest rank seen + 1",
-        )
+        tier.add_argument("--verify", action="store_true", help=verify_help[tier])
+        tier.add_argument("--world-size", type=_positive, metavar="N", help=world_help[tier])
         tier.add_argument("--json", action="store_true", help="print JSON instead of tables")
     return parser
 

@@ -248,3 +248,19 @@ def test_bad_configuration_names_the_field() -> None:
         Directory(4, store_threshold=0)
     with pytest.raises(ConfigError, match="eviction.*valid"):
         Directory(4, policy="mru")
+
+
+def test_restore_adopts_chunks_in_their_slots_oldest_first(policy: str) -> None:
+    d = Directory(4, tier="disk", policy=policy)
+    d.restore([(K(7), 3), (K(8), 0)])
+    assert d.slot_of(K(7)) == 3 and d.slot_of(K(8)) == 0
+    assert d.lookup([K(7), K(8)]).readable_prefix == 2 and d.evictable_count == 2
+    assert d.take_events() == [CacheEvent(EventKind.STORED, (K(7), K(8)), "disk")]
+    prepared = d.prepare_store([K(1), K(2)])
+    assert sorted(prepared.slots) == [1, 2]  # the free slots, none of the restored ones
+    d.check_integrity()
+    with pytest.raises(ContractViolation):
+        d.restore([(K(9), 1)])  # only into an empty directory
+    for bad in ([(K(1), 0), (K(2), 0)], [(K(1), 0), (K(1), 1)], [(K(1), 4)]):
+        with pytest.raises(ContractViolation):
+            Directory(4, policy=policy).restore(bad)

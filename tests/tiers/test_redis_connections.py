@@ -36,7 +36,7 @@ def round_trip(settings: RedisSettings, keys: range = range(3)) -> list[str | No
     s = RedisStore(make_client(settings), DIGEST, 0, PAYLOAD)
     assert s.write_many([(K(i), memoryview(data(i))) for i in keys]) == [None] * len(keys)
     outs = [bytearray(PAYLOAD) for _ in keys]
-    failures = s.read_many([K(i) for i in keys], [memoryview(o) for o in outs])
+    failures = s.read_many([K(i) for i in keys], (), [memoryview(o) for o in outs])
     assert [bytes(o) for o, f in zip(outs, failures, strict=True) if f is None] == [
         data(i) for i, f in zip(keys, failures, strict=True) if f is None
     ]

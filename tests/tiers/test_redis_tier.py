@@ -45,7 +45,7 @@ def test_values_round_trip_under_namespaced_keys(redis_server: RedisServer) -> N
     s = store(redis_server)
     assert s.write_many([(K(1), memoryview(data(1))), (K(2), memoryview(data(2)))]) == [None] * 2
     outs = [bytearray(PAYLOAD), bytearray(PAYLOAD), bytearray(PAYLOAD)]
-    failures = s.read_many([K(1), K(2), K(3)], [memoryview(o) for o in outs])
+    failures = s.read_many([K(1), K(2), K(3)], (), [memoryview(o) for o in outs])
     assert failures == [None, None, "missing"]
     assert bytes(outs[0]) == data(1) and bytes(outs[1]) == data(2)
     names = sorted(n.decode() for n in redis_server.client().keys("*"))
@@ -58,14 +58,14 @@ def test_a_garbage_value_is_a_counted_miss_and_is_deleted(redis_server: RedisSer
     s.write_many([(K(1), memoryview(data(1)))])
     raw = redis_server.client()
     raw.set(s.name(K(1)), b"garbage" * 100)
-    failures = s.read_many([K(1)], [memoryview(bytearray(PAYLOAD))])
+    failures = s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
     assert failures == ["integrity:magic"]
     assert raw.exists(s.name(K(1))) == 0
     s.write_many([(K(2), memoryview(data(2)))])
     value = bytearray(raw.get(s.name(K(2))))
     value[-1] ^= 1
     raw.set(s.name(K(2)), bytes(value))
-    assert s.read_many([K(2)], [memoryview(bytearray(PAYLOAD))]) == ["integrity:checksum"]
+    assert s.read_many([K(2)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:checksum"]
 
 
 def test_ranks_and_namespaces_never_read_each_other(redis_server: RedisServer) -> None:
@@ -73,10 +73,10 @@ def test_ranks_and_namespaces_never_read_each_other(redis_server: RedisServer) -
     rank0.write_many([(K(1), memoryview(data(1)))])
     raw = redis_server.client()
     raw.set(rank1.name(K(1)), raw.get(rank0.name(K(1))))  # rank 0's value under rank 1's name
-    assert rank1.read_many([K(1)], [memoryview(bytearray(PAYLOAD))]) == ["integrity:key"]
+    assert rank1.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:key"]
     other = RedisStore(rank0.client, bytes(16), 0, PAYLOAD)
     raw.set(other.name(K(1)), raw.get(rank0.name(K(1))))
-    assert other.read_many([K(1)], [memoryview(bytearray(PAYLOAD))]) == ["integrity:format"]
+    assert other.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:format"]
 
 
 def test_the_index_asks_the_server_and_needs_every_rank(redis_server: RedisServer) -> None:
@@ -104,7 +104,7 @@ def test_a_server_that_is_down_killed_or_restarted_never_blocks(
         assert wait_known(index, [K(1)]) == 1
         redis_server.kill()
         with pytest.raises(redis.ConnectionError):
-            s.read_many([K(1)], [memoryview(bytearray(PAYLOAD))])
+            s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
         index.present_run([K(7)])  # an unknown key: the query fails, the index backs off
         assert wait_known(index, [K(7)]) == 0
         assert index.query_errors >= 1
@@ -129,6 +129,6 @@ def test_a_slow_server_times_out_instead_of_stalling(redis_server: RedisServer) 
     time.sleep(0.05)  # let DEBUG SLEEP reach the server first
     begin = time.monotonic()
     with pytest.raises(redis.TimeoutError):
-        s.read_many([K(1)], [memoryview(bytearray(PAYLOAD))])
+        s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
     assert time.monotonic() - begin < 0.9
     sleeper.join()

@@ -29,8 +29,10 @@ def job(
     tier: str,
     keys: list[int],
     slots: list[int],
-    drop: tuple[int, ...] = (),
+    at: list[int] | None = None,
 ) -> TransferJob:
+    """A tier job for ``keys`` in host ``slots``, at tier slots ``at`` (default: the
+    same numbers as the host slots)."""
     return TransferJob(
         job_id,
         kind,
@@ -40,7 +42,7 @@ def job(
         (),
         1,
         tier=tier,
-        drop_keys=tuple(K(k) for k in drop),
+        tier_slots=tuple(slots if at is None else at),
     )
 
 
@@ -57,7 +59,8 @@ def make(
     slab = HostSlab(CHUNK, 8 * CHUNK, pin_memory=False)
     for slot in range(8):
         slab.slot_bytes(slot)[:] = bytes([slot]) * CHUNK
-    stores: dict[str, TierStore] = {"disk": DiskTierStore(DiskStore(tmp_path, DIGEST, 0, CHUNK))}
+    disk = DiskStore(tmp_path, DIGEST, 0, CHUNK, num_slots=8)
+    stores: dict[str, TierStore] = {"disk": DiskTierStore(disk)}
     if server is not None:
         client = make_client(RedisSettings(server.url, timeout_ms=300))
         stores["redis"] = RedisStore(client, DIGEST, 0, CHUNK)
@@ -69,23 +72,13 @@ def test_spill_then_promote_round_trips_through_both_tiers(
 ) -> None:
     w = make(tmp_path, redis_server)
     try:
-        for tier in ("disk", "redis"):
-            assert run(
-                w,
-                job(
-                    1 if tier == "disk" else 3, JobKind.SPILL, tier=tier, keys=[1, 2], slots=[1, 2]
-                ),
-            ).success
-            result = run(
-                w,
-                job(
-                    2 if tier == "disk" else 4,
-                    JobKind.PROMOTE,
-                    tier=tier,
-                    keys=[1, 2],
-                    slots=[6, 7],
-                ),
+        for n, tier in enumerate(("disk", "redis")):
+            spill = job(2 * n + 1, JobKind.SPILL, tier=tier, keys=[1, 2], slots=[1, 2], at=[4, 0])
+            assert run(w, spill).success
+            promote = job(
+                2 * n + 2, JobKind.PROMOTE, tier=tier, keys=[1, 2], slots=[6, 7], at=[4, 0]
             )
+            result = run(w, promote)
             assert result.success and result.failed_chunks == ()
             assert bytes(w.slab.slot_bytes(6)) == bytes([1]) * CHUNK
             assert bytes(w.slab.slot_bytes(7)) == bytes([2]) * CHUNK
@@ -93,16 +86,21 @@ def test_spill_then_promote_round_trips_through_both_tiers(
         w.shutdown()
 
 
-def test_a_missing_chunk_fails_alone_and_drops_happen_first(tmp_path: Path) -> None:
-    w = make(tmp_path)
+def test_a_bad_or_missing_chunk_fails_alone(tmp_path: Path, redis_server: RedisServer) -> None:
+    w = make(tmp_path, redis_server)
     try:
-        run(w, job(1, JobKind.SPILL, tier="disk", keys=[1], slots=[1]))
-        assert run(w, job(2, JobKind.SPILL, tier="disk", keys=[2], slots=[2], drop=(1,))).success
-        result = run(w, job(3, JobKind.PROMOTE, tier="disk", keys=[1, 2], slots=[5, 6]))
-        assert result.success and result.failed_chunks == ((0, "missing"),)
+        assert run(w, job(1, JobKind.SPILL, tier="disk", keys=[1, 2], slots=[1, 2])).success
+        disk = w.stores["disk"]
+        assert isinstance(disk, DiskTierStore)
+        disk.store.clear(1)  # K(1)'s slot erased
+        result = run(w, job(2, JobKind.PROMOTE, tier="disk", keys=[1, 2], slots=[5, 6], at=[1, 2]))
+        assert result.success and result.failed_chunks == ((0, "integrity:magic"),)
         assert bytes(w.slab.slot_bytes(6)) == bytes([2]) * CHUNK
-        everything_gone = run(w, job(4, JobKind.PROMOTE, tier="disk", keys=[1], slots=[5]))
-        assert not everything_gone.success and everything_gone.error == "missing"
+        nothing = run(w, job(3, JobKind.PROMOTE, tier="disk", keys=[1], slots=[5], at=[1]))
+        assert not nothing.success and nothing.error == "integrity:magic"
+        assert run(w, job(4, JobKind.SPILL, tier="redis", keys=[3], slots=[3])).success
+        result = run(w, job(5, JobKind.PROMOTE, tier="redis", keys=[9, 3], slots=[5, 6]))
+        assert result.success and result.failed_chunks == ((0, "missing"),)
     finally:
         w.shutdown()
 
@@ -126,9 +124,15 @@ def test_a_large_job_runs_in_parts_and_reports_failures_by_index(tmp_path: Path)
     try:
         keys, slots = [10, 11, 12, 13, 14], [0, 1, 2, 3, 4]
         assert run(w, job(1, JobKind.SPILL, tier="disk", keys=keys, slots=slots)).success
-        w.stores["disk"].delete_many([K(12), K(14)])  # one chunk gone in two parts
-        result = run(w, job(2, JobKind.PROMOTE, tier="disk", keys=keys, slots=[3, 4, 5, 6, 7]))
-        assert result.success and result.failed_chunks == ((2, "missing"), (4, "missing"))
+        disk = w.stores["disk"]
+        assert isinstance(disk, DiskTierStore)
+        disk.store.clear(2)  # one chunk gone in two parts
+        disk.store.clear(4)
+        result = run(
+            w, job(2, JobKind.PROMOTE, tier="disk", keys=keys, slots=[3, 4, 5, 6, 7], at=slots)
+        )
+        assert result.failed_chunks == ((2, "integrity:magic"), (4, "integrity:magic"))
+        assert result.success
         assert result.nbytes == 3 * CHUNK
         assert [bytes(w.slab.slot_bytes(s))[0] for s in (3, 4, 6)] == [0, 1, 3]
     finally:

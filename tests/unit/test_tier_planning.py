@@ -42,6 +42,7 @@ def test_write_through_spills_once_the_host_store_completed_and_pins_meanwhile()
     planner.note_stored(keys)
     (job,) = planner.plan_spills(ids)
     assert job.kind is JobKind.SPILL and job.keys == tuple(keys) and job.tier == "disk"
+    assert sorted(job.tier_slots) == [0, 1]  # where the worker writes them in the tier
     assert host.pinned_count == 2  # a spilling chunk cannot be evicted under the worker
     assert planner.plan_spills(ids) == []  # queued once
     planner.complete(job, JobResult(job.job_id, success=True))
@@ -105,7 +106,7 @@ def test_promotion_outcomes_per_chunk(reason: str, forgotten: bool) -> None:
     assert disk.stats.promoted_chunks == 1 and disk.stats.promotion_failures == 1
     assert disk.directory.pinned_count == 0
     assert (disk.present_run([K(2)]) == 0) is forgotten
-    assert (K(2) in disk.pending_drops()) is forgotten  # its file goes with the next spill
+    assert job.tier_slots == tuple(prepared.slots)  # the worker reads the chunks' slots
     if reason.startswith("integrity:"):
         assert disk.stats.integrity_errors == {reason: 1}
     if reason == "missing":

@@ -36,14 +36,12 @@ from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.policies import EvictionPolicy, make_policy
+from kvoffload.core.slot_table import _LOADING, _READY, _STORING, SlotTable
 
-_FREE = int(ChunkState.FREE)
-_STORING = int(ChunkState.STORING)
-_READY = int(ChunkState.READY)
-_LOADING = int(ChunkState.LOADING)
+__all__ = ["Directory", "LookupResult", "LookupStatus", "PreparedStore"]
 
 
-class Directory:
+class Directory(SlotTable):
     """Slot bookkeeping for one tier with ``num_slots`` slots.
 
     ``store_threshold`` N >= 2 admits a chunk only after ``record_lookups`` saw it
@@ -62,88 +60,11 @@ class Directory:
         if not isinstance(num_slots, int) or num_slots <= 0:
             raise ConfigError("num_slots", f"must be a positive integer, got {num_slots!r}")
         self.tier = tier
-        self.num_slots = num_slots
         self.admission = AdmissionFilter(store_threshold, max_admission_counters)
         self.policy = make_policy(policy, num_slots) if isinstance(policy, str) else policy
         self.stats = DirectoryStats()
-        self._index: dict[ChunkKey, int] = {}
-        self._slot_key: list[ChunkKey | None] = [None] * num_slots
-        self._state = bytearray(num_slots)
-        self._pins = array("i", bytes(4 * num_slots))
-        self._free = array("i", range(num_slots - 1, -1, -1))
-        self._evictable = 0
-        # Chunks discarded while STORING or LOADING: out of the index (they miss),
-        # slot still allocated until their job completes. Such a key is not stored
-        # again until then, so a key is live or discarded, never both, and every
-        # completion names exactly one slot.
-        self._discarded: dict[ChunkKey, int] = {}
+        self._init_table(num_slots)
         self._events: list[CacheEvent] = []
-
-    # ------------------------------------------------------------------ queries
-
-    def lookup(self, keys: Sequence[ChunkKey]) -> LookupResult:
-        """Per-key status and the length of the leading readable run. No side effects."""
-        state = self._state
-        miss, hit, pending = LookupStatus.MISS, LookupStatus.HIT, LookupStatus.HIT_PENDING
-        statuses = [
-            miss if slot is None else pending if state[slot] == _STORING else hit
-            for slot in map(self._index.get, keys)
-        ]
-        prefix = len(statuses)
-        for status in (miss, pending):
-            if status in statuses:
-                prefix = min(prefix, statuses.index(status))
-        return LookupResult(tuple(statuses), prefix)
-
-    def readable_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """Number of leading keys that are readable now (fast path of ``lookup``)."""
-        state = self._state
-        for i, slot in enumerate(map(self._index.get, keys)):
-            if slot is None or state[slot] == _STORING:
-                return i
-        return len(keys)
-
-    def slot_of(self, key: ChunkKey) -> int | None:
-        """The slot holding ``key`` (any state but FREE), or None."""
-        return self._index.get(key)
-
-    def state_of(self, key: ChunkKey) -> ChunkState:
-        """State of ``key``'s slot; FREE when the key is not present."""
-        slot = self._index.get(key)
-        return ChunkState.FREE if slot is None else ChunkState(self._state[slot])
-
-    def pins_of(self, key: ChunkKey) -> int:
-        slot = self._index.get(key)
-        return 0 if slot is None else self._pins[slot]
-
-    @property
-    def used_slots(self) -> int:
-        return self.num_slots - len(self._free)
-
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    @property
-    def evictable_count(self) -> int:
-        return self._evictable
-
-    @property
-    def storing_count(self) -> int:
-        """Slots in STORING state (live or discarded)."""
-        return self._state.count(_STORING)
-
-    @property
-    def pinned_count(self) -> int:
-        """Total pins held (on readable and discarded chunks)."""
-        return sum(self._pins)
-
-    def __len__(self) -> int:
-        """Chunks present (STORING, READY or LOADING), discarded ones excluded."""
-        return len(self._index)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._index
 
     # ---------------------------------------------------------------- recency and admission
 
@@ -357,6 +278,31 @@ class Directory:
         self.policy.clear()
         self.admission.clear()
         return removed
+
+    def restore(self, entries: Sequence[tuple[ChunkKey, int]]) -> None:
+        """Adopt chunks found in storage at start-up: each key READY in its given slot,
+        least recently used first. Only on an empty directory; keys and slots must be
+        distinct and in range (else :class:`ContractViolation`). Emits STORED."""
+        if self._index or self._discarded:
+            raise ContractViolation(f"{self.tier}: restore into a directory in use")
+        slots = [slot for _, slot in entries]
+        keys = [key for key, _ in entries]
+        if len(set(slots)) != len(slots) or len(set(keys)) != len(keys):
+            raise ContractViolation(f"{self.tier}: restore names a slot or a key twice")
+        if any(not 0 <= slot < self.num_slots for slot in slots):
+            raise ContractViolation(f"{self.tier}: restore slot out of range")
+        for key, slot in entries:
+            self._set_state(slot, ChunkState.STORING)
+            self._set_state(slot, ChunkState.READY)
+            self._index[key] = slot
+            self._slot_key[slot] = key
+            self.policy.insert(key)
+        used = set(slots)
+        self._free = array("i", (s for s in range(self.num_slots - 1, -1, -1) if s not in used))
+        self._evictable += len(entries)
+        self.stats.stores_completed += len(entries)
+        if entries:
+            self._events.append(CacheEvent(EventKind.STORED, tuple(keys), self.tier))
 
     def take_events(self) -> list[CacheEvent]:
         """Events since the last call, oldest first."""

@@ -46,7 +46,7 @@ class TransferJob:
     blocks_per_chunk: int
     skip_blocks: int = 0
     tier: str = ""  # spill and promote jobs: the lower tier's name
-    drop_keys: tuple[ChunkKey, ...] = ()  # spill jobs: chunks to delete from the tier first
+    tier_slots: tuple[int, ...] = ()  # ... and the chunks' slots there (slotted tiers)
 
     def __post_init__(self) -> None:
         k = self.blocks_per_chunk
@@ -55,6 +55,8 @@ class TransferJob:
         if not self.kind.touches_engine:
             if not self.tier or self.block_ids or self.skip_blocks:
                 raise ContractViolation(f"job {self.job_id}: tier jobs name a tier, no blocks")
+            if self.tier_slots and len(self.tier_slots) != len(self.keys):
+                raise ContractViolation(f"job {self.job_id}: one tier slot per key, or none")
             return
         if not 0 <= self.skip_blocks < k or (self.kind is JobKind.STORE and self.skip_blocks):
             raise ContractViolation(f"job {self.job_id}: skip_blocks {self.skip_blocks} invalid")

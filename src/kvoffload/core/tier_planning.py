@@ -120,7 +120,7 @@ class TierPlanner:
                     block_ids=(),
                     blocks_per_chunk=self.blocks_per_chunk,
                     tier=name,
-                    drop_keys=booking.drop_keys,
+                    tier_slots=booking.slots,
                 )
             )
         return jobs
@@ -136,7 +136,7 @@ class TierPlanner:
         prepared = self.host.prepare_store(keys, admit_all=True)
         if prepared.no_room or not prepared.keys:
             return None
-        tier.book_promotion(prepared.keys)
+        tier_slots = tier.book_promotion(prepared.keys)
         return TransferJob(
             job_id=new_id(),
             kind=JobKind.PROMOTE,
@@ -146,6 +146,7 @@ class TierPlanner:
             block_ids=(),
             blocks_per_chunk=self.blocks_per_chunk,
             tier=tier_name,
+            tier_slots=tier_slots,
         )
 
     def complete(self, job: TransferJob, result: JobResult) -> None:

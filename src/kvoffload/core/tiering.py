@@ -5,8 +5,9 @@ A :class:`LowerTier` answers which chunks it holds and books the chunks moving i
 ``PROMOTE`` jobs, see ``docs/decisions/0004-lower-tiers.md``). Two kinds:
 
 - :class:`DirectoryTier` (disk): authoritative, bounded by its own capacity, with its
-  own eviction policy; a promotion pins its sources so they are not evicted while
-  being read; eviction victims are handed to the next spill job to delete.
+  own eviction policy and slots (a chunk's place in the tier's storage, sent with
+  each job); a promotion pins its sources so they are not evicted while being read;
+  an evicted chunk's slot is simply written over by the next chunk stored there.
 - a remote index (Redis/Valkey, in :mod:`kvoffload.tiers.redis_index`): not
   authoritative (the server evicts, other engines add); ``present_run`` may answer
   None while it asks the server, and a value gone by read time is a miss.
@@ -27,10 +28,10 @@ from kvoffload.core.keys import ChunkKey
 
 @dataclass(frozen=True)
 class SpillBooking:
-    """What a spill job must do: write ``keys`` after deleting ``drop_keys``."""
+    """What a spill job must write: ``keys``, at ``slots`` in a slotted tier."""
 
     keys: tuple[ChunkKey, ...]
-    drop_keys: tuple[ChunkKey, ...] = ()
+    slots: tuple[int, ...] = ()
 
 
 @dataclass
@@ -56,8 +57,9 @@ class LowerTier(Protocol):
         """How many leading ``keys`` the tier holds; None while it cannot tell yet
         (ask again later). No side effect on the tier's contents."""
 
-    def book_promotion(self, keys: Sequence[ChunkKey]) -> None:
-        """``keys`` (all present) are about to be read: keep them until released."""
+    def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
+        """``keys`` (all present) are about to be read: keep them until released.
+        Their slots in a slotted tier, else ``()``."""
 
     def release_promotion(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey]) -> None:
         """The read of ``keys`` ended; ``bad`` ones were missing or corrupt: forget them."""
@@ -75,44 +77,38 @@ class LowerTier(Protocol):
 
 
 class DirectoryTier:
-    """A bounded, authoritative lower tier (the disk), booked in its own directory."""
+    """A bounded, authoritative, slotted lower tier (the disk), booked in its own
+    directory."""
 
     def __init__(self, directory: Directory) -> None:
         self.directory = directory
         self.name = directory.tier
         self.stats = TierStats()
-        self._to_drop: list[ChunkKey] = []
 
     def present_run(self, keys: Sequence[ChunkKey]) -> int:
         return self.directory.readable_prefix(keys)
 
-    def book_promotion(self, keys: Sequence[ChunkKey]) -> None:
-        self.directory.prepare_load(keys)
+    def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
+        return self.directory.prepare_load(keys)
 
     def release_promotion(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey]) -> None:
         self.directory.complete_load(keys)
-        self.forget(bad)
-
-    def forget(self, keys: Sequence[ChunkKey]) -> None:
-        """Drop ``keys`` from the directory; their files go with the next spill."""
-        self.directory.discard(keys)
-        self._to_drop.extend(keys)
+        self.directory.discard(bad)  # the worker that found a bad copy already cleared it
 
     def book_spill(self, keys: Sequence[ChunkKey]) -> SpillBooking | None:
         prepared = self.directory.prepare_store(keys)
         if prepared.no_room:
             self.stats.spill_no_room += len(keys)
             return None
-        drops = (*self._to_drop, *prepared.evicted)
-        self._to_drop = []
-        return SpillBooking(prepared.keys, drops)
+        return SpillBooking(prepared.keys, prepared.slots)
 
     def complete_spill(self, written: Sequence[ChunkKey], failed: Sequence[ChunkKey]) -> None:
         if written:
             self.directory.complete_store(written, success=True)
         if failed:
+            # The slot is free again; what a worker wrote there is overwritten by the
+            # next chunk, and start-up recovery needs every rank's copy to adopt it.
             self.directory.complete_store(failed, success=False)
-            self._to_drop.extend(failed)  # a partial file of another rank may remain
         self.stats.spilled_chunks += len(written)
         self.stats.spill_failures += len(failed)
 
@@ -121,6 +117,3 @@ class DirectoryTier:
 
     def held_count(self) -> int:
         return len(self.directory)
-
-    def pending_drops(self) -> tuple[ChunkKey, ...]:
-        return tuple(self._to_drop)

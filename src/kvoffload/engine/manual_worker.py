@@ -69,7 +69,8 @@ class ManualWorker:
         self.expected = expected
         self.host: list[bytes | None] = [None] * num_slots
         self.host_key: list[ChunkKey | None] = [None] * num_slots
-        self.lower: dict[str, dict[ChunkKey, bytes]] = {}  # in-memory lower tiers
+        # In-memory lower tiers: tier slot -> (chunk key, bytes).
+        self.lower: dict[str, dict[int, tuple[ChunkKey, bytes]]] = {}
         self.known: dict[ChunkKey, bytes] = {}  # the bytes every verified store captured
         self.pending: dict[int, PendingJob] = {}
         self.unacknowledged: dict[int, TransferJob] = {}
@@ -161,15 +162,16 @@ class ManualWorker:
             self.pool.write(block, 0, held[index * block_bytes : (index + 1) * block_bytes])
 
     def _run_tier(self, job: TransferJob, success: bool) -> tuple[tuple[int, str], ...]:
-        """Run a spill or a promotion against the in-memory tier (authoritative, like
-        the disk tier: a chunk it should hold but does not is a violation); return the
-        chunks that did not make it (none: a job succeeds or fails whole here)."""
+        """Run a spill or a promotion against the in-memory tier, slot-addressed like
+        the disk tier (authoritative: a promotion whose tier slot does not hold its
+        chunk is a violation, which catches a slot reused while still needed); return
+        the chunks that did not make it (none: a job succeeds or fails whole here)."""
         self.copies += 1
         tier = self.lower.setdefault(job.tier, {})
+        if len(job.tier_slots) != len(job.keys):
+            raise InvariantViolation(f"step {self.step}: tier job {job.job_id} without tier slots")
         if job.kind is JobKind.SPILL:
-            for key in job.drop_keys:
-                tier.pop(key, None)
-            for key, slot in zip(job.keys, job.slots, strict=True):
+            for key, slot, tier_slot in zip(job.keys, job.slots, job.tier_slots, strict=True):
                 held = self.host[slot]
                 if held is None or self.host_key[slot] != key or held != self.known.get(key):
                     raise InvariantViolation(
@@ -177,23 +179,25 @@ class ManualWorker:
                         "not hold the chunk's bytes"
                     )
                 if success:
-                    tier[key] = held
+                    tier[tier_slot] = (key, held)
+                else:
+                    tier[tier_slot] = (key, b"\xcc")  # a torn write: never readable
             return ()
-        for key, slot in zip(job.keys, job.slots, strict=True):
+        for key, slot, tier_slot in zip(job.keys, job.slots, job.tier_slots, strict=True):
             if not success:
                 self.host[slot], self.host_key[slot] = b"\xcc", None  # a torn copy
                 continue
-            data = tier.get(key)
-            if data is None:
+            stored = tier.get(tier_slot)
+            if stored is None or stored[0] != key:
                 raise InvariantViolation(
-                    f"step {self.step}: promotion job {job.job_id} of a chunk tier "
-                    f"{job.tier!r} does not hold"
+                    f"step {self.step}: promotion job {job.job_id} reads tier {job.tier!r} slot "
+                    f"{tier_slot}, which does not hold its chunk"
                 )
-            if data != self.known.get(key):
+            if stored[1] != self.known.get(key):
                 raise InvariantViolation(
                     f"step {self.step}: promotion job {job.job_id} found wrong bytes in tier"
                 )
-            self.host[slot], self.host_key[slot] = data, key
+            self.host[slot], self.host_key[slot] = stored[1], key
         return ()
 
     def _verify(self, job: TransferJob, chunk: int, data: bytes, what: str) -> None:

@@ -2,8 +2,9 @@
 
 The JSON document is ``dataclasses.asdict`` of the report (integer dict keys become
 strings), plus ``shares`` per namespace and ``bad_total``; a namespace that was not
-verified has no ``ok``/``bad``/``bad_examples``. Both forms are deterministic for a
-given report.
+verified has no ``ok``/``bad``/``bad_examples``. A disk namespace has the fields of
+:class:`~kvoffload.inspection.model.DiskNamespaceReport` too. Both forms are
+deterministic for a given report.
 """
 
 from __future__ import annotations
@@ -12,81 +13,83 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from kvoffload.inspection.model import NamespaceReport, Report
+from kvoffload.inspection.model import DiskNamespaceReport, NamespaceReport, Report
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-_WHAT = {"disk": "files", "redis": "values"}
+_WHAT = {"disk": "slots", "redis": "values"}
+
+
+_LEGACY_ZEROS = {"temporary_files": 0, "temporary_bytes": 0}
+"""Kept in a Redis namespace's JSON (before ``vanished``, always 0) so that the Redis
+document stays as it was when the disk tier still had temporary files."""
 
 
 def to_json(report: Report) -> str:
     doc: dict[str, Any] = asdict(report)
-    for ns, entry in zip(report.namespaces, doc["namespaces"], strict=True):
+    for i, (ns, entry) in enumerate(zip(report.namespaces, doc["namespaces"], strict=True)):
         entry["shares"] = ns.shares
         if not ns.verified:
             for name in ("ok", "bad", "bad_examples"):
                 del entry[name]
+        if report.tier == "redis":
+            doc["namespaces"][i] = _insert_before(entry, "vanished", _LEGACY_ZEROS)
     doc["bad_total"] = report.bad_total
     return json.dumps(doc, indent=2)
+
+
+def _insert_before(entry: dict[str, Any], key: str, extra: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in entry.items():
+        if name == key:
+            out.update(extra)
+        out[name] = value
+    return out
 
 
 def to_text(report: Report) -> str:
     """The report as aligned tables and notes, ending with a newline."""
     what = _WHAT.get(report.tier, "shares")
+    disks = [ns for ns in report.namespaces if isinstance(ns, DiskNamespaceReport)]
     out = [f"{report.tier} tier at {report.location} (read-only)"]
     if report.server is not None:
         out.append(_server_line(report.server))
     if not report.namespaces:
         out.append("no kvoffload namespaces found")
+    elif report.tier == "disk":
+        out += ["", *_table(_disk_rows(disks))]
     else:
-        rows = [
-            [
-                "NAMESPACE",
-                "CHUNKS",
-                "INCOMPLETE",
-                f"{what.upper()} PER RANK",
-                "BYTES",
-                "PAYLOAD",
-                "VERSION",
-                "TEMPORARY",
-            ]
-        ]
-        rows += [_row(ns) for ns in report.namespaces]
-        if len(report.namespaces) > 1:
-            rows.append(_total_row(report.namespaces))
-        if report.tier != "disk":  # only the disk tier writes temporary files
-            rows = [row[:-1] for row in rows]
-        out += ["", *_table(rows)]
+        out += ["", *_table(_share_rows(report.namespaces, what))]
     if report.verified and report.namespaces:
+        checked = "used slot" if report.tier == "disk" else what[:-1]
         rows = [["NAMESPACE", "OK", "BAD", "REASONS"]]
         for ns in report.namespaces:
             reasons = " ".join(f"{r}={n}" for r, n in ns.bad.items()) or "-"
-            rows.append([ns.namespace, str(ns.ok), str(ns.bad_total), reasons])
-        out += ["", f"verify: every {what[:-1]} read in full and checked", *_table(rows)]
+            rows.append([ns.namespace, str(ns.ok), str(sum(ns.bad.values())), reasons])
+        out += ["", f"verify: every {checked} read in full and checked", *_table(rows)]
         for ns in report.namespaces:
+            bad_shares = sum(ns.bad.values())
             for bad in ns.bad_examples:
                 out.append(f"  bad: {bad.name}: {bad.detail}")
-            if ns.bad_total > len(ns.bad_examples):
-                more = ns.bad_total - len(ns.bad_examples)
+            if bad_shares > len(ns.bad_examples):
+                more = bad_shares - len(ns.bad_examples)
                 out.append(f"  ... and {more} more in {ns.namespace}")
-    notes = [
-        f"note: {ns.namespace}: {ns.vanished} {what} vanished while inspecting "
-        "(evicted or deleted meanwhile)"
-        for ns in report.namespaces
-        if ns.vanished
+    notes = [f"bad slab: {bad.name}: {bad.detail}" for ns in disks for bad in ns.bad_slabs]
+    notes += [_vanished_note(ns, report.tier, what) for ns in report.namespaces if ns.vanished]
+    notes += [
+        f"note: {ns.namespace}: {ns.duplicate_slots} complete slots hold a chunk that "
+        "another slot holds too (start-up recovery keeps the newest copy)"
+        for ns in disks
+        if ns.duplicate_slots
     ]
     if report.stray:
         shown = ", ".join(report.stray_examples)
         etc = ", ..." if report.stray > len(report.stray_examples) else ""
-        notes.append(f"note: {report.stray} stray names that are not chunk {what}: {shown}{etc}")
+        things = "slab files" if report.tier == "disk" else f"chunk {what}"
+        notes.append(f"note: {report.stray} stray names that are not {things}: {shown}{etc}")
     out += ["", *notes] if notes else []
     out += [f"warning: {w}" for w in report.warnings]
     if report.verified:
-        total, shares = report.bad_total, sum(ns.shares for ns in report.namespaces)
-        out.append(
-            f"result: {total} of {shares} {what} bad"
-            if total
-            else f"result: all {what} verified OK"
-        )
+        out.append(_result_line(report, disks, what))
     return "\n".join(out) + "\n"
 
 
@@ -101,43 +104,121 @@ def human_bytes(n: int) -> str:
     return f"{value:.1f} {_UNITS[unit]}"
 
 
-def _row(ns: NamespaceReport) -> list[str]:
-    per_rank = " ".join(f"r{rank}={n}" for rank, n in ns.shares_per_rank.items()) or "-"
-    payload = ",".join(human_bytes(n) for n in ns.payload_bytes) or "-"
+def _share_rows(namespaces: list[NamespaceReport], what: str) -> list[list[str]]:
+    rows = [
+        [
+            "NAMESPACE",
+            "CHUNKS",
+            "INCOMPLETE",
+            f"{what.upper()} PER RANK",
+            "BYTES",
+            "PAYLOAD",
+            "VERSION",
+        ]
+    ]
+    for ns in namespaces:
+        per_rank = " ".join(f"r{rank}={n}" for rank, n in ns.shares_per_rank.items()) or "-"
+        rows.append(
+            [
+                ns.namespace,
+                str(ns.complete_chunks),
+                str(ns.incomplete_chunks),
+                per_rank,
+                human_bytes(ns.bytes),
+                _payloads(ns),
+                _versions(ns),
+            ]
+        )
+    if len(namespaces) > 1:
+        rows.append(
+            [
+                "total",
+                str(sum(ns.complete_chunks for ns in namespaces)),
+                str(sum(ns.incomplete_chunks for ns in namespaces)),
+                str(sum(ns.shares for ns in namespaces)),
+                human_bytes(sum(ns.bytes for ns in namespaces)),
+                "",
+                "",
+            ]
+        )
+    return rows
+
+
+def _disk_rows(namespaces: list[DiskNamespaceReport]) -> list[list[str]]:
+    rows = [
+        [
+            "NAMESPACE",
+            "CHUNKS",
+            "INCOMPLETE",
+            "USED SLOTS PER RANK",
+            "USED",
+            "CAPACITY",
+            "PAYLOAD",
+            "VERSION",
+        ]
+    ]
+    for ns in namespaces:
+        cells = {r: f"r{r}={ns.shares_per_rank[r]}/{n}" for r, n in ns.slots_per_rank.items()}
+        for bad in ns.bad_slabs:
+            cells.setdefault(bad.rank, f"r{bad.rank}=bad")
+        rows.append(
+            [
+                ns.namespace,
+                str(ns.complete_chunks),
+                str(ns.incomplete_chunks),
+                " ".join(cells[r] for r in sorted(cells)) or "-",
+                human_bytes(ns.bytes),
+                human_bytes(ns.capacity_bytes),
+                _payloads(ns),
+                _versions(ns),
+            ]
+        )
+    if len(namespaces) > 1:
+        used = sum(ns.shares for ns in namespaces)
+        slots = sum(sum(ns.slots_per_rank.values()) for ns in namespaces)
+        rows.append(
+            [
+                "total",
+                str(sum(ns.complete_chunks for ns in namespaces)),
+                str(sum(ns.incomplete_chunks for ns in namespaces)),
+                f"{used}/{slots}",
+                human_bytes(sum(ns.bytes for ns in namespaces)),
+                human_bytes(sum(ns.capacity_bytes for ns in namespaces)),
+                "",
+                "",
+            ]
+        )
+    return rows
+
+
+def _payloads(ns: NamespaceReport) -> str:
+    return ",".join(human_bytes(n) for n in ns.payload_bytes) or "-"
+
+
+def _versions(ns: NamespaceReport) -> str:
     versions = ns.format_versions
-    version = (
-        next(iter(versions))
-        if len(versions) == 1
-        else " ".join(f"{v}:{n}" for v, n in versions.items()) or "-"
+    if len(versions) == 1:
+        return next(iter(versions))
+    return " ".join(f"{v}:{n}" for v, n in versions.items()) or "-"
+
+
+def _vanished_note(ns: NamespaceReport, tier: str, what: str) -> str:
+    if tier == "disk":
+        return f"note: {ns.namespace}: {ns.vanished} slab files vanished while inspecting"
+    return (
+        f"note: {ns.namespace}: {ns.vanished} {what} vanished while inspecting "
+        "(evicted or deleted meanwhile)"
     )
-    tmp = str(ns.temporary_files)
-    if ns.temporary_files:
-        tmp += f" ({human_bytes(ns.temporary_bytes)})"
-    return [
-        ns.namespace,
-        str(ns.complete_chunks),
-        str(ns.incomplete_chunks),
-        per_rank,
-        human_bytes(ns.bytes),
-        payload,
-        version,
-        tmp,
-    ]
 
 
-def _total_row(namespaces: list[NamespaceReport]) -> list[str]:
-    tmp = sum(ns.temporary_files for ns in namespaces)
-    tmp_bytes = sum(ns.temporary_bytes for ns in namespaces)
-    return [
-        "total",
-        str(sum(ns.complete_chunks for ns in namespaces)),
-        str(sum(ns.incomplete_chunks for ns in namespaces)),
-        str(sum(ns.shares for ns in namespaces)),
-        human_bytes(sum(ns.bytes for ns in namespaces)),
-        "",
-        "",
-        f"{tmp} ({human_bytes(tmp_bytes)})" if tmp else "0",
-    ]
+def _result_line(report: Report, disks: list[DiskNamespaceReport], what: str) -> str:
+    bad = sum(sum(ns.bad.values()) for ns in report.namespaces)
+    shares = sum(ns.shares for ns in report.namespaces)
+    slabs = sum(len(ns.bad_slabs) for ns in disks)
+    if not bad and not slabs:
+        return f"result: all {what} verified OK"
+    line = f"result: {bad} of {shares} {what} bad"
+    return line + (f", {slabs} slab files bad" if slabs else "")
 
 
 def _server_line(server: dict[str, str | int]) -> str:

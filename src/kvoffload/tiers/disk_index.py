@@ -1,22 +1,78 @@
-"""Rebuild the disk tier's directory from the files on disk (scheduler side, start-up).
+"""Rebuild the disk tier's directory from the slabs on disk (scheduler side, start-up).
 
-Temporary files of interrupted writes are removed. A chunk counts only if every
-rank's file is there; the files of incomplete chunks are removed. Chunks are
-entered oldest first (by the newest of their files' modification times), so the
-most recently written are the last evicted; beyond the tier's capacity the oldest
-chunks' files are removed. Contents are verified when read, not here.
+Every rank's slab is scanned slot by slot (headers only; payloads are verified when
+read). A slot is adopted when every rank's header in it is a valid header of this
+namespace naming the same chunk; a chunk found in several slots (an older copy not
+yet overwritten) keeps its newest copy. Chunks are entered oldest first (by write
+sequence number), so the most recently written are the last evicted. Nothing is
+modified: slots not adopted are free and will be written over.
+
+Cost: one small read per slot and rank (about a second per million slots).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import contextlib
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from kvoffload.core.chunk_format import HEADER_BYTES, IntegrityError, check_header
 from kvoffload.core.directory import Directory
-from kvoffload.core.keys import ChunkKey
+from kvoffload.core.keys import ChunkKey, shard_key
 from kvoffload.core.policies import EvictionPolicy
 from kvoffload.core.tiering import DirectoryTier
-from kvoffload.tiers.disk import ChunkFile, scan, sweep, unlink_quietly
+from kvoffload.tiers.disk import KEY_OFFSET, parse_header_block, slab_path, slot_bytes
+from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError
+
+_HEAD = KEY_OFFSET + 24  # header, chunk key, sequence number
+
+
+@dataclass(frozen=True)
+class Recovery:
+    adopted: int  # chunks entered into the directory
+    ignored: int  # per-rank slot copies not adopted (damaged, incomplete, older duplicates)
+
+
+def scan_slab(
+    path: Path, namespace_digest: bytes, rank: int, payload_bytes: int, num_slots: int
+) -> tuple[dict[int, tuple[ChunkKey, int]], int]:
+    """Valid headers of one rank's slab: slot -> (chunk key, sequence number); and
+    how many non-empty slots were not valid. A missing slab, or one of another
+    geometry, has none."""
+    found: dict[int, tuple[ChunkKey, int]] = {}
+    invalid = 0
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return found, 0
+    try:
+        try:
+            block = Superblock.decode(os.pread(fd, SUPERBLOCK_BYTES, 0))
+        except SuperblockError:
+            return found, 0
+        if (block.namespace_digest, block.rank, block.payload_bytes) != (
+            namespace_digest, rank, payload_bytes,
+        ):  # fmt: skip
+            return found, 0
+        stride = slot_bytes(payload_bytes)
+        for slot in range(min(block.num_slots, num_slots)):
+            head = os.pread(fd, _HEAD, SUPERBLOCK_BYTES + slot * stride)
+            if len(head) < _HEAD or not any(head[:4]):
+                continue  # never written (or cleared)
+            key, seq = parse_header_block(head)
+            try:
+                check_header(
+                    head[:HEADER_BYTES], namespace_digest, shard_key(key, rank), payload_bytes
+                )
+            except IntegrityError:
+                invalid += 1
+                continue
+            found[slot] = (key, seq)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    return found, invalid
 
 
 def open_disk_tier(
@@ -24,34 +80,25 @@ def open_disk_tier(
     namespace_digest: bytes,
     world_size: int,
     num_slots: int,
+    payload_bytes: int,
+    *,
     policy: str | EvictionPolicy = "lru",
-) -> tuple[DirectoryTier, int]:
-    """The disk tier with every complete chunk found; and how many files were removed."""
-    removed = sweep(root, namespace_digest)
-    files: dict[ChunkKey, list[ChunkFile]] = defaultdict(list)
-    for chunk_file in scan(root, namespace_digest):
-        files[chunk_file.key].append(chunk_file)
-    complete: list[tuple[float, ChunkKey]] = []
-    for key, shares in files.items():
-        if sorted(f.rank for f in shares) == list(range(world_size)):
-            complete.append((max(f.mtime for f in shares), key))
-        else:
-            removed += _remove(shares)
-    complete.sort()
-    extra = len(complete) - num_slots
-    if extra > 0:
-        for _, key in complete[:extra]:
-            removed += _remove(files[key])
-        complete = complete[extra:]
+) -> tuple[DirectoryTier, Recovery]:
+    """The disk tier with every complete chunk found in the slabs under ``root``."""
+    ranks = []
+    ignored = 0
+    for rank in range(world_size):
+        path = slab_path(root, namespace_digest, rank)
+        found, invalid = scan_slab(path, namespace_digest, rank, payload_bytes, num_slots)
+        ranks.append(found)
+        ignored += invalid
+    newest: dict[ChunkKey, tuple[int, int]] = {}  # key -> (sequence, slot)
+    for slot, (key, seq) in ranks[0].items():
+        complete = all(other.get(slot, (None, 0))[0] == key for other in ranks[1:])
+        if complete and (key not in newest or newest[key][0] < seq):
+            newest[key] = (seq, slot)
+    ignored += sum(len(found) for found in ranks) - len(newest) * world_size
+    entries = sorted((seq, key, slot) for key, (seq, slot) in newest.items())
     directory = Directory(num_slots, tier="disk", policy=policy)
-    keys = [key for _, key in complete]
-    for start in range(0, len(keys), 4096):
-        prepared = directory.prepare_store(keys[start : start + 4096], admit_all=True)
-        directory.complete_store(prepared.keys, success=True)
-    return DirectoryTier(directory), removed
-
-
-def _remove(found: list[ChunkFile]) -> int:
-    for f in found:
-        unlink_quietly(f.path)
-    return len(found)
+    directory.restore([(key, slot) for _, key, slot in entries])
+    return DirectoryTier(directory), Recovery(len(entries), ignored)

@@ -10,33 +10,35 @@ from kvoffload.tiers.disk import DiskStore
 
 
 class DiskTierStore:
-    """Adapts :class:`DiskStore` to ``write_many`` / ``read_many`` / ``delete_many``
-    with a failure reason per chunk (``"io:<error>"``, ``"missing"``,
-    ``"integrity:<reason>"``); a bad file is deleted where it was found."""
+    """Adapts :class:`DiskStore` to ``write_many`` / ``read_many`` with a failure
+    reason per chunk (``"io:<error>"``, ``"integrity:<reason>"``); a slot found bad
+    is cleared where it was found. Disk chunks always carry their tier slot."""
 
     def __init__(self, store: DiskStore) -> None:
         self.store = store
 
-    def write_many(self, items: Sequence[tuple[ChunkKey, memoryview]]) -> list[str | None]:
+    def write_many(
+        self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int]
+    ) -> list[str | None]:
         failures: list[str | None] = []
-        for key, payload in items:
+        for (key, payload), slot in zip(items, slots, strict=True):
             try:
-                self.store.write(key, payload)
+                self.store.write(slot, key, payload)
             except OSError as exc:
                 failures.append(f"io:{exc.strerror or type(exc).__name__}")
             else:
                 failures.append(None)
         return failures
 
-    def read_many(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview]) -> list[str | None]:
+    def read_many(
+        self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
+    ) -> list[str | None]:
         failures: list[str | None] = []
-        for key, out in zip(keys, outs, strict=True):
+        for key, slot, out in zip(keys, slots, outs, strict=True):
             try:
-                self.store.read_into(key, out)
-            except FileNotFoundError:
-                failures.append("missing")
+                self.store.read_into(slot, key, out)
             except IntegrityError as exc:
-                self.store.delete(key)
+                self.store.clear(slot)
                 failures.append(f"integrity:{exc.reason.value}")
             except OSError as exc:
                 failures.append(f"io:{exc.strerror or type(exc).__name__}")
@@ -44,6 +46,5 @@ class DiskTierStore:
                 failures.append(None)
         return failures
 
-    def delete_many(self, keys: Sequence[ChunkKey]) -> None:
-        for key in keys:
-            self.store.delete(key)
+    def close(self) -> None:
+        self.store.close()

@@ -81,8 +81,8 @@ class RedisIndex:
                     return i
             return len(keys)
 
-    def book_promotion(self, keys: Sequence[ChunkKey]) -> None:
-        return None  # nothing to pin: the server may evict, a read then misses
+    def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
+        return ()  # nothing to pin: the server may evict, a read then misses
 
     def release_promotion(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey]) -> None:
         self._remember(bad, present=False)

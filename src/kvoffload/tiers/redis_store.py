@@ -29,7 +29,10 @@ class RedisStore:
     def name(self, key: ChunkKey) -> str:
         return key_name(self.digest, key, self.rank)
 
-    def write_many(self, items: Sequence[tuple[ChunkKey, memoryview]]) -> list[str | None]:
+    def write_many(
+        self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int] = ()
+    ) -> list[str | None]:
+        """Store every chunk (``slots`` is for slotted tiers; Redis keys by chunk)."""
         pipe = self.client.pipeline(transaction=False)
         for key, payload in items:
             value = bytearray(HEADER_BYTES + len(payload))  # the one copy of the payload
@@ -39,7 +42,9 @@ class RedisStore:
         pipe.execute()
         return [None] * len(items)
 
-    def read_many(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview]) -> list[str | None]:
+    def read_many(
+        self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
+    ) -> list[str | None]:
         """Per chunk: None (read and verified into its buffer), ``"missing"``, or
         ``"integrity:<reason>"`` (the bad value is deleted)."""
         pipe = self.client.pipeline(transaction=False)

@@ -2,8 +2,8 @@
 
 One per model worker, next to the :class:`~kvoffload.transfer.worker.TransferWorker`
 (which moves engine blocks <-> host slots). A spill job writes its host slots to a
-tier under its keys (after deleting ``drop_keys``); a promote job reads chunks from
-a tier, verified, into its host slots. Each job runs on a small thread pool (tier I/O
+tier under its keys (at its tier slots, for a slotted tier); a promote job reads
+chunks from a tier, verified, into its host slots. Each job runs on a small thread pool (tier I/O
 blocks: disks, networks), so a slow tier delays only its own jobs; a large job is
 split into parts of about ``part_bytes`` that run in parallel.
 
@@ -29,15 +29,18 @@ from kvoffload.transfer.results import ResultBook
 
 
 class TierStore(Protocol):
-    """One rank's share of a lower tier, as the tier lane uses it."""
+    """One rank's share of a lower tier, as the tier lane uses it. ``slots`` are the
+    chunks' tier slots (slotted tiers; empty for tiers keyed by chunk). Both return
+    one failure reason per chunk (None: done) and raise only when the tier failed as
+    a whole (connection refused, timeout)."""
 
-    def write_many(self, items: Sequence[tuple[ChunkKey, memoryview]]) -> list[str | None]: ...
-
-    def read_many(
-        self, keys: Sequence[ChunkKey], outs: Sequence[memoryview]
+    def write_many(
+        self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int]
     ) -> list[str | None]: ...
 
-    def delete_many(self, keys: Sequence[ChunkKey]) -> None: ...
+    def read_many(
+        self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
+    ) -> list[str | None]: ...
 
 
 PART_BYTES = 8 << 20  # a job is split into parts of about this size, run in parallel
@@ -98,17 +101,16 @@ class TierWorker:
         if not self._book.wait(self.running(), timeout):
             for job_id in self.running():
                 self._book.fail(job_id, "abandoned: still running at shutdown")
+            return  # a thread may still use its store: leave the files open
+        for store in self.stores.values():
+            close = getattr(store, "close", None)
+            if close is not None:
+                close()
 
     def _start(self, job: TransferJob) -> None:
-        """Drop what the spill replaces, then run the job's parts: the first here,
-        the others on the pool (the last one to finish reports)."""
+        """Run the job's parts: the first here, the others on the pool (the last one
+        to finish reports)."""
         begin = time.perf_counter()
-        if job.kind is JobKind.SPILL and job.drop_keys:
-            try:
-                self.stores[job.tier].delete_many(job.drop_keys)
-            except Exception as exc:
-                self._book.fail(job.job_id, f"{type(exc).__name__}: {exc}")
-                return
         n = len(job.keys)
         bounds = [(i, min(i + self.part_chunks, n)) for i in range(0, n, self.part_chunks)]
         parts = _Parts(job, max(1, len(bounds)), begin)
@@ -129,11 +131,11 @@ class TierWorker:
         error = ""
         try:
             views = [self.slab.slot_bytes(slot) for slot in job.slots[lo:hi]]
-            keys = job.keys[lo:hi]
+            keys, tier_slots = job.keys[lo:hi], job.tier_slots[lo:hi]
             if job.kind is JobKind.SPILL:
-                failures = store.write_many(list(zip(keys, views, strict=True)))
+                failures = store.write_many(list(zip(keys, views, strict=True)), tier_slots)
             else:
-                failures = store.read_many(keys, views)
+                failures = store.read_many(keys, tier_slots, views)
         except Exception as exc:  # the tier failed as a whole: every chunk of the part
             error = f"{type(exc).__name__}: {exc}"
         with parts.lock:

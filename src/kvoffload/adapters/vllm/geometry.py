@@ -17,7 +17,7 @@ from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler_types import SchedulerConfig
-from kvoffload.tiers.disk import file_bytes as disk_file_bytes
+from kvoffload.tiers.disk import slot_bytes as disk_slot_bytes
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def derive_geometry(
     ).hexdigest()
     disk_slots = 0
     if config.disk_bytes is not None:
-        file_bytes = disk_file_bytes(chunk_bytes)
+        file_bytes = disk_slot_bytes(chunk_bytes)
         disk_slots = config.disk_bytes // (file_bytes * world_size)
         if disk_slots < 1:
             raise ConfigError(

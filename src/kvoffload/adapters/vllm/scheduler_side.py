@@ -85,12 +85,14 @@ class SchedulerSide:
         lower: list[LowerTier] = []
         self.redis_index: RedisIndex | None = None
         if config.disk_path is not None:
-            disk, removed = open_disk_tier(
+            disk, recovery = open_disk_tier(
                 Path(config.disk_path), g.namespace.digest(), g.world_size, g.disk_slots,
-                config.eviction,
+                g.chunk_bytes, policy=config.eviction,
             )  # fmt: skip
-            if removed:
-                logger.info("kvoffload: removed %d incomplete or surplus chunk files", removed)
+            logger.info(
+                "kvoffload: disk tier at %s: %d chunks recovered, %d copies ignored",
+                config.disk_path, recovery.adopted, recovery.ignored,
+            )  # fmt: skip
             lower.append(disk)
         if config.redis_url is not None:
             self.redis_index = RedisIndex(

@@ -85,6 +85,7 @@ class WorkerSide:
                 digest,
                 self.rank,
                 g.chunk_bytes,
+                g.disk_slots,
                 o_direct=config.disk_o_direct,
             )
             stores["disk"] = DiskTierStore(disk)

@@ -46,6 +46,14 @@ def test_keys_are_deterministic_across_processes() -> None:
     assert out.stdout.split() == here
 
 
+def test_key_format_is_stable() -> None:
+    """Keys name chunks in disk slabs and Redis: the same inputs must give the same
+    bytes in every kvoffload version (a change needs a new format tag)."""
+    keys = keys_from_tokens(NS, TOKENS, 64, 32, salt="tenant-a")
+    assert keys[0].hex() == "c2ac696a859a355f533a270954b4cc96"
+    assert keys[-1].hex() == "cd44085019e9372a154ac01cd04191a9"
+
+
 def test_a_key_names_its_whole_prefix() -> None:
     base = keys_from_tokens(NS, TOKENS, 32, 32)
     changed_head = keys_from_tokens(NS, [0] + TOKENS[1:], 32, 32)

@@ -110,7 +110,8 @@ class StepPlanning:
                     self._drop(state)
         promotions = self._plan_promotions()
         flush = self._pending_flush | fenced_stores(self._tracker, self._states, self._fresh_blocks)
-        flush &= {job.job_id for job in self._tracker.jobs() if job.kind is JobKind.STORE}
+        if flush:
+            flush &= {job.job_id for job in self._tracker.jobs() if job.kind is JobKind.STORE}
         plan = StepPlan(
             self._step,
             tuple(self._pending_loads),

@@ -1,0 +1,267 @@
+"""``kvoffload simulate``: arguments, the run (or the sweep), the printed report.
+
+``main(argv)`` returns the exit status; bad arguments, a bad trace line or a
+workload the engine cannot hold raise :class:`~kvoffload.core.errors.UsageError`
+(or ConfigError), which ``kvoffload`` prints as one line (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from kvoffload.core.errors import UsageError
+from kvoffload.core.policies import policy_names
+from kvoffload.simulate.chat import ChatTrace
+from kvoffload.simulate.cost import CostModel
+from kvoffload.simulate.report import format_report
+from kvoffload.simulate.runner import SimConfig, run_simulation
+from kvoffload.simulate.sweep import (
+    Workload,
+    auto_sizes,
+    format_sweep,
+    plot_sweep,
+    run_sweep,
+    sweep_json,
+)
+from kvoffload.simulate.trace import TraceFile, TraceSummary, write_trace
+from kvoffload.simulate.units import format_bytes, parse_byte_list, parse_bytes
+from kvoffload.workload.chat import ChatWorkload
+
+_DEFAULTS = SimConfig(cpu_bytes=64 * 2**30)
+_COST = CostModel()
+
+_EPILOG = """\
+Without --trace the built-in multi-turn chat workload runs. Sizes accept units
+(8GiB, 512MiB, 1.5GB). See docs/simulate.md for the trace format, the cost model
+and sizing advice.
+
+examples:
+  kvoffload simulate                                   # built-in chat, 64GiB host
+  kvoffload simulate --cpu-bytes 16GiB --disk-bytes 1TiB
+  kvoffload simulate --trace my.jsonl --json results.json
+  kvoffload simulate --sweep 8GiB,16GiB,32GiB,64GiB,128GiB --output sweep.png
+  kvoffload simulate --users 20 --turns 3 --write-trace example.jsonl
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see kvoffload simulate --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="kvoffload simulate",
+        description="Replay a workload through the reference engine with kvoffload's "
+        "scheduler half, directories and eviction policies, and a cost model: hit rate, "
+        "recompute avoided, traffic per tier; --sweep charts hit rate against host memory.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", metavar="FILE", help="replay this JSONL trace")
+    w.add_argument("--write-trace", metavar="FILE", help="write the workload as a trace, exit")
+    chat = ChatWorkload()
+    w.add_argument("--users", type=int, default=1000, help="chat users (default 1000)")
+    w.add_argument("--turns", type=int, default=8, help="turns per user (default 8)")
+    w.add_argument(
+        "--concurrent-users", type=int, default=256, help="conversations open at once (256)"
+    )
+    w.add_argument("--system-tokens", type=int, default=1024, help="system prompt (1024)")
+    w.add_argument("--system-prompts", type=int, default=1, help="distinct system prompts (1)")
+    w.add_argument(
+        "--user-tokens",
+        default=f"{chat.user_tokens[0]},{chat.user_tokens[1]}",
+        metavar="MIN,MAX",
+        help="tokens per user message (default %(default)s)",
+    )
+    w.add_argument("--output-tokens", type=int, default=128, help="tokens per answer (128)")
+    w.add_argument("--rate", type=float, default=5.0, help="requests per second (5)")
+    w.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    e = p.add_argument_group("engine")
+    d = _DEFAULTS
+    e.add_argument("--engine-tokens", type=int, default=d.engine_tokens, help="KV capacity, tokens")
+    e.add_argument("--block-size", type=int, default=d.block_size, help="tokens per engine block")
+    e.add_argument("--token-budget", type=int, default=d.token_budget, help="tokens per step")
+    e.add_argument("--max-running", type=int, default=d.max_running, help="running requests")
+    e.add_argument(
+        "--decode-stride", type=int, default=d.decode_stride, help="tokens per decode step"
+    )
+    e.add_argument("--max-queue", type=int, default=d.max_queue, help="engine queue length")
+    e.add_argument("--no-prefix-caching", action="store_true", help="engine prefix cache off")
+    k = p.add_argument_group("kvoffload")
+    k.add_argument("--cpu-bytes", default="64GiB", help="host memory (default 64GiB; 0: off)")
+    k.add_argument("--disk-bytes", default="0", help="disk tier capacity (default 0: none)")
+    k.add_argument("--redis-bytes", default="0", help="redis tier capacity (default 0: none)")
+    k.add_argument("--eviction", default=d.eviction, help=f"{' | '.join(policy_names())}")
+    k.add_argument("--store-threshold", type=int, default=d.store_threshold, help="see docs")
+    k.add_argument("--lower-tier-admission", default="write_through", help="write_through | N")
+    k.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="tokens per chunk")
+    c = p.add_argument_group("cost model")
+    c.add_argument("--prefill-s-per-token", type=float, default=_COST.prefill_s_per_token)
+    c.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token)
+    c.add_argument("--host-gbps", type=float, default=_COST.host_gbps, help="engine<->host GB/s")
+    c.add_argument("--disk-gbps", type=float, default=_COST.disk_gbps)
+    c.add_argument("--redis-gbps", type=float, default=_COST.redis_gbps)
+    c.add_argument(
+        "--bytes-per-token",
+        type=int,
+        default=_COST.bytes_per_token,
+        help="KV bytes per token: 2 x layers x kv_heads x head_dim x dtype bytes",
+    )
+    o = p.add_argument_group("output")
+    o.add_argument(
+        "--sweep",
+        nargs="?",
+        const="auto",
+        metavar="SIZES",
+        help="host memory sizes (comma-separated, or auto) x every eviction policy",
+    )
+    o.add_argument("--output", default="kvoffload-sweep.png", help="the sweep's PNG chart")
+    o.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweep processes")
+    o.add_argument(
+        "--json", nargs="?", const="-", metavar="FILE", help="also write JSON (- or none: stdout)"
+    )
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    if args.trace:
+        return TraceFile(args.trace)
+    try:
+        lo, hi = (int(x) for x in args.user_tokens.split(","))
+    except ValueError:
+        raise UsageError(f"--user-tokens: expected MIN,MAX, got {args.user_tokens!r}") from None
+    workload = ChatWorkload(
+        users=args.users,
+        turns=args.turns,
+        system_tokens=args.system_tokens,
+        user_tokens=(lo, hi),
+        output_tokens=args.output_tokens,
+        seed=args.seed,
+    )
+    return ChatTrace(workload, args.concurrent_users, args.rate, args.system_prompts)
+
+
+def _config(args: argparse.Namespace) -> SimConfig:
+    admission: str | int = args.lower_tier_admission
+    if admission != "write_through":
+        try:
+            admission = int(admission)
+        except ValueError:
+            raise UsageError(
+                f"--lower-tier-admission: expected write_through or an integer, got {admission!r}"
+            ) from None
+    cost = CostModel(
+        prefill_s_per_token=args.prefill_s_per_token,
+        decode_s_per_token=args.decode_s_per_token,
+        host_gbps=args.host_gbps,
+        disk_gbps=args.disk_gbps,
+        redis_gbps=args.redis_gbps,
+        bytes_per_token=args.bytes_per_token,
+    )
+    return SimConfig(
+        cpu_bytes=parse_bytes(args.cpu_bytes, "--cpu-bytes"),
+        disk_bytes=parse_bytes(args.disk_bytes, "--disk-bytes"),
+        redis_bytes=parse_bytes(args.redis_bytes, "--redis-bytes"),
+        eviction=args.eviction,
+        store_threshold=args.store_threshold,
+        lower_tier_admission=admission,
+        engine_tokens=args.engine_tokens,
+        block_size=args.block_size,
+        chunk_tokens=args.chunk_tokens,
+        token_budget=args.token_budget,
+        max_running=args.max_running,
+        decode_stride=args.decode_stride,
+        max_queue=args.max_queue,
+        prefix_caching=not args.no_prefix_caching,
+        cost=cost,
+    )
+
+
+def _progress(total: int, unit: str, enabled: bool) -> tuple[Callable[[int], None], Any]:
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit=unit, file=sys.stderr, disable=not enabled, leave=False)
+    return bar.update, bar
+
+
+def _emit(text: str, data: Any, json_to: str | None) -> None:
+    """Print the report (to stderr when the JSON goes to stdout) and the JSON."""
+    print(text, file=sys.stderr if json_to == "-" else sys.stdout)
+    if json_to is None:
+        return
+    encoded = json.dumps(data, indent=2, sort_keys=True)
+    if json_to == "-":
+        print(encoded)
+        return
+    try:
+        with open(json_to, "w", encoding="utf-8") as out:
+            out.write(encoded + "\n")
+    except OSError as exc:
+        raise UsageError(f"--json: cannot write {json_to}: {exc.strerror or exc}") from None
+
+
+def main(argv: list[str]) -> int:
+    """Run ``kvoffload simulate`` with ``argv`` (the arguments after ``simulate``)."""
+    args = build_parser().parse_args(argv)
+    workload = _workload(args)
+    if args.write_trace:
+        try:
+            with open(args.write_trace, "w", encoding="utf-8") as out:
+                count = write_trace(workload.requests(), out)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.write_trace}: {exc.strerror or exc}") from None
+        print(f"wrote {count} requests ({workload.describe()}) to {args.write_trace}")
+        return 0
+    config = _config(args)
+    # validates a trace file before simulating
+    summary = workload.summary(config.num_blocks * config.block_size)
+    _check_fits(summary, config)
+    show = not args.no_progress and sys.stderr.isatty()
+    if args.sweep is None:
+        update, bar = _progress(summary.requests, "req", show)
+        with bar:
+            result = run_simulation(config, workload.requests(), update)
+        header = f"Workload: {workload.describe()}\n"
+        _emit(header + format_report(result), result.as_json(), args.json)
+        return 0
+    if args.jobs < 1:
+        raise UsageError("--jobs: must be an integer >= 1")
+    if args.sweep == "auto":
+        sizes = auto_sizes(summary.unique_tokens * config.cost.bytes_per_token, config.chunk_bytes)
+    else:
+        sizes = parse_byte_list(args.sweep, "--sweep")
+    update, bar = _progress(len(sizes) * len(policy_names()), "sim", show)
+    with bar:
+        points = run_sweep(config, workload, sizes, jobs=args.jobs, progress=update)
+    title = workload.describe()
+    try:
+        plot_sweep(points, args.output, title)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {args.output}: {exc.strerror or exc}") from None
+    text = f"Workload: {title}\n{format_sweep(points)}\n\nwrote the chart to {args.output}"
+    _emit(text, sweep_json(points), args.json)
+    return 0
+
+
+def _check_fits(summary: TraceSummary, config: SimConfig) -> None:
+    if summary.requests == 0:
+        raise UsageError("the workload has no requests")
+    if summary.max_request_tokens > config.num_blocks * config.block_size:
+        raise UsageError(
+            f"a request needs {summary.max_request_tokens} tokens of KV, more than the engine "
+            f"holds ({config.engine_tokens} tokens); raise --engine-tokens"
+        )
+    if 0 < config.cpu_bytes < config.chunk_bytes:
+        print(
+            f"note: --cpu-bytes {format_bytes(config.cpu_bytes)} is less than one chunk "
+            f"({format_bytes(config.chunk_bytes)}): kvoffload is off",
+            file=sys.stderr,
+        )

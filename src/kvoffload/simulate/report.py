@@ -1,0 +1,167 @@
+"""The simulator's results: numbers, derived rates, a printed table, JSON.
+
+A :class:`SimResult` is plain data (one simulation); everything printed is derived
+from its fields, so the table and the JSON cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvoffload.simulate.cost import CostModel
+from kvoffload.simulate.units import format_bytes
+
+
+@dataclass
+class TierResult:
+    """One tier's capacity and traffic in chunks (bytes = chunks * chunk bytes).
+
+    ``written``: chunks copied into the tier (host: stores from the engine; a lower
+    tier: spills from host memory). ``read``: chunks copied out of it (host: loads
+    into the engine; a lower tier: promotions into host memory)."""
+
+    tier: str
+    capacity_chunks: int
+    written: int = 0
+    read: int = 0
+    evictions: int = 0
+    held_at_end: int = 0
+
+
+@dataclass
+class SimResult:
+    settings: dict[str, Any]
+    cost: CostModel
+    chunk_bytes: int
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    engine_hit_tokens: int = 0  # first admissions: the engine's own prefix cache
+    kvoffload_hit_tokens: int = 0  # first admissions: loaded from kvoffload
+    readmissions: int = 0  # admissions after a preemption
+    readmission_hit_tokens: int = 0  # loaded from kvoffload at those
+    computed_prefill_tokens: int = 0  # prompt and recomputed positions actually computed
+    decode_tokens: int = 0
+    tiers: list[TierResult] = field(default_factory=list)
+    deferrals: dict[str, int] = field(default_factory=dict)
+    deferral_timeouts: int = 0
+    admission_refusals: int = 0
+    preemptions: int = 0
+    engine_steps: int = 0
+    simulated_s: float = 0.0
+    flush_stall_s: float = 0.0
+    ttft_mean_s: float = 0.0
+    ttft_p50_s: float = 0.0
+    ttft_p95_s: float = 0.0
+    lane_busy_s: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from kvoffload / prompt tokens (first admissions)."""
+        return self.kvoffload_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def engine_hit_rate(self) -> float:
+        return self.engine_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def avoided_tokens(self) -> int:
+        """Positions loaded from kvoffload instead of recomputed (every admission)."""
+        return self.kvoffload_hit_tokens + self.readmission_hit_tokens
+
+    def tier(self, name: str) -> TierResult | None:
+        return next((t for t in self.tiers if t.tier == name), None)
+
+    @property
+    def load_s(self) -> float:
+        """Copy time of what hits brought in: host loads and lower-tier promotions."""
+        total = 0.0
+        for t in self.tiers:
+            lane = "host" if t.tier == "host" else "redis" if t.tier == "redis" else "disk"
+            total += self.cost.copy_seconds(t.read * self.chunk_bytes, lane)
+        return total
+
+    @property
+    def saved_s(self) -> float:
+        """Prefill seconds the avoided tokens would have cost."""
+        return self.avoided_tokens * self.cost.prefill_s_per_token
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["cost"] = self.cost.as_dict()
+        for t in out["tiers"]:
+            for key in ("capacity", "written", "read"):
+                count = t["capacity_chunks"] if key == "capacity" else t[key]
+                t[f"{key}_bytes"] = count * self.chunk_bytes
+        out.update(
+            hit_rate=self.hit_rate,
+            engine_hit_rate=self.engine_hit_rate,
+            recompute_tokens_avoided=self.avoided_tokens,
+            prefill_seconds_saved=self.saved_s,
+            load_seconds=self.load_s,
+            net_seconds_saved=self.saved_s - self.load_s,
+        )
+        return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def format_report(r: SimResult) -> str:
+    """The human-readable report: assumptions, results, traffic per tier."""
+    s, c = r.settings, r.cost
+    cb = r.chunk_bytes
+    lines = [
+        "Assumptions",
+        f"  engine       {s['engine_tokens']} KV tokens, block {s['block_size']} tokens, "
+        f"budget {s['token_budget']} tokens/step, {s['max_running']} running max, "
+        f"prefix cache {'on' if s['prefix_caching'] else 'off'}",
+        f"  kvoffload    host {format_bytes(s['cpu_bytes'])}, disk "
+        f"{format_bytes(s['disk_bytes'])}, redis {format_bytes(s['redis_bytes'])}; eviction "
+        f"{s['eviction']}, store_threshold {s['store_threshold']}, lower_tier_admission "
+        f"{s['lower_tier_admission']}",
+        f"  chunks       {s['chunk_tokens']} tokens x {c.bytes_per_token} B/token = "
+        f"{format_bytes(cb)}",
+        f"  cost model   prefill {c.prefill_s_per_token * 1e6:.0f} us/token, decode "
+        f"{c.decode_s_per_token * 1e6:.0f} us/token (one step per {s['decode_stride']} tokens); "
+        f"host {c.host_gbps:g} GB/s, disk {c.disk_gbps:g} GB/s, redis {c.redis_gbps:g} GB/s",
+        "",
+        "Results",
+        f"  requests                  {r.requests}  ({r.prompt_tokens} prompt tokens, "
+        f"{r.output_tokens} output tokens)",
+        f"  kvoffload hit rate        {_pct(r.hit_rate)}  ({r.kvoffload_hit_tokens} prompt "
+        "tokens loaded / prompt tokens)",
+        f"  engine prefix-cache hits  {_pct(r.engine_hit_rate)}  ({r.engine_hit_tokens} tokens)",
+        f"  recompute avoided         {r.avoided_tokens} tokens  (incl. "
+        f"{r.readmission_hit_tokens} on {r.readmissions} re-admissions after preemption)",
+        f"  prefill time saved        {r.saved_s:.1f} s, minus {r.load_s:.1f} s of loads = "
+        f"{r.saved_s - r.load_s:.1f} s net",
+        f"  prefill computed          {r.computed_prefill_tokens} tokens; decode "
+        f"{r.decode_tokens} tokens",
+        f"  simulated time            {r.simulated_s:.1f} s  ({r.engine_steps} engine steps, "
+        f"{r.preemptions} preemptions, {r.flush_stall_s:.2f} s waiting for flushed stores)",
+        f"  time to first token       mean {r.ttft_mean_s:.3f} s, p50 {r.ttft_p50_s:.3f} s, "
+        f"p95 {r.ttft_p95_s:.3f} s",
+        f"  deferrals                 {sum(r.deferrals.values())}"
+        + "".join(f", {k} {v}" for k, v in sorted(r.deferrals.items()))
+        + f"; timeouts {r.deferral_timeouts}; admission refusals {r.admission_refusals}",
+        "",
+        "Traffic         capacity     written (stored/spilled)   read (loaded/promoted)  "
+        " evictions   held at end",
+    ]
+    for t in r.tiers:
+        lines.append(
+            f"  {t.tier:<8} {format_bytes(t.capacity_chunks * cb):>11}  "
+            f"{format_bytes(t.written * cb):>10} {t.written:>9} ch    "
+            f"{format_bytes(t.read * cb):>10} {t.read:>9} ch  {t.evictions:>10}  "
+            f"{t.held_at_end:>10}"
+        )
+    if not r.tiers:
+        lines.append("  (no tier: host memory below one chunk, kvoffload is off)")
+    lines.append(f"\n(simulated in {r.wall_s:.1f} s)")
+    return "\n".join(lines)

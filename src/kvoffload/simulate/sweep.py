@@ -1,0 +1,139 @@
+"""``--sweep``: hit rate against host memory, for every eviction policy.
+
+Each point (one capacity, one policy) is a full simulation of the same workload;
+points run in worker processes (``jobs``), each re-creating the workload from its
+description (the chat generator's parameters, or the trace path), so the results
+are the same whatever the number of processes. The chart is a PNG with one line per
+policy; the printed table has one row per capacity.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from kvoffload.core.policies import policy_names
+from kvoffload.simulate.report import SimResult
+from kvoffload.simulate.runner import SimConfig, run_simulation
+from kvoffload.simulate.trace import TraceRequest, TraceSummary
+from kvoffload.simulate.units import format_bytes
+
+_AUTO_POINTS = 8
+
+
+class Workload(Protocol):
+    """A re-creatable, picklable workload (ChatTrace, TraceFile)."""
+
+    def requests(self) -> Iterator[TraceRequest]: ...
+
+    def summary(self, fits: int) -> TraceSummary: ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    cpu_bytes: int
+    policy: str
+    result: SimResult
+
+
+def auto_sizes(unique_bytes: int, chunk_bytes: int) -> list[int]:
+    """Eight capacities, doubling, from 1/128 of the smallest power of two that holds
+    ``unique_bytes`` (the workload's distinct KV) up to it; none below one chunk."""
+    top = 1
+    while top < max(unique_bytes, chunk_bytes):
+        top *= 2
+    sizes = [top >> k for k in range(_AUTO_POINTS - 1, -1, -1)]
+    return [s for s in sizes if s >= chunk_bytes] or [chunk_bytes]
+
+
+def _run_point(args: tuple[SimConfig, Workload]) -> SimResult:
+    config, workload = args
+    return run_simulation(config, workload.requests())
+
+
+def run_sweep(
+    base: SimConfig,
+    workload: Workload,
+    sizes: Sequence[int],
+    *,
+    jobs: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> list[SweepPoint]:
+    """Simulate ``workload`` for every size x policy (sizes x policies, in that
+    order); ``jobs`` > 1 runs points in that many processes. ``progress`` is called
+    with 1 per finished point."""
+    grid = [(size, policy) for size in sizes for policy in policy_names()]
+    tasks = [(replace(base, cpu_bytes=size, eviction=policy), workload) for size, policy in grid]
+    results: list[SimResult] = []
+    if jobs <= 1 or len(tasks) == 1:
+        for task in tasks:
+            results.append(_run_point(task))
+            if progress is not None:
+                progress(1)
+    else:
+        with multiprocessing.get_context().Pool(min(jobs, len(tasks))) as pool:
+            for result in pool.imap(_run_point, tasks):
+                results.append(result)
+                if progress is not None:
+                    progress(1)
+    return [SweepPoint(size, policy, r) for (size, policy), r in zip(grid, results, strict=True)]
+
+
+def format_sweep(points: Sequence[SweepPoint]) -> str:
+    """A table: one row per capacity, the kvoffload hit rate of each policy, and the
+    engine's own prefix-cache hit rate (the same for every policy)."""
+    policies = sorted({p.policy for p in points})
+    sizes = sorted({p.cpu_bytes for p in points})
+    by_key = {(p.cpu_bytes, p.policy): p.result for p in points}
+    header = f"{'host memory':>12}  " + "".join(f"{name:>9}" for name in policies)
+    lines = ["kvoffload hit rate by host memory and eviction policy", header]
+    for size in sizes:
+        row = [by_key[(size, name)] for name in policies]
+        rates = "".join(f"{100 * r.hit_rate:8.1f}%" for r in row)
+        lines.append(
+            f"{format_bytes(size):>12}  {rates}   engine {100 * row[0].engine_hit_rate:.1f}%"
+        )
+    return "\n".join(lines)
+
+
+def sweep_json(points: Sequence[SweepPoint]) -> list[dict[str, Any]]:
+    return [
+        {"cpu_bytes": p.cpu_bytes, "policy": p.policy, "result": p.result.as_json()} for p in points
+    ]
+
+
+def plot_sweep(points: Sequence[SweepPoint], path: str, title: str) -> list[str]:
+    """Write the PNG chart of ``points`` to ``path``: hit rate against host memory
+    (log scale), one line per policy; return the policies drawn, in legend order."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    policies = sorted({p.policy for p in points})
+    for policy in policies:
+        mine = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_bytes)
+        xs = [p.cpu_bytes / 2**30 for p in mine]
+        ax.plot(xs, [100 * p.result.hit_rate for p in mine], marker="o", label=policy)
+    ax.set_xscale("log", base=2)
+    sizes = sorted({p.cpu_bytes for p in points})
+    ax.set_xticks([size / 2**30 for size in sizes], [format_bytes(size) for size in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("host memory for kvoffload")
+    ax.set_ylabel("kvoffload hit rate (% of prompt tokens)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(title="eviction")
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    return [str(line.get_label()) for line in ax.get_lines()]

@@ -1,0 +1,63 @@
+"""Byte sizes with human units: ``8GiB``, ``512MiB``, ``1.5GB``, ``4096``.
+
+Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB, GB, TB)
+powers of 1000; a bare number is bytes. Parsing is for user input and raises
+:class:`~kvoffload.core.errors.UsageError` naming the option.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from kvoffload.core.errors import UsageError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str, option: str) -> int:
+    """``text`` as a whole number of bytes >= 0; UsageError naming ``option`` if not."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise UsageError(f"{option}: {text!r} is not a size (examples: 8GiB, 512MiB, 1.5GB, 4096)")
+    value = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(value):
+        raise UsageError(f"{option}: {text!r} is too large")
+    return int(value)
+
+
+def parse_byte_list(text: str, option: str) -> list[int]:
+    """A comma-separated list of sizes, each > 0, sorted and without duplicates."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise UsageError(f"{option}: give comma-separated sizes, e.g. 8GiB,16GiB,32GiB")
+    values = sorted({parse_bytes(p, option) for p in parts})
+    if values[0] <= 0:
+        raise UsageError(f"{option}: sizes must be > 0")
+    return values
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps the number >= 1."""
+    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= scale:
+            value = n / scale
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
+    return f"{n:.0f}B"

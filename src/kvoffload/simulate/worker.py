@@ -1,0 +1,141 @@
+"""The simulated worker half: transfer jobs take the cost model's time on lanes.
+
+Each job occupies one lane, first come first served: loads the host -> engine lane,
+stores the engine -> host lane, spills and promotions the lane of their lower tier.
+A job starts when it is planned (a store: after the forward pass of its step, whose
+KV it captures; a store the plan flushes: before the forward pass, which waits for
+it) and is reported at the end of the first step that ends after it finished. No
+bytes move and no job fails. The worker also keeps the traffic counters (chunks per
+job kind and tier, lane busy seconds).
+
+:class:`SimClock` is the simulated time, shared by the driver, the engine's meter
+and this worker; a step's end is ``start + flush stall + compute``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.simulate.cost import CostModel
+from kvoffload.simulate.engine import StepMeter
+
+_NOTHING = WorkerReport(0, ())
+
+
+@dataclass
+class SimClock:
+    """Simulated seconds. ``now`` is the current step's start, ``step_end`` its end
+    (valid once the forward pass was costed)."""
+
+    now: float = 0.0
+    step_end: float = 0.0
+    stall_s: float = 0.0  # this step's wait for flushed stores
+    stalled_total_s: float = 0.0
+
+    def end_step(self, meter: StepMeter, cost: CostModel) -> float:
+        """Cost the step's forward pass; return (and remember) the step's end."""
+        compute = cost.compute_seconds(meter.prefill, meter.decode)
+        self.step_end = self.now + self.stall_s + compute
+        self.stalled_total_s += self.stall_s
+        self.stall_s = 0.0
+        return self.step_end
+
+
+@dataclass
+class Traffic:
+    """Chunks moved by completed jobs: ``chunks[(kind, tier)]``; kind is a JobKind
+    value, tier ``"host"`` for loads and stores."""
+
+    chunks: Counter[tuple[str, str]] = field(default_factory=Counter)
+    busy_s: dict[str, float] = field(default_factory=dict)  # per lane
+    jobs: Counter[str] = field(default_factory=Counter)  # per kind
+
+
+class SimWorker:
+    """An ``EngineWorker`` (see :mod:`kvoffload.simulate.engine`) over simulated lanes.
+
+    Owns the lanes and the jobs in flight; reads the shared clock and meter."""
+
+    def __init__(
+        self, cost: CostModel, chunk_bytes: int, clock: SimClock, meter: StepMeter
+    ) -> None:
+        self.cost = cost
+        self.chunk_bytes = chunk_bytes
+        self.clock = clock
+        self.meter = meter
+        self.free_at: dict[str, float] = {}
+        self.finish_of: dict[int, float] = {}
+        self._heap: list[tuple[float, int, TransferJob]] = []
+        self._after_forward: list[TransferJob] = []
+        self.traffic = Traffic()
+        self.completed_last_step = 0
+
+    @staticmethod
+    def _lane(job: TransferJob) -> tuple[str, str]:
+        """(lane name, cost lane) of a job."""
+        if job.kind is JobKind.LOAD:
+            return "host->engine", "host"
+        if job.kind is JobKind.STORE:
+            return "engine->host", "host"
+        return job.tier, "redis" if job.tier == "redis" else "disk"
+
+    def _start(self, job: TransferJob, at: float) -> float:
+        lane, cost_lane = self._lane(job)
+        seconds = self.cost.copy_seconds(len(job.keys) * self.chunk_bytes, cost_lane)
+        finish = max(at, self.free_at.get(lane, 0.0)) + seconds
+        self.free_at[lane] = finish
+        self.traffic.busy_s[lane] = self.traffic.busy_s.get(lane, 0.0) + seconds
+        self.finish_of[job.job_id] = finish
+        heapq.heappush(self._heap, (finish, job.job_id, job))
+        return finish
+
+    # ------------------------------------------------------------ engine calls
+
+    def begin_step(self, plan: StepPlan) -> None:
+        now = self.clock.now
+        ready = now
+        for job in plan.stores:
+            if job.job_id in plan.flush:  # reads blocks this step overwrites: first
+                ready = max(ready, self._start(job, now))
+            else:
+                self._after_forward.append(job)
+        for job_id in plan.flush:
+            ready = max(ready, self.finish_of.get(job_id, now))
+        self.clock.stall_s = ready - now
+        for job in (*plan.loads, *plan.spills, *plan.promotions):
+            self._start(job, now)
+
+    def end_forward(self) -> None:
+        end = self.clock.end_step(self.meter, self.cost)
+        for job in self._after_forward:
+            self._start(job, end)
+        self._after_forward.clear()
+
+    def collect(self) -> list[WorkerReport]:
+        end = self.clock.step_end
+        if not self._heap or self._heap[0][0] > end:
+            self.completed_last_step = 0
+            return [_NOTHING]
+        results = []
+        while self._heap and self._heap[0][0] <= end:
+            _, job_id, job = heapq.heappop(self._heap)
+            del self.finish_of[job_id]
+            _, cost_lane = self._lane(job)
+            tier = "host" if job.kind.touches_engine else job.tier
+            self.traffic.chunks[(job.kind.value, tier)] += len(job.keys)
+            self.traffic.jobs[job.kind.value] += 1
+            nbytes = len(job.keys) * self.chunk_bytes
+            seconds = self.cost.copy_seconds(nbytes, cost_lane)
+            results.append(JobResult(job_id, True, nbytes, seconds))
+        self.completed_last_step = len(results)
+        return [WorkerReport(0, tuple(results))]
+
+    def applied(self, reports: list[WorkerReport]) -> None:
+        """Nothing to do: the simulated jobs hold no state past their report."""
+
+    def next_finish(self) -> float | None:
+        """When the next job in flight finishes (None: nothing in flight)."""
+        return self._heap[0][0] if self._heap else None

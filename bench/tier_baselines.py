@@ -7,7 +7,7 @@
 - :class:`RedisServer`: a private ``redis-server`` on a free loopback port, no
   persistence, ``noeviction`` with room for everything written.
 - :func:`redis_benchmark`: ``redis-benchmark -t set,get`` requests/s at a value
-  size, a number of connections and a pipeline depth.
+  size, a number of connections and a pipeline depth, on one key or on new keys.
 - :func:`throughput_table`: medians of GB/s and of per-run ratios to a baseline.
 """
 
@@ -177,22 +177,34 @@ class RedisServer:
 
 
 def redis_benchmark(
-    port: int, value_bytes: int, clients: int, pipeline: int, requests: int
+    port: int,
+    value_bytes: int,
+    clients: int,
+    pipeline: int,
+    requests: int,
+    *,
+    tests: str = "set,get",
+    fresh_keys: bool = False,
 ) -> dict[str, float]:
-    """Requests/s of ``redis-benchmark -t set,get`` (keys: its one fixed key, so every
-    GET hits a value of ``value_bytes``). Raises if redis-benchmark fails."""
+    """Requests/s of ``redis-benchmark -t <tests>``. By default every request uses its
+    one fixed key, so each GET hits a value of ``value_bytes`` and each SET overwrites
+    it in place. ``fresh_keys`` adds ``-r 10^9`` (redis-benchmark reads it as a C int:
+    a larger keyspace silently disables it): every SET creates a new key, as a chunk
+    store does, so the server allocates each value. Raises if it fails."""
     binary = shutil.which("redis-benchmark")
     if binary is None:
         raise RuntimeError("redis-benchmark is not installed")
-    cmd = [binary, "-h", "127.0.0.1", "-p", str(port), "-t", "set,get", "-d", str(value_bytes)]
+    cmd = [binary, "-h", "127.0.0.1", "-p", str(port), "-t", tests, "-d", str(value_bytes)]
     cmd += ["-c", str(clients), "-P", str(pipeline), "-n", str(requests), "--csv", "-q"]
+    if fresh_keys:
+        cmd += ["-r", str(10**9)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600).stdout
     rps: dict[str, float] = {}
     for line in out.splitlines():
         fields = [f.strip('"') for f in line.split(",")]
         if len(fields) >= 2 and fields[0] in ("SET", "GET"):
             rps[fields[0]] = float(fields[1])
-    if set(rps) != {"SET", "GET"}:
+    if set(rps) != set(tests.upper().split(",")):
         raise RuntimeError(f"unexpected redis-benchmark output: {out!r}")
     return rps
 

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from kvoffload.core.keys import ChunkKey
-from kvoffload.tiers.redis_client import RedisSettings, key_name, make_client
+from kvoffload.tiers.redis_client import RedisSettings, ZeroCopyPacker, key_name, make_client
 from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.tiers.redis_store import RedisStore
 from redis_server import RedisServer
@@ -59,7 +59,14 @@ def test_a_garbage_value_is_a_counted_miss_and_is_deleted(redis_server: RedisSer
     raw = redis_server.client()
     raw.set(s.name(K(1)), b"garbage" * 100)
     failures = s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
-    assert failures == ["integrity:magic"]
+    assert failures == ["integrity:size"]
+    assert raw.exists(s.name(K(1))) == 0
+    s.write_many([(K(1), memoryview(data(1)))])
+    raw.set(s.name(K(1)), bytes(len(raw.get(s.name(K(1))))))  # right length, all zeros
+    assert s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:magic"]
+    assert raw.exists(s.name(K(1))) == 0
+    raw.rpush(s.name(K(1)), b"a list")  # another type under a chunk's name (deleted above)
+    assert s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:magic"]
     assert raw.exists(s.name(K(1))) == 0
     s.write_many([(K(2), memoryview(data(2)))])
     value = bytearray(raw.get(s.name(K(2))))
@@ -132,3 +139,53 @@ def test_a_slow_server_times_out_instead_of_stalling(redis_server: RedisServer) 
         s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
     assert time.monotonic() - begin < 0.9
     sleeper.join()
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["kvoffload-reader", "redis-py"])
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_one_connection_stays_in_step_over_mixed_replies(
+    redis_server: RedisServer, protocol: int, zero_copy: bool
+) -> None:
+    """Good, missing, short and wrongly typed values in one pipelined read, on a pool
+    of one connection: every later read on it still gets its own replies. Both read
+    paths (kvoffload's reply reader; redis-py's, used with the cluster client) agree."""
+    packer = {"command_packer": ZeroCopyPacker()} if zero_copy else {}
+    client = redis.Redis(
+        connection_pool=redis.BlockingConnectionPool.from_url(
+            redis_server.url, max_connections=1, protocol=protocol, **packer
+        )
+    )
+    s = RedisStore(client, DIGEST, 0, PAYLOAD)
+    assert s.zero_copy is zero_copy
+    s.write_many([(K(i), memoryview(data(i))) for i in range(1, 5)])
+    raw = redis_server.client()
+    raw.set(s.name(K(2)), b"short")
+    raw.delete(s.name(K(3)), s.name(K(4)))
+    raw.sadd(s.name(K(4)), b"a set")
+    outs = [memoryview(bytearray(PAYLOAD)) for _ in range(5)]
+    keys = [K(1), K(2), K(3), K(4), K(1)]
+    assert s.read_many(keys, (), outs) == [
+        None,
+        "integrity:size",
+        "missing",
+        "integrity:magic",
+        None,
+    ]
+    assert bytes(outs[0]) == data(1) == bytes(outs[4])
+    for _ in range(3):
+        s.write_many([(K(5), memoryview(data(5)))])
+        out = memoryview(bytearray(PAYLOAD))
+        assert s.read_many([K(5)], (), [out]) == [None]
+        assert bytes(out) == data(5)
+
+
+def test_a_read_cut_off_mid_value_raises_a_connection_error(redis_server: RedisServer) -> None:
+    s = store(redis_server, timeout_ms=300)
+    s.write_many([(K(1), memoryview(data(1)))])
+    redis_server.client().client_pause(2000)  # the server stops answering
+    with pytest.raises(redis.RedisError):
+        s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
+    redis_server.client().client_unpause()
+    out = memoryview(bytearray(PAYLOAD))
+    assert s.read_many([K(1)], (), [out]) == [None]  # a fresh connection, same answers
+    assert bytes(out) == data(1)

@@ -16,6 +16,7 @@ BAD: dict[str, list[Any]] = {
     "eviction": ["random", 1, None],
     "store_threshold": [0, "2"],
     "copy_threads": [0, 1.0],
+    "tier_threads": [0, 2.5, True],
     "disk_path": ["", 5],
     "disk_bytes": [0, -5, "1G"],
     "disk_o_direct": ["yes", 1],

@@ -84,6 +84,15 @@ OPTIONS: tuple[Option, ...] = (
         _int_at_least(1),
     ),
     Option(
+        "tier_threads",
+        "integer >= 1",
+        4,
+        "Threads per worker moving chunks between host memory and the disk and Redis "
+        "tiers. More keep more disk requests and Redis round trips in flight; on a small "
+        "machine sharing cores with a local Redis server, fewer can be faster.",
+        _int_at_least(1),
+    ),
+    Option(
         "disk_path",
         "a directory path (created owner-only if missing)",
         None,
@@ -189,6 +198,7 @@ class OffloadConfig:
     eviction: str = "lru"
     store_threshold: int = 1
     copy_threads: int = 1
+    tier_threads: int = 4
     disk_path: str | None = None
     disk_bytes: int | None = None
     disk_o_direct: bool = False

@@ -90,22 +90,72 @@ def _split_credentials(settings: RedisSettings) -> tuple[str, dict[str, Any]]:
     return url._replace(netloc=netloc).geturl(), kwargs
 
 
-def _zero_copy_packer() -> Any:
-    """redis-py's pure-Python command packer: it sends large and memoryview arguments
-    as they are, where the default (hiredis) packer copies every value into one
-    command buffer; chunk values are megabytes."""
-    from redis.connection import PythonRespSerializer
+class Joined:
+    """One command argument sent as the concatenation of ``parts`` without joining
+    them in memory: a chunk value is its header and a view of the host slot."""
 
-    return PythonRespSerializer(6000, _encode)
+    __slots__ = ("nbytes", "parts")
+
+    def __init__(self, *parts: bytes | memoryview) -> None:
+        self.parts = parts
+        self.nbytes = sum(memoryview(p).nbytes for p in parts)
+
+
+_CUTOFF = 6000  # arguments above this many bytes are sent as they are, not copied
+
+
+class ZeroCopyPacker:
+    """RESP command packing that never copies a large argument: bytes up to
+    ``_CUTOFF`` are joined into small buffers; memoryviews, larger bytes and the
+    parts of :class:`Joined` arguments are sent as they are (redis-py writes the list
+    to the socket piece by piece). The default (hiredis) packer copies every value
+    into one command buffer; chunk values are megabytes."""
+
+    def pack(self, *args: Any) -> list[bytes | memoryview]:
+        first = args[0]
+        if isinstance(first, str):  # e.g. "CLIENT SETINFO": the server wants two words
+            args = (*first.encode().split(), *args[1:])
+        elif isinstance(first, bytes) and b" " in first:
+            args = (*first.split(), *args[1:])
+        out: list[bytes | memoryview] = []
+        buff = b"*%d\r\n" % len(args)
+        for arg in args:
+            if isinstance(arg, Joined):
+                out.append(buff + b"$%d\r\n" % arg.nbytes)
+                out.extend(arg.parts)
+                buff = b"\r\n"
+                continue
+            data = _encode(arg)
+            if isinstance(data, memoryview) or len(data) > _CUTOFF:
+                out.append(buff + b"$%d\r\n" % memoryview(data).nbytes)
+                out.append(data)
+                buff = b"\r\n"
+            else:
+                buff += b"$%d\r\n%s\r\n" % (len(data), data)
+        out.append(buff)
+        return out
+
+
+def _zero_copy_packer() -> Any:
+    return ZeroCopyPacker()
+
+
+def zero_copy(client: Any) -> bool:
+    """Whether ``client`` is a single-node client whose connections pack with
+    :class:`ZeroCopyPacker` (made by :func:`make_client`). redis-py's cluster client
+    drops custom packers."""
+    pool = getattr(client, "connection_pool", None) if not isinstance(client, LazyCluster) else None
+    kwargs = getattr(pool, "connection_kwargs", {})
+    return isinstance(kwargs.get("command_packer"), ZeroCopyPacker)
 
 
 def _encode(value: Any) -> bytes | memoryview:
     """Command arguments as bytes (keys and values kvoffload sends are str, bytes,
     memoryview or numbers)."""
-    if isinstance(value, bytes | memoryview):
+    if isinstance(value, bytes):
         return value
-    if isinstance(value, bytearray):
-        return memoryview(value)
+    if isinstance(value, memoryview | bytearray):
+        return memoryview(value).cast("B")
     if isinstance(value, str):
         return value.encode()
     if isinstance(value, int | float) and not isinstance(value, bool):

@@ -14,9 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvoffload.core.chunk_format import HEADER_BYTES, IntegrityError, encode_header, verify
+from kvoffload.core.chunk_format import (
+    HEADER_BYTES,
+    IntegrityError,
+    IntegrityReason,
+    check_header,
+    check_payload,
+    encode_header,
+    verify,
+)
 from kvoffload.core.keys import ChunkKey, shard_key
-from kvoffload.tiers.redis_client import key_name
+from kvoffload.tiers.redis_client import key_name, zero_copy
+from kvoffload.tiers.redis_reader import get_into, set_from
 
 
 class RedisStore:
@@ -25,6 +34,9 @@ class RedisStore:
         self.digest = namespace_digest
         self.rank = rank
         self.payload_bytes = payload_bytes
+        # Straight from and into host slots where the client allows it (not the
+        # cluster client); else redis-py's path with one copy each way.
+        self.zero_copy = zero_copy(client)
 
     def name(self, key: ChunkKey) -> str:
         return key_name(self.digest, key, self.rank)
@@ -33,40 +45,83 @@ class RedisStore:
         self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int] = ()
     ) -> list[str | None]:
         """Store every chunk (``slots`` is for slotted tiers; Redis keys by chunk)."""
-        pipe = self.client.pipeline(transaction=False)
-        for key, payload in items:
-            value = bytearray(HEADER_BYTES + len(payload))  # the one copy of the payload
-            value[:HEADER_BYTES] = encode_header(self.digest, shard_key(key, self.rank), payload)
-            value[HEADER_BYTES:] = payload
-            pipe.set(self.name(key), memoryview(value))  # sent as is (see redis_client)
-        pipe.execute()
+        values = [
+            (
+                self.name(key),
+                (encode_header(self.digest, shard_key(key, self.rank), payload), payload),
+            )
+            for key, payload in items
+        ]
+        if self.zero_copy:  # straight from the host slot; the caller keeps it pinned
+            set_from(self.client, values)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for name, (header, payload) in values:
+                pipe.set(name, header + bytes(payload))
+            pipe.execute()
         return [None] * len(items)
 
     def read_many(
         self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
     ) -> list[str | None]:
         """Per chunk: None (read and verified into its buffer), ``"missing"``, or
-        ``"integrity:<reason>"`` (the bad value is deleted)."""
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(self.name(key))
-        values = pipe.execute()
+        ``"integrity:<reason>"`` (the bad value is deleted). A failed chunk's buffer
+        may hold unverified bytes."""
         failures: list[str | None] = []
         bad: list[str] = []
-        for key, value, out in zip(keys, values, outs, strict=True):
-            if value is None:
-                failures.append("missing")
-                continue
-            try:
-                out[:] = verify(value, self.digest, shard_key(key, self.rank), self.payload_bytes)
-            except IntegrityError as exc:
-                failures.append(f"integrity:{exc.reason.value}")
+        for key, verdict in zip(keys, self._fetch(keys, outs), strict=True):
+            if isinstance(verdict, IntegrityError):
+                failures.append(f"integrity:{verdict.reason.value}")
                 bad.append(self.name(key))
-                continue
-            failures.append(None)
+            else:
+                failures.append(verdict)
         if bad:
             self.client.delete(*bad)
         return failures
+
+    def _fetch(
+        self, keys: Sequence[ChunkKey], outs: Sequence[memoryview]
+    ) -> list[str | IntegrityError | None]:
+        """Each chunk into its buffer: None (verified), "missing", or the error."""
+        verdicts: list[str | IntegrityError | None] = []
+        if self.zero_copy:
+            names = [self.name(k) for k in keys]
+            headers = [memoryview(bytearray(HEADER_BYTES)) for _ in keys]
+            answers = get_into(self.client, names, headers, outs)
+            for key, answer, header, out in zip(keys, answers, headers, outs, strict=True):
+                try:
+                    if answer == "size":
+                        raise IntegrityError(IntegrityReason.SIZE)
+                    if answer == "type":
+                        raise IntegrityError(IntegrityReason.MAGIC, "not a string value")
+                    if answer == "missing":
+                        verdicts.append("missing")
+                        continue
+                    expected = check_header(
+                        header, self.digest, shard_key(key, self.rank), self.payload_bytes
+                    )
+                    check_payload(out, self.payload_bytes, expected)
+                    verdicts.append(None)
+                except IntegrityError as exc:
+                    verdicts.append(exc)
+            return verdicts
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(self.name(key))
+        for key, value, out in zip(keys, pipe.execute(raise_on_error=False), outs, strict=True):
+            if value is None:
+                verdicts.append("missing")
+                continue
+            try:
+                if isinstance(value, Exception):
+                    if not str(value).startswith("WRONGTYPE"):
+                        raise value
+                    raise IntegrityError(IntegrityReason.MAGIC, "not a string value")
+                out[:] = verify(value, self.digest, shard_key(key, self.rank), self.payload_bytes)
+                verdicts.append(None)
+            except IntegrityError as exc:
+                verdicts.append(exc)
+        return verdicts
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> None:
         if keys:

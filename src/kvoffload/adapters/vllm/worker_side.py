@@ -92,7 +92,7 @@ class WorkerSide:
         if config.redis_url is not None:
             client = make_client(redis_settings(config))
             stores["redis"] = RedisStore(client, digest, self.rank, g.chunk_bytes)
-        return TierWorker(worker.slab, stores) if stores else None
+        return TierWorker(worker.slab, stores, threads=config.tier_threads) if stores else None
 
     # ------------------------------------------------------------ per step
 

@@ -90,26 +90,16 @@ def _split_credentials(settings: RedisSettings) -> tuple[str, dict[str, Any]]:
     return url._replace(netloc=netloc).geturl(), kwargs
 
 
-class Joined:
-    """One command argument sent as the concatenation of ``parts`` without joining
-    them in memory: a chunk value is its header and a view of the host slot."""
-
-    __slots__ = ("nbytes", "parts")
-
-    def __init__(self, *parts: bytes | memoryview) -> None:
-        self.parts = parts
-        self.nbytes = sum(memoryview(p).nbytes for p in parts)
-
-
 _CUTOFF = 6000  # arguments above this many bytes are sent as they are, not copied
 
 
 class ZeroCopyPacker:
     """RESP command packing that never copies a large argument: bytes up to
-    ``_CUTOFF`` are joined into small buffers; memoryviews, larger bytes and the
-    parts of :class:`Joined` arguments are sent as they are (redis-py writes the list
-    to the socket piece by piece). The default (hiredis) packer copies every value
-    into one command buffer; chunk values are megabytes."""
+    ``_CUTOFF`` are joined into small buffers; memoryviews and larger bytes are sent
+    as they are (redis-py writes the list to the socket piece by piece). The default
+    (hiredis) packer copies every value into one command buffer. Chunk values take
+    kvoffload's own path (:mod:`kvoffload.tiers.redis_reader`) on clients made with
+    this packer; it also marks them (:func:`zero_copy`)."""
 
     def pack(self, *args: Any) -> list[bytes | memoryview]:
         first = args[0]
@@ -120,11 +110,6 @@ class ZeroCopyPacker:
         out: list[bytes | memoryview] = []
         buff = b"*%d\r\n" % len(args)
         for arg in args:
-            if isinstance(arg, Joined):
-                out.append(buff + b"$%d\r\n" % arg.nbytes)
-                out.extend(arg.parts)
-                buff = b"\r\n"
-                continue
             data = _encode(arg)
             if isinstance(data, memoryview) or len(data) > _CUTOFF:
                 out.append(buff + b"$%d\r\n" % memoryview(data).nbytes)

@@ -58,6 +58,7 @@ import xxhash
 from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey, Namespace
+from kvoffload.inspection.disk_scan import inspect_disk
 from tier_baselines import (
     RedisServer,
     Run,
@@ -321,7 +322,9 @@ def e2e(args: argparse.Namespace, root: Path) -> tuple[list[str], bool]:
             start = time.perf_counter()
             try:
                 results[config].append(run(setup.engine(transfer), batches))
-                disk_chunks.append(sum(1 for _ in disk.glob("**/*.r*")))
+                if disk.exists():  # chunks the slab holds, as kvoffload inspect counts them
+                    report = inspect_disk(disk, None, verify=False, world_size=None)
+                    disk_chunks.append(sum(ns.complete_chunks for ns in report.namespaces))
             finally:
                 shutil.rmtree(disk, ignore_errors=True)
             took = time.perf_counter() - start

@@ -40,36 +40,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvoffload.core.errors import UsageError
-from kvoffload.core.keys import ChunkKey
 from kvoffload.inspection.model import (
-    MAX_RANK,
-    SLOT_HEAD_BYTES,
-    UNKNOWN_VERSION,
     BadShare,
     BadSlab,
     DiskNamespaceReport,
     FirstNames,
     Report,
-    check_slot,
-    check_slot_header,
-    header_fields,
     is_digest_hex,
-    slot_key,
 )
-from kvoffload.tiers.disk import FORMAT_DIR, PAYLOAD_OFFSET
-from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError
+from kvoffload.inspection.slab_files import (
+    SLAB_PREFIX,
+    NotASlab,
+    SlabFile,
+    open_slab,
+    parse_slab_name,
+)
+from kvoffload.inspection.slot_scan import SlotScan
+from kvoffload.tiers.disk import FORMAT_DIR
 
-SLAB_PREFIX = "slab.r"
-"""A slab file's name is this and its rank (``kvoffload.tiers.disk.slab_path``)."""
-
-_EMPTY_HEAD = bytes(SLOT_HEAD_BYTES)
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+__all__ = ["SLAB_PREFIX", "inspect_disk", "parse_slab_name", "resolve_root"]
 
 
 def inspect_disk(path: Path, namespace: str | None, verify: bool, world_size: int | None) -> Report:
@@ -135,88 +128,6 @@ def resolve_root(path: Path) -> tuple[Path, str | None]:
     raise UsageError(f"{path}: not a kvoffload disk tier directory (no {FORMAT_DIR}/ inside)")
 
 
-def parse_slab_name(name: str) -> int | None:
-    """The rank of a slab file's name (``slab.r<rank>``, exactly as the disk tier
-    names it); None for any other name."""
-    if not name.startswith(SLAB_PREFIX):
-        return None
-    rank = name[len(SLAB_PREFIX) :]
-    if not (rank.isascii() and rank.isdigit()) or str(int(rank)) != rank:
-        return None
-    return int(rank) if int(rank) <= MAX_RANK else None
-
-
-@dataclass
-class _Slab:
-    """One open slab file whose superblock names its namespace and rank."""
-
-    name: str  # relative to the tier root
-    rank: int
-    fd: int
-    block: Superblock
-    size: int  # of the file, in bytes
-    stride: int = field(init=False)  # slot bytes
-    present: int = field(init=False)  # slots that start before the end of the file
-
-    def __post_init__(self) -> None:
-        self.stride = self.block.slot_bytes
-        beyond = max(0, self.size - SUPERBLOCK_BYTES)
-        self.present = min(self.block.num_slots, -(-beyond // self.stride))
-
-    @property
-    def expected_size(self) -> int:
-        return SUPERBLOCK_BYTES + self.block.num_slots * self.stride
-
-    def short(self) -> BadSlab | None:
-        if self.size >= self.expected_size:
-            return None
-        whole = max(0, self.size - SUPERBLOCK_BYTES) // self.stride
-        last = self.block.num_slots - 1
-        cut = f"slot {whole}" if whole == last else f"slots {whole}..{last}"
-        detail = f"short: {self.size} of {self.expected_size} bytes, {cut} cut off"
-        return BadSlab(self.name, self.rank, "short", detail)
-
-
-class _NotASlab(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
-def _open_slab(path: str, name: str, digest: bytes, rank: int) -> _Slab:
-    """Open a slab file read-only and read its superblock. :class:`_NotASlab` when it
-    is not a slab of this namespace and rank; ``FileNotFoundError`` when it is gone."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise _NotASlab("unreadable", f"unreadable: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _NotASlab("unreadable", "not a regular file")
-        try:
-            block = Superblock.decode(os.pread(fd, SUPERBLOCK_BYTES, 0))
-        except SuperblockError as exc:
-            raise _NotASlab("superblock", f"bad superblock: {exc}") from None
-        except OSError as exc:
-            raise _NotASlab("unreadable", f"unreadable: {exc.strerror or exc}") from None
-        if (block.namespace_digest, block.rank) != (digest, rank):
-            raise _NotASlab(
-                "foreign",
-                f"the superblock names namespace {block.namespace_digest.hex()} "
-                f"rank {block.rank}, not this file's",
-            )
-        with contextlib.suppress(AttributeError, OSError):  # payloads are read only on demand
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        return _Slab(name, rank, fd, block, st.st_size)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def _scan_namespace(
     root: Path,
     digest_hex: str,
@@ -228,7 +139,7 @@ def _scan_namespace(
 ) -> DiskNamespaceReport:
     digest = bytes.fromhex(digest_hex)
     rel = f"{FORMAT_DIR}/{digest_hex}"
-    slabs: dict[int, _Slab] = {}
+    slabs: dict[int, SlabFile] = {}
     bad_slabs: list[BadSlab] = []
     ranks: set[int] = set()
     vanished = 0
@@ -241,10 +152,10 @@ def _scan_namespace(
                 continue
             ranks.add(rank)
             try:
-                slabs[rank] = _open_slab(entry.path, name, digest, rank)
+                slabs[rank] = open_slab(entry.path, name, digest, rank)
             except FileNotFoundError:
                 vanished += 1
-            except _NotASlab as bad:
+            except NotASlab as bad:
                 bad_slabs.append(BadSlab(name, rank, bad.reason, bad.detail))
         for slab in slabs.values():
             short = slab.short()
@@ -261,7 +172,7 @@ def _scan_namespace(
                 "the engine adopts no chunk from a slab whose payload size is not its own"
             )
         world = world_size or max(ranks, default=-1) + 1
-        scan = _SlotScan(digest, slabs, world, verify)
+        scan = SlotScan(digest, slabs, world, verify)
         scan.run()
     finally:
         for slab in slabs.values():
@@ -289,100 +200,3 @@ def _scan_namespace(
         duplicate_slots=scan.complete_slots - len(scan.complete_keys),
         bad_slabs=bad_slabs,
     )
-
-
-class _SlotScan:
-    """Walks the slots of one namespace's good slabs, slot by slot across ranks."""
-
-    def __init__(self, digest: bytes, slabs: dict[int, _Slab], world: int, verify: bool) -> None:
-        self.digest = digest
-        self.slabs = [slabs[rank] for rank in sorted(slabs)]
-        self.world = world
-        self.verify = verify
-        required = [slabs.get(rank) for rank in range(world)]
-        # as recovery: every rank's slab there, all of one payload size (the engine's)
-        self.completable = bool(required) and all(s is not None for s in required)
-        self.completable &= len({s.block.payload_bytes for s in required if s}) == 1
-        self.used: Counter[int] = Counter({slab.rank: 0 for slab in self.slabs})
-        self.versions: Counter[str] = Counter()
-        self.bad: Counter[str] = Counter()
-        self.bad_names = FirstNames()
-        self.ok = 0
-        self.complete_keys: set[bytes] = set()
-        self.incomplete_keys: set[bytes] = set()  # minus complete_keys at the end
-        self.complete_slots = 0
-
-    def run(self) -> None:
-        slots = max((slab.present for slab in self.slabs), default=0)
-        each = [(slab, slab.fd, slab.stride, slab.present) for slab in self.slabs]
-        pread, empty = os.pread, _EMPTY_HEAD
-        for slot in range(slots):  # the hot loop: one pread and one compare per empty slot
-            named: dict[int, ChunkKey] = {}
-            for slab, fd, stride, present in each:
-                if slot >= present:
-                    continue
-                offset = SUPERBLOCK_BYTES + slot * stride
-                try:
-                    head = pread(fd, SLOT_HEAD_BYTES, offset)
-                except OSError as exc:
-                    self._unreadable(slab, slot, exc)
-                    continue
-                if head == empty or head.count(0) == len(head):
-                    continue  # never written, or cleared
-                key = self._used(slab, slot, offset, head)
-                if key is not None:
-                    named[slab.rank] = key
-            if named:
-                self._count(named)
-
-    def _used(self, slab: _Slab, slot: int, offset: int, head: bytes) -> ChunkKey | None:
-        """Tally one rank's used slot; the chunk key its header validly names, or None."""
-        self.used[slab.rank] += 1
-        fields = header_fields(head)
-        self.versions[UNKNOWN_VERSION if fields is None else str(fields[0])] += 1
-        error = check_slot_header(head, self.digest, slab.rank, slab.block.payload_bytes)
-        if self.verify:
-            failure = None if error is None else (error.reason.value, str(error))
-            if error is None:
-                failure = self._check_whole(slab, offset)
-            self._verdict(slab, slot, failure)
-        return slot_key(head) if error is None else None
-
-    def _unreadable(self, slab: _Slab, slot: int, exc: OSError) -> None:
-        """A slot whose header block could not be read: used, of unknown version."""
-        self.used[slab.rank] += 1
-        self.versions[UNKNOWN_VERSION] += 1
-        self._verdict(slab, slot, ("unreadable", f"unreadable: {exc.strerror or exc}"))
-
-    def _check_whole(self, slab: _Slab, offset: int) -> tuple[str, str] | None:
-        size = min(PAYLOAD_OFFSET + slab.block.payload_bytes, max(0, slab.size - offset))
-        try:
-            data = os.pread(slab.fd, size, offset)
-        except OSError as exc:
-            return ("unreadable", f"unreadable: {exc.strerror or exc}")
-        error = check_slot(data, self.digest, slab.rank, slab.block.payload_bytes)
-        return None if error is None else (error.reason.value, str(error))
-
-    def _verdict(self, slab: _Slab, slot: int, failure: tuple[str, str] | None) -> None:
-        if not self.verify:
-            return
-        if failure is None:
-            self.ok += 1
-        else:
-            self.bad[failure[0]] += 1
-            name = f"{slab.name} slot {slot}"
-            self.bad_names.add(name, f"{failure[0]}\0{failure[1]}", order=(slab.rank, slot))
-
-    def _count(self, named: dict[int, ChunkKey]) -> None:
-        """One slot's verdict: complete when ranks 0..N-1 all name one chunk."""
-        first = named.get(0)
-        if (
-            self.completable
-            and first is not None
-            and all(named.get(rank) == first for rank in range(1, self.world))
-        ):
-            self.complete_slots += 1
-            self.complete_keys.add(first)
-            self.incomplete_keys.update(key for key in named.values() if key != first)
-        else:
-            self.incomplete_keys.update(named.values())

@@ -1,10 +1,16 @@
-"""Shared pytest configuration: hypothesis profiles (CI is the default)."""
+"""Shared pytest configuration: hypothesis profiles (CI is the default), the tiny
+random Llama written once per session, a private redis-server per test."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from redis_server import RedisServer
 
 settings.register_profile(
     "ci",
@@ -14,3 +20,20 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``tiny`` preset of ``kvoffload.demos.tiny_model`` (2 layers, float32)."""
+    from kvoffload.demos.tiny_model import ensure_model
+
+    return ensure_model("tiny", tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.kill()

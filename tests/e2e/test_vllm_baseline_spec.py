@@ -14,16 +14,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvoffload.demos.tiny_model import ensure_model
 from kvoffload.demos.vllm_runner import EngineSpec, open_engine, run_batches
 from kvoffload.workload.chat import ChatRequest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_model("tiny", tmp_path_factory.mktemp("models"))
 
 
 @pytest.mark.slow

@@ -17,10 +17,19 @@ PROMPTS = [[(7 * p + 3 * i) % 997 + 3 for i in range(8 * BLOCK)] for p in range(
 
 @contextmanager
 def engine(
-    model: Path, extra: dict[str, Any] | None, dtype: str = "float32", **more: Any
+    model: Path,
+    extra: dict[str, Any] | None,
+    dtype: str = "float32",
+    *,
+    kv_blocks: int = 128,
+    max_num_seqs: int = 4,
+    **more: Any,
 ) -> Iterator[Any]:
-    """An LLM with kvoffload configured by ``extra`` (None: no connector); ``more``
-    goes to ``LLM`` (e.g. ``kv_events_config``, ``disable_log_stats``)."""
+    """An LLM with kvoffload configured by ``extra`` (None: no connector) and
+    ``kv_blocks`` engine blocks of KV cache; ``more`` goes to ``LLM`` (e.g.
+    ``async_scheduling``, ``kv_events_config``, ``disable_log_stats``). Shut down on
+    exit: collected later, it would tear down the parallel groups of the next engine
+    built in this process."""
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     from vllm import LLM
@@ -40,9 +49,9 @@ def engine(
         block_size=BLOCK,
         enforce_eager=True,
         dtype=dtype,
-        kv_cache_memory_bytes=128 * 32 * 1024,
+        kv_cache_memory_bytes=kv_blocks * CHUNK_BYTES,
         enable_prefix_caching=True,
-        max_num_seqs=4,
+        max_num_seqs=max_num_seqs,
         seed=0,
         kv_transfer_config=transfer,
         **more,
@@ -56,12 +65,22 @@ def engine(
         gc.collect()
 
 
-def generate(llm: Any, prompts: list[list[int]], salt: str | None = None) -> list[Any]:
+def generate(
+    llm: Any,
+    prompts: list[list[int]],
+    salt: str | None = None,
+    *,
+    max_tokens: int = 8,
+    logprobs: int | None = None,
+) -> list[Any]:
+    """Greedy outputs of ``prompts`` (``ignore_eos``), with ``logprobs`` if asked."""
     from vllm.inputs import TokensPrompt
 
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs
+    )
     inputs = [
         TokensPrompt(prompt_token_ids=p, **({"cache_salt": salt} if salt else {}))  # type: ignore[typeddict-item]
         for p in prompts

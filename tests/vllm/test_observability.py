@@ -10,7 +10,6 @@ that run did.
 
 from __future__ import annotations
 
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 import pytest
 from llm_support import BLOCK, CHUNK_BYTES, PROMPTS, engine, generate, half, settle
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from redis_server import free_port
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

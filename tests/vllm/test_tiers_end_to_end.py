@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llm_support import (
     CHUNK_BYTES,
     PROMPTS,

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from kvoffload.core.keys import ChunkKey
-from kvoffload.tiers.redis_client import RedisSettings, ZeroCopyPacker, key_name, make_client
+from kvoffload.tiers.redis_client import RedisSettings, key_name, make_client
 from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.tiers.redis_store import RedisStore
 from redis_server import RedisServer
@@ -149,14 +149,14 @@ def test_one_connection_stays_in_step_over_mixed_replies(
     """Good, missing, short and wrongly typed values in one pipelined read, on a pool
     of one connection: every later read on it still gets its own replies. Both read
     paths (kvoffload's reply reader; redis-py's, used with the cluster client) agree."""
-    packer = {"command_packer": ZeroCopyPacker()} if zero_copy else {}
     client = redis.Redis(
         connection_pool=redis.BlockingConnectionPool.from_url(
-            redis_server.url, max_connections=1, protocol=protocol, **packer
+            redis_server.url, max_connections=1, protocol=protocol
         )
     )
     s = RedisStore(client, DIGEST, 0, PAYLOAD)
-    assert s.zero_copy is zero_copy
+    assert s.zero_copy  # a single-node client takes kvoffload's own path by default
+    s.zero_copy = zero_copy
     s.write_many([(K(i), memoryview(data(i))) for i in range(1, 5)])
     raw = redis_server.client()
     raw.set(s.name(K(2)), b"short")

@@ -76,7 +76,6 @@ def _split_credentials(settings: RedisSettings) -> tuple[str, dict[str, Any]]:
     kwargs: dict[str, Any] = {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
-        "command_packer": _zero_copy_packer(),
     }
     username = settings.username if settings.username is not None else url.username
     password = settings.password if settings.password is not None else url.password
@@ -90,62 +89,11 @@ def _split_credentials(settings: RedisSettings) -> tuple[str, dict[str, Any]]:
     return url._replace(netloc=netloc).geturl(), kwargs
 
 
-_CUTOFF = 6000  # arguments above this many bytes are sent as they are, not copied
-
-
-class ZeroCopyPacker:
-    """RESP command packing that never copies a large argument: bytes up to
-    ``_CUTOFF`` are joined into small buffers; memoryviews and larger bytes are sent
-    as they are (redis-py writes the list to the socket piece by piece). The default
-    (hiredis) packer copies every value into one command buffer. Chunk values take
-    kvoffload's own path (:mod:`kvoffload.tiers.redis_reader`) on clients made with
-    this packer; it also marks them (:func:`zero_copy`)."""
-
-    def pack(self, *args: Any) -> list[bytes | memoryview]:
-        first = args[0]
-        if isinstance(first, str):  # e.g. "CLIENT SETINFO": the server wants two words
-            args = (*first.encode().split(), *args[1:])
-        elif isinstance(first, bytes) and b" " in first:
-            args = (*first.split(), *args[1:])
-        out: list[bytes | memoryview] = []
-        buff = b"*%d\r\n" % len(args)
-        for arg in args:
-            data = _encode(arg)
-            if isinstance(data, memoryview) or len(data) > _CUTOFF:
-                out.append(buff + b"$%d\r\n" % memoryview(data).nbytes)
-                out.append(data)
-                buff = b"\r\n"
-            else:
-                buff += b"$%d\r\n%s\r\n" % (len(data), data)
-        out.append(buff)
-        return out
-
-
-def _zero_copy_packer() -> Any:
-    return ZeroCopyPacker()
-
-
 def zero_copy(client: Any) -> bool:
-    """Whether ``client`` is a single-node client whose connections pack with
-    :class:`ZeroCopyPacker` (made by :func:`make_client`). redis-py's cluster client
-    drops custom packers."""
-    pool = getattr(client, "connection_pool", None) if not isinstance(client, LazyCluster) else None
-    kwargs = getattr(pool, "connection_kwargs", {})
-    return isinstance(kwargs.get("command_packer"), ZeroCopyPacker)
-
-
-def _encode(value: Any) -> bytes | memoryview:
-    """Command arguments as bytes (keys and values kvoffload sends are str, bytes,
-    memoryview or numbers)."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, memoryview | bytearray):
-        return memoryview(value).cast("B")
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return repr(value).encode()
-    raise TypeError(f"cannot send {type(value).__name__} to Redis")
+    """Whether chunk values can take kvoffload's own path
+    (:mod:`kvoffload.tiers.redis_reader`) on ``client``'s pooled connections: a
+    single-node client, not the cluster client."""
+    return not isinstance(client, LazyCluster) and hasattr(client, "connection_pool")
 
 
 class LazyCluster:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 _LINE_READ = 4096  # a reply line is read with at most this much look-ahead
@@ -76,6 +77,29 @@ class _Replies:
             nbytes -= step
 
 
+@contextmanager
+def _pooled(client: Any, what: str) -> Iterator[tuple[socket.socket, _Replies]]:
+    """A connection from ``client``'s pool, as its socket and a reply reader; released
+    on exit. Any failure inside drops the connection (its stream position is lost);
+    socket errors become ``redis.ConnectionError`` / ``redis.TimeoutError``."""
+    import redis
+
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        yield conn._sock, _Replies(conn._sock)
+    except (OSError, ConnectionError) as exc:
+        conn.disconnect()
+        if isinstance(exc, TimeoutError | socket.timeout):
+            raise redis.TimeoutError(f"Redis {what} timed out: {exc}") from exc
+        raise redis.ConnectionError(f"Redis {what} failed: {exc}") from exc
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
 def get_into(
     client: Any,
     names: Sequence[str],
@@ -85,22 +109,10 @@ def get_into(
     """GET every name in one round trip; see the module docstring."""
     import redis
 
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command(conn.pack_commands([("GET", name) for name in names]))
-        replies = _Replies(conn._sock)
+    request = b"".join(b"*2\r\n$3\r\nGET\r\n%s" % _bulk(name.encode()) for name in names)
+    with _pooled(client, "read") as (sock, replies):
+        sock.sendall(request)
         answers = [_one(replies, header, out) for header, out in zip(headers, outs, strict=True)]
-    except (OSError, ConnectionError) as exc:
-        conn.disconnect()
-        if isinstance(exc, TimeoutError | socket.timeout):
-            raise redis.TimeoutError(f"Redis read timed out: {exc}") from exc
-        raise redis.ConnectionError(f"Redis read failed: {exc}") from exc
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
     errors = [a for a in answers if a.startswith("error:")]
     if errors:
         raise redis.ResponseError(errors[0][len("error:") :])
@@ -117,30 +129,20 @@ def set_from(client: Any, items: Sequence[tuple[str, Sequence[bytes | memoryview
     pieces: list[bytes | memoryview] = []
     for name, parts in items:
         nbytes = sum(memoryview(p).nbytes for p in parts)
-        pieces.append(
-            b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(name), name.encode(), nbytes)
-        )
+        pieces.append(b"*3\r\n$3\r\nSET\r\n%s$%d\r\n" % (_bulk(name.encode()), nbytes))
         pieces.extend(parts)
         pieces.append(b"\r\n")
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        _send(conn._sock, pieces)
-        replies = _Replies(conn._sock)
+    with _pooled(client, "write") as (sock, replies):
+        _send(sock, pieces)
         answers = [replies.line() for _ in items]
-    except (OSError, ConnectionError) as exc:
-        conn.disconnect()
-        if isinstance(exc, TimeoutError | socket.timeout):
-            raise redis.TimeoutError(f"Redis write timed out: {exc}") from exc
-        raise redis.ConnectionError(f"Redis write failed: {exc}") from exc
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
     bad = [a for a in answers if a != b"+OK"]
     if bad:
         raise redis.ResponseError(bad[0][1:].decode(errors="replace"))
+
+
+def _bulk(data: bytes) -> bytes:
+    """``data`` as a RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
 _IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)

@@ -57,7 +57,7 @@ class RedisStore:
         else:
             pipe = self.client.pipeline(transaction=False)
             for name, (header, payload) in values:
-                pipe.set(name, header + bytes(payload))
+                pipe.set(name, b"".join((header, payload)))
             pipe.execute()
         return [None] * len(items)
 

@@ -4,8 +4,6 @@
   ``O_DIRECT`` from one page-aligned (mmap) buffer of the chunk size, one request in
   flight, no fsync (the disk tier does not fsync either). The "dd-like" baseline.
 - :func:`real_dd`: GNU ``dd`` with ``oflag=direct`` / ``iflag=direct``, same sizes.
-- :class:`RedisServer`: a private ``redis-server`` on a free loopback port, no
-  persistence, ``noeviction`` with room for everything written.
 - :func:`redis_benchmark`: ``redis-benchmark -t set,get`` requests/s at a value
   size, a number of connections and a pipeline depth, on one key or on new keys.
 - :func:`throughput_table`: medians of GB/s and of per-run ratios to a baseline.
@@ -17,15 +15,11 @@ import mmap
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-
-import redis
 
 GB = 1e9
 
@@ -120,60 +114,6 @@ def real_dd(path: Path, block_bytes: int, count: int) -> tuple[float, float] | N
     finally:
         path.unlink(missing_ok=True)
     return seconds[0], seconds[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """``with RedisServer(workdir, maxmemory) as server:`` a private, empty redis-server."""
-
-    def __init__(self, workdir: Path, maxmemory_bytes: int) -> None:
-        self.workdir = workdir
-        self.maxmemory = maxmemory_bytes
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def __enter__(self) -> RedisServer:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed")
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", str(self.workdir)]
-        args += ["--maxmemory", str(self.maxmemory), "--maxmemory-policy", "noeviction"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = self.client()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.__exit__(None, None, None)
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)  # waiting for the server to listen
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=30)
 
 
 def redis_benchmark(

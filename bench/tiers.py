@@ -60,7 +60,6 @@ from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey, Namespace
 from kvoffload.inspection.disk_scan import inspect_disk
 from tier_baselines import (
-    RedisServer,
     Run,
     Times,
     evict_page_cache,
@@ -70,6 +69,9 @@ from tier_baselines import (
     sequential_direct,
     throughput_table,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from redis_server import RedisServer  # the tests' private redis-server
 
 if TYPE_CHECKING:
     from kvoffload.demos.vllm_runner import RunResult
@@ -226,8 +228,10 @@ def redis_runs(workdir: Path, slab: HostSlab, digests: list[int], per_job: int, 
     payload, count = slab.chunk_bytes, slab.num_slots
     value = HEADER_BYTES + payload
     times: Times = {"redis-benchmark": [], "redis-benchmark one key": [], "kvoffload": []}
-    with RedisServer(workdir, 2 * count * value + 256 * MiB) as server:
-        admin = server.client()
+    memory = ("--maxmemory", str(2 * count * value + 256 * MiB), "--maxmemory-policy", "noeviction")
+    server = RedisServer(workdir / "redis", extra=memory).start()
+    try:
+        admin = server.client(socket_timeout=30)
         for run in range(runs):
             one = redis_benchmark(server.port, value, tier_threads(), per_job, count)
             admin.flushall()
@@ -248,6 +252,8 @@ def redis_runs(workdir: Path, slab: HostSlab, digests: list[int], per_job: int, 
                 admin.flushall()
             print(f"  redis {payload >> 10} KiB run {run + 1}/{runs} done", flush=True)
         admin.close()
+    finally:
+        server.kill()
     return times
 
 

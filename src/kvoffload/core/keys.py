@@ -130,12 +130,7 @@ def chain_seed(namespace: Namespace) -> ChunkKey:
 
 def next_key(prev: ChunkKey, chunk_block_hashes: Sequence[bytes]) -> ChunkKey:
     """The key of the chunk whose engine blocks have ``chunk_block_hashes``."""
-    parts: list[bytes] = [prev]
-    for h in chunk_block_hashes:  # the same bytes as _digest(prev, *map(_lp, ...)), joined once
-        raw = bytes(h)
-        parts.append(len(raw).to_bytes(4, "little"))
-        parts.append(raw)
-    return ChunkKey(hashlib.blake2b(b"".join(parts), digest_size=KEY_BYTES).digest())
+    return ChunkKey(_digest(prev, *(_lp(bytes(h)) for h in chunk_block_hashes)))
 
 
 def keys_from_block_hashes(

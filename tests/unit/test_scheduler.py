@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.directory import Directory
-from kvoffload.core.errors import ContractViolation
 from kvoffload.core.events import EventKind
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
-from kvoffload.core.keys import Namespace, block_hashes
+from kvoffload.core.keys import ChunkKey, Namespace, block_hashes
 from kvoffload.core.request_state import Phase
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import (
@@ -23,6 +23,7 @@ from kvoffload.core.scheduler_types import (
 
 BS = 4  # tokens per block
 NS = Namespace("m", "layout", "f32")
+KEY, KEY2 = ChunkKey(b"\x01" * 16), ChunkKey(b"\x02" * 16)
 
 
 @dataclass
@@ -68,10 +69,17 @@ def failed(jobs: tuple[TransferJob, ...]) -> WorkerReport:
     return WorkerReport(0, tuple(JobResult(j.job_id, False) for j in jobs))
 
 
+def alloc(s: OffloadScheduler, request_id: str, blocks: list[int], external: int) -> None:
+    """``on_allocated`` for a request that was looked up (its state knows it)."""
+    state = s.state_of(request_id)
+    assert state is not None
+    s.on_allocated(state.request, blocks, external)
+
+
 def run_prefill(s: OffloadScheduler, req: Req, blocks: list[int]) -> StepPlan:
     """Admit ``req`` with no hit and compute its whole prompt in one step."""
     assert s.lookup(req, 0) == 0
-    s.on_allocated(req.request_id, blocks, 0)
+    s.on_allocated(req, blocks, 0)
     req.num_computed_tokens = req.num_tokens
     return s.build_plan(
         StepInput((ScheduledRequest(req.request_id, 0, req.num_tokens, tuple(blocks), True),))
@@ -122,7 +130,7 @@ def test_a_hit_emits_one_load_job_with_a_partial_first_chunk() -> None:
     store_prompt(s, Req("a", list(range(24))), [1, 2, 3, 4, 5, 6])
     b = Req("b", list(range(24)) + [7, 7])
     assert s.lookup(b, 4) == 20
-    s.on_allocated("b", [10, 11, 12, 13, 14, 15, 16], 20)
+    alloc(s, "b", [10, 11, 12, 13, 14, 15, 16], 20)
     plan = s.build_plan(StepInput())
     (load,) = plan.loads
     assert load.kind is JobKind.LOAD and load.request_id == "b"
@@ -140,7 +148,7 @@ def test_stores_cover_newly_full_chunks_once_and_the_tail_at_finish() -> None:
     s, _ = make()
     req = Req("a", list(range(10)))
     assert s.lookup(req, 0) == 0
-    s.on_allocated("a", [1, 2, 3], 0)
+    alloc(s, "a", [1, 2, 3], 0)
     plan = s.build_plan(StepInput((ScheduledRequest("a", 0, 6, (1, 2, 3), True),)))
     assert [len(j.keys) for j in plan.stores] == [1] and plan.stores[0].block_ids == (1,)
     plan2 = s.build_plan(StepInput((ScheduledRequest("a", 6, 4, (), False),)))
@@ -160,7 +168,7 @@ def test_final_store_of_a_finished_request_is_flushed_when_its_block_is_reused()
     s, _ = make()
     req = Req("a", list(range(7)))
     s.lookup(req, 0)
-    s.on_allocated("a", [1, 2], 0)
+    alloc(s, "a", [1, 2], 0)
     s.build_plan(StepInput((ScheduledRequest("a", 0, 7, (1, 2), True),)))
     # Asynchronous scheduling: the step computing position 7 is planned before the
     # token is appended, so block 2's hash is unknown and its store cannot be planned.
@@ -170,7 +178,7 @@ def test_final_store_of_a_finished_request_is_flushed_when_its_block_is_reused()
     s.on_finished("a")  # blocks 1-2 are freed; block 2's chunk is stored by the next plan
     b = Req("b", [50 + i for i in range(8)])
     s.lookup(b, 0)
-    s.on_allocated("b", [2, 7], 0)
+    alloc(s, "b", [2, 7], 0)
     plan = s.build_plan(StepInput((ScheduledRequest("b", 0, 8, (2, 7), True),)))
     final = [j for j in plan.stores if j.request_id == "a"]
     assert [j.block_ids for j in final] == [(2,)]
@@ -184,7 +192,7 @@ def test_prefix_hits_on_a_fenced_block_do_not_flush() -> None:
     plan = run_prefill(s, a, [1, 2])
     b = Req("b", list(range(8)) + [9, 9, 9, 9])
     s.lookup(b, 4)  # the engine's own prefix cache holds block 1
-    s.on_allocated("b", [1, 5, 6], 0)
+    alloc(s, "b", [1, 5, 6], 0)
     plan2 = s.build_plan(StepInput((ScheduledRequest("b", 4, 8, (1, 5, 6), True),)))
     assert plan2.flush == frozenset()
     s.on_report(ok(plan.stores + plan2.stores))
@@ -203,7 +211,7 @@ def test_preemption_flushes_defers_and_then_loads() -> None:
     s.on_report(ok(plan.stores))
     assert s.state_of("a").phase is Phase.WAITING  # type: ignore[union-attr]
     assert s.lookup(req, 0) == 12
-    s.on_allocated("a", [7, 8, 9], 12)
+    alloc(s, "a", [7, 8, 9], 12)
     assert [j.kind for j in s.build_plan(StepInput()).loads] == [JobKind.LOAD]
     s.check_integrity()
 
@@ -226,7 +234,7 @@ def test_deferral_is_bounded_and_then_recomputes_without_a_load(bound: str) -> N
         clock.now += 10.0
     assert s.lookup(req, 0) == 0  # admitted: recompute, no load on top of the stores
     assert s.stats.deferral_timeouts == 1
-    s.on_allocated("a", [4, 5, 6], 0)
+    alloc(s, "a", [4, 5, 6], 0)
     plan2 = s.build_plan(StepInput((ScheduledRequest("a", 0, 12, (4, 5, 6), True),)))
     assert plan2.loads == ()
     assert s.state_of("a").phase is Phase.RUNNING  # type: ignore[union-attr]
@@ -239,9 +247,9 @@ def test_no_convoy_a_second_request_loads_chunks_another_is_loading() -> None:
     store_prompt(s, Req("a", list(range(12))), [1, 2, 3])
     b, c = Req("b", list(range(12))), Req("c", list(range(12)))
     assert s.lookup(b, 0) == 12
-    s.on_allocated("b", [4, 5, 6], 12)
+    alloc(s, "b", [4, 5, 6], 12)
     assert s.lookup(c, 0) == 12  # not deferred behind b's load
-    s.on_allocated("c", [7, 8, 9], 12)
+    alloc(s, "c", [7, 8, 9], 12)
     plan = s.build_plan(StepInput())
     assert [j.request_id for j in plan.loads] == ["b", "c"]
     assert plan.loads[0].slots == plan.loads[1].slots
@@ -255,7 +263,7 @@ def test_a_failed_load_unpins_and_lets_the_request_run() -> None:
     s, _ = make()
     store_prompt(s, Req("a", list(range(8))), [1, 2])
     s.lookup(Req("b", list(range(8))), 0)
-    s.on_allocated("b", [3, 4], 8)
+    alloc(s, "b", [3, 4], 8)
     plan = s.build_plan(StepInput())
     (done,) = s.on_report(failed(plan.loads))
     assert not done.success and done.job.block_ids == (3, 4)
@@ -289,7 +297,7 @@ def test_abort_in_every_phase() -> None:
     assert s.state_of("w") is None
     # LOADING: kept until the load is reported
     s.lookup(Req("l", list(range(8))), 0)
-    s.on_allocated("l", [5, 6], 8)
+    alloc(s, "l", [5, 6], 8)
     load_plan = s.build_plan(StepInput())
     s.on_aborted("l")
     assert s.state_of("l").phase is Phase.FINISHED_DRAINING  # type: ignore[union-attr]
@@ -313,7 +321,7 @@ def test_reset_with_jobs_in_flight() -> None:
     s, _ = make()
     store_prompt(s, Req("a", list(range(8))), [1, 2])
     s.lookup(Req("b", list(range(8))), 0)
-    s.on_allocated("b", [3, 4], 8)
+    alloc(s, "b", [3, 4], 8)
     load_plan = s.build_plan(StepInput())
     store_plan = run_prefill(s, Req("c", [30 + i for i in range(8)]), [5, 6])
     s.take_events()
@@ -358,10 +366,60 @@ def test_no_room_is_retried_in_a_later_step() -> None:
     s.check_integrity()
 
 
-def test_contract_violations_are_reported_not_hidden() -> None:
+def test_an_allocation_the_lookup_did_not_offer_is_an_anomaly_not_a_crash() -> None:
+    """The engine has the last word: surprising allocations are counted and served
+    safely (nothing loaded, or the blocks reported invalid), never raised."""
     s, _ = make()
-    with pytest.raises(ContractViolation):
-        s.on_allocated("nobody", [1], 4)
-    s.lookup(Req("a", list(range(8))), 0)
-    with pytest.raises(ContractViolation):
-        s.on_allocated("a", [1, 2], 8)  # lookup offered 0
+    nobody = Req("nobody", list(range(8)))
+    s.on_allocated(nobody, [1, 2], 4)  # never looked up: admitted, nothing loaded
+    state = s.state_of("nobody")
+    assert state is not None and state.phase is Phase.RUNNING and state.block_ids == [1, 2]
+    a = Req("a", list(range(8)))
+    s.lookup(a, 0)
+    s.on_allocated(a, [3, 4], 8)  # lookup offered 0
+    assert s.build_plan(StepInput()).loads == ()
+    assert s.anomalies.counts == {Anomaly.EXTERNAL_TOKENS: 2}
+    s.check_integrity()
+
+
+def test_a_load_of_other_than_the_offered_tokens_reports_its_blocks_invalid() -> None:
+    s, _ = make()
+    store_prompt(s, Req("a", list(range(12))), [1, 2, 3])
+    b = Req("b", list(range(12)))
+    assert s.lookup(b, 0) == 12
+    s.on_allocated(b, [4, 5, 6], 8)  # the engine takes less than offered
+    (load,) = s.build_plan(StepInput()).loads
+    assert load.keys == () and load.invalid_blocks == (4, 5)
+    assert s.directory.pinned_count == 0
+    s.on_report(ok([load]))
+    state = s.state_of("b")
+    assert state is not None and state.phase is Phase.RUNNING and state.load_failed
+    assert s.anomalies.counts == {Anomaly.EXTERNAL_TOKENS: 1}
+    s.check_integrity()
+
+
+def test_a_store_never_reads_the_null_block_or_a_block_twice() -> None:
+    s, _ = make(null_block=0)
+    req = Req("a", list(range(16)))
+    assert s.lookup(req, 0) == 0
+    s.on_allocated(req, [5, 0, 6, 6], 0)
+    req.num_computed_tokens = 16
+    plan = s.build_plan(StepInput((ScheduledRequest("a", 0, 16, (5, 0, 6, 6), True),)))
+    (store,) = plan.stores
+    assert store.block_ids == (5,)  # chunk 1 (null block) and after: not stored
+    assert s.anomalies.counts == {Anomaly.NULL_BLOCK: 1}
+    s.on_report(ok(plan.stores))
+    s.check_integrity()
+
+
+def test_a_store_naming_a_block_twice_completes_without_raising() -> None:
+    """A job naming one block twice (vLLM's null block, as a sliding window leaves
+    it) used to raise KeyError inside vLLM's update_from_output."""
+    from kvoffload.core.job_tracker import JobTracker
+
+    tracker = JobTracker(1)
+    job = TransferJob(1, JobKind.STORE, "a", (KEY, KEY2), (0, 1), (7, 7), 1)
+    tracker.add(job)
+    assert tracker.fence_count() == 1
+    done = tracker.record(0, JobResult(1, True))
+    assert done is not None and tracker.fence_count() == 0

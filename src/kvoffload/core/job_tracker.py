@@ -5,7 +5,8 @@ it (a repeated report from the same worker, or a report of an unknown or already
 completed job, is ignored and counted by the caller). It succeeded only if every
 worker succeeded. The fence index maps each engine block read by an in-flight store
 job to that job, so the scheduler half can flush a store before its source block is
-handed out for overwrite. Owned by one scheduler half.
+handed out for overwrite (a block a job names twice is fenced once). Nothing
+here raises on a surprising result. Owned by one scheduler half.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class JobTracker:
     def add(self, job: TransferJob) -> None:
         self._jobs[job.job_id] = _Tracked(job)
         if job.kind is JobKind.STORE:
-            for block in job.block_ids:
+            for block in set(job.block_ids):
                 self._fences.setdefault(block, set()).add(job.job_id)
 
     def record(self, rank: int, result: JobResult) -> Completion | None:
@@ -82,8 +83,10 @@ class JobTracker:
         del self._jobs[result.job_id]
         job = tracked.job
         if job.kind is JobKind.STORE:
-            for block in job.block_ids:
-                waiting = self._fences[block]
+            for block in set(job.block_ids):
+                waiting = self._fences.get(block)
+                if waiting is None:
+                    continue
                 waiting.discard(job.job_id)
                 if not waiting:
                     del self._fences[block]
@@ -121,4 +124,5 @@ class JobTracker:
         return [t.job for t in self._jobs.values()]
 
     def fence_count(self) -> int:
+        """Fence entries: (block, store job) pairs, each block counted once per job."""
         return sum(len(j) for j in self._fences.values())

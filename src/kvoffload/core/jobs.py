@@ -13,6 +13,11 @@ start inside its first chunk: ``skip_blocks`` (0 <= skip < k) leading blocks of
 chunk 0 are already computed by the engine and are not written, so block
 ``block_ids[m]`` receives block ``(m + skip_blocks) % k`` of chunk
 ``(m + skip_blocks) // k``. Stores always have ``skip_blocks == 0``.
+
+A load may also name ``invalid_blocks``: engine blocks the engine expects this load
+to fill that kvoffload cannot supply (an anomaly, or offloading turned off after an
+internal error). The worker reports them as failed loads when the job ends, so the
+engine recomputes them; such a load may have no chunk at all.
 """
 
 from __future__ import annotations
@@ -47,11 +52,16 @@ class TransferJob:
     skip_blocks: int = 0
     tier: str = ""  # spill and promote jobs: the lower tier's name
     tier_slots: tuple[int, ...] = ()  # ... and the chunks' slots there (slotted tiers)
+    invalid_blocks: tuple[int, ...] = ()  # loads: blocks to report invalid (see above)
 
     def __post_init__(self) -> None:
         k = self.blocks_per_chunk
-        if k <= 0 or len(self.keys) != len(self.slots) or not self.slots:
+        if k <= 0 or len(self.keys) != len(self.slots):
             raise ContractViolation(f"job {self.job_id}: needs one slot per key and k > 0")
+        if self.invalid_blocks and self.kind is not JobKind.LOAD:
+            raise ContractViolation(f"job {self.job_id}: only loads name invalid blocks")
+        if not self.slots and not self.invalid_blocks:
+            raise ContractViolation(f"job {self.job_id}: moves no chunk")
         if not self.kind.touches_engine:
             if not self.tier or self.block_ids or self.skip_blocks:
                 raise ContractViolation(f"job {self.job_id}: tier jobs name a tier, no blocks")

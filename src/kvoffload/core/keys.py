@@ -40,6 +40,7 @@ _KEY_FORMAT = b"kvoffload/chunk-key/v1"
 _BLOCK_FORMAT = b"kvoffload/block-hash/v1"
 _SHARD_FORMAT = b"kvoffload/shard-key/v1"
 _NS_FORMAT = b"kvoffload/namespace/v1"
+_EPOCH_FORMAT = b"kvoffload/epoch/v1"
 
 
 def _lp(data: bytes) -> bytes:
@@ -123,9 +124,15 @@ def block_hashes(
     return out
 
 
-def chain_seed(namespace: Namespace) -> ChunkKey:
-    """The key 'before' chunk 0 of every request in ``namespace``."""
-    return ChunkKey(_digest(_KEY_FORMAT, namespace.digest()))
+def chain_seed(namespace: Namespace, epoch: bytes = b"") -> ChunkKey:
+    """The key 'before' chunk 0 of every request in ``namespace``.
+
+    ``epoch`` names a connector reset generation (decision 0005): chains of another
+    epoch are disjoint, so chunks stored before a reset are never found after it. The
+    empty epoch (no reset yet) gives the format's original seed."""
+    if not epoch:
+        return ChunkKey(_digest(_KEY_FORMAT, namespace.digest()))
+    return ChunkKey(_digest(_KEY_FORMAT, namespace.digest(), _EPOCH_FORMAT, _lp(epoch)))
 
 
 def next_key(prev: ChunkKey, chunk_block_hashes: Sequence[bytes]) -> ChunkKey:
@@ -175,14 +182,14 @@ class KeyChain:
 
     __slots__ = ("_blocks_seen", "_last", "blocks_per_chunk", "keys")
 
-    def __init__(self, namespace: Namespace, blocks_per_chunk: int) -> None:
+    def __init__(self, namespace: Namespace, blocks_per_chunk: int, epoch: bytes = b"") -> None:
         if blocks_per_chunk <= 0:
             raise ConfigError(
                 "blocks_per_chunk", f"must be a positive integer, got {blocks_per_chunk!r}"
             )
         self.blocks_per_chunk = blocks_per_chunk
         self.keys: list[ChunkKey] = []
-        self._last = chain_seed(namespace)
+        self._last = chain_seed(namespace, epoch)
         self._blocks_seen = 0
 
     def extend(self, all_block_hashes: Sequence[bytes]) -> list[ChunkKey]:

@@ -145,6 +145,23 @@ METRICS: tuple[MetricDef, ...] = (
         ("tier",),
     ),
     MetricDef("preemptions_total", "counter", "Requests preempted while kvoffload tracked them."),
+    MetricDef(
+        "anomalies_total",
+        "counter",
+        "Surprising engine input kvoffload survived by taking the safe way (the chunk is "
+        "not stored or loaded, the request recomputes, or the report is ignored), by kind: "
+        "null_block, duplicate_block, external_tokens, untracked_request, reused_request_id.",
+        ("kind",),
+    ),
+    MetricDef(
+        "internal_errors_total",
+        "counter",
+        "Internal errors caught at the engine boundary; after the first, offloading is off "
+        "for the rest of the engine's life (requests are served without it).",
+    ),
+    MetricDef(
+        "resets_total", "counter", "Connector resets (nothing stored before is served after)."
+    ),
     MetricDef("flushes_total", "counter", "Store jobs the workers were told to finish early."),
     MetricDef("usage_bytes", "gauge", "Bytes of chunks held, per tier.", ("tier",)),
     MetricDef(

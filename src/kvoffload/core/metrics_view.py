@@ -57,6 +57,10 @@ def read_metrics(
     count("failed_chunks_total", s.failed_load_chunks, direction="load", tier="host")
     count("failed_chunks_total", s.failed_store_chunks, direction="store", tier="host")
     count("preemptions_total", s.preemptions)
+    for kind, n in scheduler.anomalies.counts.items():
+        count("anomalies_total", n, kind=kind.value)
+    count("internal_errors_total", s.internal_errors)
+    count("resets_total", s.resets)
     count("flushes_total", s.flushes)
     directories = {"host": host, **{t.name: t.directory for t in scheduler.tiers.directory_tiers()}}
     for name, directory in directories.items():

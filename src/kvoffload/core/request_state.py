@@ -92,10 +92,16 @@ class RequestState:
         "stored_chunks",
     )
 
-    def __init__(self, request: EngineRequest, namespace: Namespace, hashes_per_chunk: int):
+    def __init__(
+        self,
+        request: EngineRequest,
+        namespace: Namespace,
+        hashes_per_chunk: int,
+        epoch: bytes = b"",
+    ):
         self.request = request
         self.phase = Phase.WAITING
-        self.keys = KeyChain(namespace, hashes_per_chunk)
+        self.keys = KeyChain(namespace, hashes_per_chunk, epoch)
         self.block_ids: list[int] = []
         self.stored_chunks = 0
         self.computed_tokens = 0
@@ -131,6 +137,14 @@ class RequestState:
 
     def store_ids(self) -> list[int]:
         return [jid for jid, job in self.jobs.items() if job.kind is JobKind.STORE]
+
+    def rekey(self, namespace: Namespace, epoch: bytes) -> None:
+        """A connector reset began key epoch ``epoch``: derive the keys anew (lazily,
+        from the block hashes), offer every chunk for storing again, and forget a
+        wished promotion (it names old keys)."""
+        self.keys = KeyChain(namespace, self.keys.blocks_per_chunk, epoch)
+        self.stored_chunks = 0
+        self.promotion = None
 
     def clear_deferral(self) -> None:
         self.deferred_since_step = None

@@ -5,8 +5,9 @@ calls, in each scheduling pass:
 
 1. ``lookup(request, num_computed_tokens)`` for waiting requests: tokens loadable past
    the engine's own prefix hit, or :data:`RETRY_LATER`;
-2. ``on_allocated(request_id, block_ids, num_external_tokens)`` once blocks are
-   allocated (emits one load job when ``num_external_tokens > 0``);
+2. ``on_allocated(request, block_ids, num_external_tokens)`` once blocks are
+   allocated (emits one load job when ``num_external_tokens > 0``); the engine has
+   the last word: every request it allocates for is tracked, whatever lookup said;
 3. ``on_finished(request_id)`` / ``on_aborted`` when a request ends (its blocks are
    freed at once; final stores are planned from them and fenced);
 4. ``build_plan(StepInput)`` at the end of the pass: the :class:`StepPlan` for every
@@ -36,12 +37,13 @@ immutable plans and completions.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 
+from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
-from kvoffload.core.errors import ContractViolation
 from kvoffload.core.events import CacheEvent
 from kvoffload.core.job_tracker import Completion, JobTracker
 from kvoffload.core.jobs import JobKind, TransferJob, WorkerReport
@@ -57,6 +59,7 @@ from kvoffload.core.scheduler_types import (
     SchedulerStats,
 )
 from kvoffload.core.step_planning import StepPlanning
+from kvoffload.core.store_planning import check_blocks
 from kvoffload.core.tier_planning import UNKNOWN, TierPlanner
 from kvoffload.core.tiering import LowerTier
 
@@ -73,6 +76,7 @@ class OffloadScheduler(StepPlanning):
         lower_tiers: Sequence[LowerTier] = (),
         spill_after_hits: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        new_epoch: Callable[[], bytes] = lambda: os.urandom(16),
     ) -> None:
         self.config = config
         self.directory = directory
@@ -82,6 +86,9 @@ class OffloadScheduler(StepPlanning):
         )
         self.stats = SchedulerStats()
         self.metrics = MetricsRecorder()
+        self.anomalies = AnomalyLog()
+        self.epoch = b""  # the key epoch: changes at every reset (decision 0005)
+        self._new_epoch = new_epoch
         self._clock = clock
         self._states: dict[str, RequestState] = {}
         self._tracker = JobTracker(config.world_size)
@@ -106,13 +113,24 @@ class OffloadScheduler(StepPlanning):
         self.stats.lookups += 1
         state = self._states.get(request.request_id)
         if state is None:
-            state = RequestState(request, self.namespace, self.config.hashes_per_chunk)
-            self._states[request.request_id] = state
+            state = self._new_state(request)
+        elif state.phase is Phase.FINISHED_DRAINING:
+            self.anomalies.note(
+                Anomaly.REUSED_REQUEST_ID,
+                f"request {request.request_id!r} arrived while an earlier request of that id "
+                "still drains its stores; it is served without offloading",
+            )
+            return 0
         elif state.phase is Phase.RUNNING:
             self.on_preempted(request.request_id)  # only a preempted request is re-looked-up
         state.request = request
         state.block_ids.clear()
         state.lookup_hit = None
+        if getattr(request, "skip_reading_prefix_cache", False):
+            # The engine serves this request no cached KV whatever the answer: never
+            # defer or promote for it (its chunks are still stored once computed).
+            state.lookup_hit = (num_computed_tokens, 0)
+            return 0
         if state.jobs and not self.config.testing_disable_inflight_deferral:
             if state.has_load() or not self._deferral_expired(state):
                 promoting = state.has_promotion()
@@ -185,55 +203,114 @@ class OffloadScheduler(StepPlanning):
     # -------------------------------------------------------------- allocation
 
     def on_allocated(
-        self, request_id: str, block_ids: Sequence[int], num_external_tokens: int
+        self, request: EngineRequest, block_ids: Sequence[int], num_external_tokens: int
     ) -> None:
-        """The engine allocated ``block_ids`` (the request's whole allocation) for a
-        request it looked up; ``num_external_tokens`` is what it will load (the
-        lookup's answer, or 0). With a hit: pins the chunks and emits one load job."""
-        state = self._states.get(request_id)
-        if state is None or state.lookup_hit is None:
+        """The engine allocated ``block_ids`` (the request's whole allocation) and will
+        load ``num_external_tokens`` into them.
+
+        The engine has the last word: whatever lookup answered, the request is tracked
+        from here with its full block list. After a lookup this is an admission: a hit
+        the engine accepted emits one load job, anything else admits the request to
+        run. Without one (vLLM resuming a request whose load landed) only the block
+        list is refreshed. Never raises on surprising input: an allocation of another
+        hit than offered, or a load into the null block or a block named twice, is an
+        anomaly whose blocks are reported invalid, so the engine recomputes them."""
+        state = self._states.get(request.request_id)
+        if state is None:
+            state = self._new_state(request)
+        elif state.phase is Phase.FINISHED_DRAINING:
+            return  # a reused request id (counted at lookup): not offloaded
+        state.request = request
+        hit, state.lookup_hit = state.lookup_hit, None
+        if hit is None and state.phase in (Phase.RUNNING, Phase.LOADING):
+            state.block_ids = list(block_ids)
             if num_external_tokens:
-                raise ContractViolation(f"on_allocated({request_id!r}) without a lookup hit")
+                self.anomalies.note(
+                    Anomaly.EXTERNAL_TOKENS,
+                    f"request {request.request_id!r} resumed with {num_external_tokens} "
+                    "external tokens and no lookup; nothing loaded",
+                )
             return
-        local, external = state.lookup_hit
-        if num_external_tokens not in (0, external):
-            raise ContractViolation(
-                f"on_allocated({request_id!r}): {num_external_tokens} external tokens, "
-                f"lookup offered {external}"
+        local, offered = hit if hit is not None else (0, 0)
+        self._admit(state, local + num_external_tokens, block_ids)
+        if num_external_tokens == 0:
+            state.move(Phase.RUNNING)
+            return
+        if offered == 0:
+            self.anomalies.note(
+                Anomaly.EXTERNAL_TOKENS,
+                f"request {request.request_id!r}: {num_external_tokens} external tokens "
+                "allocated where none were offered; nothing loaded",
             )
-        chunk, block_size = self.config.chunk_tokens, self.config.block_size
-        keys = state.keys.keys
-        self.directory.touch(keys[: (local + num_external_tokens) // chunk])
+            state.move(Phase.RUNNING)
+            return
+        job = self._load_job(state, local, num_external_tokens, offered, block_ids)
+        self._track(state, job)
+        self._pending_loads.append(job)
+        self._fresh_blocks.update(job.block_ids or job.invalid_blocks)
+        state.move(Phase.LOADING)
+        if job.keys:
+            self.stats.loads += 1
+            self.stats.loaded_chunks += len(job.keys)
+            self.stats.lookup_hit_tokens += num_external_tokens
+
+    def _admit(self, state: RequestState, hit_tokens: int, block_ids: Sequence[int]) -> None:
+        """Admission bookkeeping: recency of the hit, reuse counts, the end of any
+        deferral, a fresh store cursor and the full block list."""
+        keys = state.keys.extend(state.request.block_hashes)
+        self.directory.touch(keys[: hit_tokens // self.config.chunk_tokens])
         self.directory.record_lookups(keys)
-        state.lookup_hit = None
         self._end_deferral(state)
         state.stored_chunks = 0
         state.promotion = None
         state.no_promotion = False
-        if num_external_tokens == 0:
-            state.move(Phase.RUNNING)
-            return
-        first, end = local // chunk, (local + num_external_tokens) // chunk
+        state.block_ids = list(block_ids)
+
+    def _load_job(
+        self,
+        state: RequestState,
+        local: int,
+        external: int,
+        offered: int,
+        block_ids: Sequence[int],
+    ) -> TransferJob:
+        """The load of ``external`` tokens past ``local`` into the request's blocks; a
+        load of only invalid blocks when it cannot be served as asked."""
+        chunk, block_size = self.config.chunk_tokens, self.config.block_size
         first_block = local // block_size
-        blocks = tuple(block_ids[first_block : first_block + num_external_tokens // block_size])
-        job = TransferJob(
+        blocks = tuple(block_ids[first_block : first_block - (-external // block_size)])
+        problem = None
+        if external != offered:
+            problem = (Anomaly.EXTERNAL_TOKENS, f"{external} external tokens, {offered} offered")
+        else:
+            problem = check_blocks(blocks, self.config.null_block)
+        if problem is not None:
+            kind, detail = problem
+            self.anomalies.note(
+                kind, f"load for request {state.request_id!r}: {detail}; recomputed instead"
+            )
+            state.load_failed = True
+            return TransferJob(
+                job_id=self._tracker.new_id(),
+                kind=JobKind.LOAD,
+                request_id=state.request_id,
+                keys=(),
+                slots=(),
+                block_ids=(),
+                blocks_per_chunk=self.config.blocks_per_chunk,
+                invalid_blocks=blocks,
+            )
+        keys = state.keys.keys[local // chunk : (local + external) // chunk]
+        return TransferJob(
             job_id=self._tracker.new_id(),
             kind=JobKind.LOAD,
-            request_id=request_id,
-            keys=tuple(keys[first:end]),
-            slots=self.directory.prepare_load(keys[first:end]),
+            request_id=state.request_id,
+            keys=tuple(keys),
+            slots=self.directory.prepare_load(keys),
             block_ids=blocks,
             blocks_per_chunk=self.config.blocks_per_chunk,
             skip_blocks=(local % chunk) // block_size,
         )
-        self._track(state, job)
-        self._pending_loads.append(job)
-        self._fresh_blocks.update(blocks)
-        state.block_ids = list(block_ids)
-        state.move(Phase.LOADING)
-        self.stats.loads += 1
-        self.stats.loaded_chunks += len(job.keys)
-        self.stats.lookup_hit_tokens += num_external_tokens
 
     # ------------------------------------------------------------ end of a request
 
@@ -319,13 +396,23 @@ class OffloadScheduler(StepPlanning):
     # ------------------------------------------------------------------ the rest
 
     def reset(self) -> None:
-        """Forget every offloaded chunk (e.g. vLLM's reset_cache). Jobs in flight
-        still complete and release their requests, but what they stored is never
-        readable: the directory discarded it."""
+        """Forget every offloaded chunk in every tier (vLLM's connector reset: the
+        weights changed). A new key epoch begins (decision 0005): the keys of chunks
+        stored before, in any tier or by jobs still in flight, are never computed
+        again, so nothing stored before the reset is served after it. The directories
+        drop what they hold; jobs in flight still complete and release their requests,
+        and what they stored is dropped."""
+        self.epoch = self._new_epoch()
         self.directory.reset()
+        self.tiers.reset()
         for state in self._states.values():
-            state.stored_chunks = 0
+            state.rekey(self.namespace, self.epoch)
         self.stats.resets += 1
+
+    def _new_state(self, request: EngineRequest) -> RequestState:
+        state = RequestState(request, self.namespace, self.config.hashes_per_chunk, self.epoch)
+        self._states[request.request_id] = state
+        return state
 
     def take_events(self) -> list[CacheEvent]:
         events = self.directory.take_events()
@@ -348,6 +435,16 @@ class OffloadScheduler(StepPlanning):
             or self._promotions
             or self.tiers.has_queued()
         )
+
+    def new_job_id(self) -> int:
+        """A job id never handed out before (for jobs the engine adapter makes itself)."""
+        return self._tracker.new_id()
+
+    def take_unplanned_loads(self) -> list[TransferJob]:
+        """Loads emitted by ``on_allocated`` and not yet shipped in a plan (the adapter
+        takes them when it stops offloading after an internal error)."""
+        loads, self._pending_loads = self._pending_loads, []
+        return loads
 
     def jobs_in_flight(self) -> list[TransferJob]:
         return self._tracker.jobs()

@@ -76,7 +76,7 @@ def verify_scheduler(
             _fail(f"tier {tier.name}: pins do not match its in-flight promotions")
         if tier.directory.storing_count != _keys_of(mine, JobKind.SPILL):
             _fail(f"tier {tier.name}: storing slots do not match its in-flight spills")
-    fences = sum(len(job.block_ids) for job in tracker.jobs() if job.kind is JobKind.STORE)
+    fences = sum(len(set(job.block_ids)) for job in tracker.jobs() if job.kind is JobKind.STORE)
     if tracker.fence_count() != fences:
         _fail(f"{tracker.fence_count()} fences, in-flight stores read {fences} blocks")
 

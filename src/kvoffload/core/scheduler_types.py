@@ -32,6 +32,10 @@ class EngineRequest(Protocol):
     @property
     def num_computed_tokens(self) -> int: ...
 
+    # Optional (read with getattr, default False): ``skip_reading_prefix_cache``, true
+    # for a request that must not be served cached KV (vLLM sets it for requests with
+    # prompt logprobs). Lookup answers 0 for it at once.
+
 
 class Deferral(enum.Enum):
     """Why lookup answered *retry later*."""
@@ -76,6 +80,9 @@ class StepInput:
 class SchedulerConfig:
     """Geometry and bounds of the scheduler half.
 
+    ``null_block``: the id of the engine's placeholder block, which never holds a
+    request's KV (vLLM's block 0), or None. A chunk naming it is never stored or loaded.
+
     ``testing_disable_inflight_deferral`` exists only so the interleaving explorer
     can show that it finds the race this deferral prevents; never set it otherwise.
     """
@@ -86,6 +93,7 @@ class SchedulerConfig:
     hash_block_size: int = 0  # tokens per engine block hash; 0: the block size
     max_deferral_steps: int = 500
     max_deferral_seconds: float = 5.0
+    null_block: int | None = None
     testing_disable_inflight_deferral: bool = False
 
     def __post_init__(self) -> None:
@@ -142,3 +150,4 @@ class SchedulerStats:
     preemptions: int = 0
     stale_completions: int = 0
     resets: int = 0
+    internal_errors: int = 0  # exceptions the vLLM adapter caught (offloading turned off)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.job_tracker import JobTracker
 from kvoffload.core.jobs import JobKind, StepPlan, TransferJob
@@ -27,6 +28,7 @@ class StepPlanning:
     tiers: TierPlanner
     stats: SchedulerStats
     metrics: MetricsRecorder
+    anomalies: AnomalyLog
     _clock: Callable[[], float]
     _states: dict[str, RequestState]
     _tracker: JobTracker
@@ -89,6 +91,11 @@ class StepPlanning:
                 Phase.RUNNING,
                 Phase.PREEMPTED_DRAINING,
             ):
+                phase = "unknown" if state is None else state.phase.name
+                self.anomalies.note(
+                    Anomaly.UNTRACKED_REQUEST,
+                    f"request {sched.request_id!r} scheduled while {phase} here; not offloaded",
+                )
                 continue
             if sched.replace:
                 state.block_ids = list(sched.block_ids)
@@ -148,7 +155,9 @@ class StepPlanning:
         return jobs
 
     def _plan_stores(self, state: RequestState, out: list[TransferJob]) -> None:
-        job = plan_store_job(state, self.directory, self._tracker.new_id, self.config)
+        job = plan_store_job(
+            state, self.directory, self._tracker.new_id, self.config, self.anomalies
+        )
         if job is None:
             return
         self._track(state, job)

@@ -7,8 +7,9 @@ docstrings name), kept apart from the request lifecycle in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.job_tracker import JobTracker
 from kvoffload.core.jobs import JobKind, TransferJob
@@ -16,11 +17,44 @@ from kvoffload.core.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import SchedulerConfig
 
 
+def check_blocks(blocks: Sequence[int], null_block: int | None) -> tuple[Anomaly, str] | None:
+    """Why ``blocks`` cannot be stored from or loaded into (the engine's null block,
+    a block named twice), or None when they can."""
+    if null_block is not None and null_block in blocks:
+        return Anomaly.NULL_BLOCK, f"blocks {list(blocks)} include the null block {null_block}"
+    if len(set(blocks)) != len(blocks):
+        return Anomaly.DUPLICATE_BLOCK, f"blocks {list(blocks)} name a block twice"
+    return None
+
+
+def _storable_end(
+    state: RequestState, start: int, end: int, config: SchedulerConfig, anomalies: AnomalyLog
+) -> int:
+    """``end``, or the first chunk in ``[start, end)`` that names the null block or a
+    block named twice in that range (such a chunk is never stored)."""
+    k = config.blocks_per_chunk
+    blocks = state.block_ids[start * k : end * k]
+    if check_blocks(blocks, config.null_block) is None:
+        return end
+    seen: set[int] = set()
+    for i in range(start, end):
+        chunk_blocks = state.block_ids[i * k : (i + 1) * k]
+        problem = check_blocks(chunk_blocks, config.null_block)
+        if problem is None and seen.isdisjoint(chunk_blocks):
+            seen.update(chunk_blocks)
+            continue
+        kind, detail = problem or (Anomaly.DUPLICATE_BLOCK, f"chunk {i} reuses a block")
+        anomalies.note(kind, f"request {state.request_id!r} chunk {i}: {detail}; not stored")
+        return i
+    return end
+
+
 def plan_store_job(
     state: RequestState,
     directory: Directory,
     new_id: Callable[[], int],
     config: SchedulerConfig,
+    anomalies: AnomalyLog,
 ) -> TransferJob | None:
     """A store job for the request's chunks that became full since its store cursor.
 
@@ -29,7 +63,8 @@ def plan_store_job(
     store in ``directory`` and advances ``state.stored_chunks``. When not all fit, the
     leading chunks that fit are stored; when none fits, nothing changes (the chunks
     are offered again next step) and it returns None. Never for a request with a load
-    in flight."""
+    in flight. A chunk naming the engine's null block or a block named twice is never
+    stored (counted as an anomaly): the chunks before it are, then the cursor skips it."""
     if state.has_load():
         return None
     k, chunk = config.blocks_per_chunk, config.chunk_tokens
@@ -39,6 +74,13 @@ def plan_store_job(
     end = min(tokens // chunk, len(keys), len(state.block_ids) // k)
     start = state.stored_chunks
     if end <= start:
+        return None
+    usable = _storable_end(state, start, end, config, anomalies)
+    bad = usable if usable < end else None  # never stored: the cursor skips it
+    end = usable
+    if end <= start:
+        if bad is not None:
+            state.stored_chunks = bad + 1
         return None
     prepared = directory.prepare_store(keys[start:end])
     room = directory.free_slots + directory.evictable_count
@@ -50,7 +92,7 @@ def plan_store_job(
         prepared = directory.prepare_store(keys[start:end])
     if prepared.no_room:
         return None
-    state.stored_chunks = end
+    state.stored_chunks = end + 1 if end == bad else end
     if not prepared.keys:
         return None
     position = {key: start + i for i, key in enumerate(keys[start:end])}

@@ -176,5 +176,14 @@ class TierPlanner:
             elif reason == "missing":
                 tier.stats.missing += 1
 
+    def reset(self) -> None:
+        """A connector reset: every tier forgets what it holds; queued spills and hit
+        counts (old keys) are dropped. Jobs in flight complete into the reset tiers."""
+        for queue in self._queues.values():
+            queue.clear()
+        self._hits.clear()
+        for tier in self.tiers.values():
+            tier.reset()
+
     def directory_tiers(self) -> list[DirectoryTier]:
         return [t for t in self.tiers.values() if isinstance(t, DirectoryTier)]

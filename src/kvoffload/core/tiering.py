@@ -75,6 +75,10 @@ class LowerTier(Protocol):
     def held_count(self) -> int:
         """Chunks the tier is known to hold (for usage reporting)."""
 
+    def reset(self) -> None:
+        """A connector reset: forget every chunk (they are never asked for again: the
+        keys changed epoch). Bookings in flight still complete."""
+
 
 class DirectoryTier:
     """A bounded, authoritative, slotted lower tier (the disk), booked in its own
@@ -117,3 +121,6 @@ class DirectoryTier:
 
     def held_count(self) -> int:
         return len(self.directory)
+
+    def reset(self) -> None:
+        self.directory.reset()

@@ -141,7 +141,7 @@ class Batcher:
         req.num_computed_tokens = local
         req.whole_allocation_next = True
         if self.scheduler is not None:
-            self.scheduler.on_allocated(req.request_id, req.block_ids, external)
+            self.scheduler.on_allocated(req, req.block_ids, external)
         if not external:
             return _Admission.ADMITTED
         req.status = Status.WAITING_FOR_LOAD

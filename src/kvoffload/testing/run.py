@@ -95,6 +95,12 @@ def run_schedule(
         if scenario.lower_tier_slots
         else []
     )
+    epochs = [b""]
+
+    def new_epoch() -> bytes:  # deterministic epochs: reproducible runs
+        epochs.append(f"epoch-{len(epochs)}".encode())
+        return epochs[-1]
+
     scheduler = OffloadScheduler(
         config,
         directory,
@@ -102,6 +108,7 @@ def run_schedule(
         lower_tiers=lower,
         spill_after_hits=scenario.spill_after_hits,
         clock=lambda: float(scheduler.step),
+        new_epoch=new_epoch,
     )
     worker = ManualWorker(pool, scenario.num_slots, world_size=scenario.world_size, policy=policy)
     engine = ReferenceEngine(
@@ -118,7 +125,7 @@ def run_schedule(
         worker,
         pool,
     )
-    worker.expected = Oracle(engine, NAMESPACE, scenario.blocks_per_chunk).expected
+    worker.expected = Oracle(engine, NAMESPACE, scenario.blocks_per_chunk, epochs).expected
     if trace:
         _install_tracer(scheduler, worker, outcome.trace)
     last_arrival = max((r.arrival_step for r in scenario.requests), default=0)

@@ -12,6 +12,8 @@ never wait on a dead tier.
 
 Thread-safety: the cache is shared between the scheduler's thread and the query
 thread under one lock. Owned by one scheduler half; ``close`` stops the thread.
+With ``background=False`` there is no thread: queued queries run when the owner calls
+:meth:`pump` (deterministic harnesses and fuzzers).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class RedisIndex:
         ttl_s: float = 2.0,
         retry_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        background: bool = True,
     ) -> None:
         self.client = client
         self.digest = namespace_digest
@@ -58,10 +61,12 @@ class RedisIndex:
         self._down_until = 0.0
         self._closed = False
         self._events: list[CacheEvent] = []
-        self._thread = threading.Thread(
-            target=self._loop, name="kvoffload-redis-index", daemon=True
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._loop, name="kvoffload-redis-index", daemon=True
+            )
+            self._thread.start()
 
     # ------------------------------------------------------------ LowerTier
 
@@ -110,6 +115,13 @@ class RedisIndex:
         events, self._events = self._events, []
         return events
 
+    def reset(self) -> None:
+        """Forget what the server was seen to hold (a connector reset changes every
+        key's epoch, so the old answers are never asked again)."""
+        with self._lock:
+            self._known.clear()
+            self._wanted.clear()
+
     def held_count(self) -> int:
         now = self._clock()
         with self._lock:
@@ -132,18 +144,29 @@ class RedisIndex:
                 self._lock.wait_for(lambda: bool(self._wanted) or self._closed)
                 if self._closed:
                     return
-                batch = list(self._wanted)[:PROBE]
-                for key in batch:
-                    del self._wanted[key]
-            try:
-                present = self._exists(batch)
-            except Exception:  # the server is down or slow: absent for a while
-                self.query_errors += 1
-                with self._lock:
-                    self._down_until = self._clock() + self.retry_s
-                continue
-            for key, here in zip(batch, present, strict=True):
-                self._remember([key], here)
+            self._query_batch()
+
+    def pump(self) -> None:
+        """Answer every queued query now, on the caller's thread (``background=False``)."""
+        while self._wanted and not self._closed:
+            self._query_batch()
+
+    def _query_batch(self) -> None:
+        with self._lock:
+            batch = list(self._wanted)[:PROBE]
+            for key in batch:
+                del self._wanted[key]
+        if not batch:
+            return
+        try:
+            present = self._exists(batch)
+        except Exception:  # the server is down or slow: absent for a while
+            self.query_errors += 1
+            with self._lock:
+                self._down_until = self._clock() + self.retry_s
+            return
+        for key, here in zip(batch, present, strict=True):
+            self._remember([key], here)
 
     def _exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         pipe = self.client.pipeline(transaction=False)
@@ -164,4 +187,5 @@ class RedisIndex:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)

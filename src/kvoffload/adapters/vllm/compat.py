@@ -25,7 +25,13 @@ from vllm.v1.attention.backend import AttentionMetadata
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MLAAttentionSpec,
+)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
@@ -37,9 +43,11 @@ __all__ = [
     "BlockStored",
     "CacheHitSource",
     "ForwardContext",
+    "FullAttentionSpec",
     "KVCacheBlocks",
     "KVCacheConfig",
     "KVCacheEvent",
+    "KVCacheSpec",
     "KVConnectorBase_V1",
     "KVConnectorMetadata",
     "KVConnectorOutput",
@@ -48,6 +56,7 @@ __all__ = [
     "KVConnectorStats",
     "KVConnectorTransferResults",
     "KVConnectorWorkerMetadata",
+    "MLAAttentionSpec",
     "Request",
     "SchedulerOutput",
     "VllmConfig",

@@ -115,10 +115,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def has_pending_push_work(self) -> bool:
         """Keeps vLLM's engine stepping until kvoffload's jobs have drained."""
         side = self.scheduler_side
-        if side is None:
-            return False
-        with side.lock:
-            return side.scheduler.has_pending_work()
+        return side is not None and side.has_pending_work()
 
     def take_events(self) -> list[KVCacheEvent]:
         """Stored / removed events of every tier, in vLLM's KV event types."""

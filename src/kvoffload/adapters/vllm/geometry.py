@@ -12,7 +12,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from kvoffload.adapters.vllm.compat import AttentionSpec, KVCacheConfig, VllmConfig
+from kvoffload.adapters.vllm.compat import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MLAAttentionSpec,
+    VllmConfig,
+)
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
@@ -42,6 +48,7 @@ class Geometry:
 
     def scheduler_config(self, config: OffloadConfig) -> SchedulerConfig:
         return SchedulerConfig(
+            null_block=NULL_BLOCK,
             block_size=self.block_size,
             blocks_per_chunk=self.blocks_per_chunk,
             world_size=self.world_size,
@@ -51,17 +58,51 @@ class Geometry:
         )
 
 
+NULL_BLOCK = 0
+"""vLLM's null block: the placeholder id in block tables (e.g. outside a sliding
+window) that never holds a request's KV."""
+
+SUPPORTED_SPECS = (FullAttentionSpec, MLAAttentionSpec)
+"""KV cache specs whose block table holds a real block for every computed token
+(vLLM's full-attention manager). Exact types: their subclasses manage blocks
+otherwise (sliding windows free blocks mid-request, rings reuse one block)."""
+
+
+def describe_spec(spec: KVCacheSpec) -> str:
+    """The spec's type and the fields that make it unsupported, for error messages."""
+    extra = [
+        f"{name}={getattr(spec, name)}"
+        for name in ("sliding_window", "attention_chunk_size")
+        if getattr(spec, name, None) is not None
+    ]
+    return type(spec).__name__ + (f"({', '.join(extra)})" if extra else "")
+
+
+def check_kv_cache_groups(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
+    """Refuse (ConfigError) what kvoffload cannot serve correctly yet: more than one KV
+    cache group, or a group whose blocks are not kept for every token (sliding-window,
+    chunked-local, ring-buffer or state caches: vLLM puts its null block into their
+    block tables and frees blocks mid-request)."""
+    groups = kv_cache_config.kv_cache_groups
+    specs = [g.kv_cache_spec for g in groups]
+    if len(groups) == 1 and type(specs[0]) in SUPPORTED_SPECS:
+        return
+    model = vllm_config.model_config.model
+    raise ConfigError(
+        "kv_cache_groups",
+        f"kvoffload serves models with one full-attention KV cache group; {model} has "
+        f"{', '.join(describe_spec(spec) for spec in specs)}. Sliding-window and hybrid "
+        "models are not supported yet: serve this model without kvoffload",
+    )
+
+
 def derive_geometry(
     vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
 ) -> Geometry:
+    check_kv_cache_groups(vllm_config, kv_cache_config)
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, AttentionSpec):
-        raise ConfigError(
-            "kv_cache_groups",
-            "kvoffload supports models with one attention KV cache group; this model has "
-            f"{[type(g.kv_cache_spec).__name__ for g in groups]}",
-        )
     spec = groups[0].kv_cache_spec
+    assert isinstance(spec, FullAttentionSpec)  # checked above
     block_size = spec.block_size
     hash_block_size = kv_cache_config.hash_block_size or block_size
     chunk_tokens = config.resolve_chunk_tokens(block_size)

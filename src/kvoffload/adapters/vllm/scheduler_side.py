@@ -20,6 +20,7 @@ from kvoffload.adapters.vllm.compat import (
 )
 from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
+from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config import OffloadConfig
@@ -70,7 +71,8 @@ class SchedulerSide:
     """Owns the scheduler half, its directories and its observability for one engine.
 
     Every entry point holds ``lock``, so the metrics endpoint's thread reads a
-    consistent state between engine calls.
+    consistent state between engine calls, and runs under the :class:`Guard`: no
+    exception reaches vLLM (the first turns offloading off, see ``guard.py``).
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class SchedulerSide:
             self.events = EventTranslator(
                 sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash
             )
+        self.guard = Guard(self.scheduler)
         self.endpoint: MetricsEndpoint | None = None
         if config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.read_metrics, config.metrics_port)
@@ -123,7 +126,13 @@ class SchedulerSide:
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         with self.lock:
-            tokens = self.scheduler.lookup(request, num_computed_tokens)
+            if self.guard.off:
+                return 0, False
+            try:
+                tokens = self.scheduler.lookup(request, num_computed_tokens)
+            except Exception as exc:
+                self.guard.trip("get_num_new_matched_tokens", exc)
+                return 0, False
         if tokens is None:
             return None, False
         return tokens, tokens > 0
@@ -131,41 +140,84 @@ class SchedulerSide:
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        block_ids = blocks.get_block_ids()[0] if num_external_tokens else []
+        block_ids = blocks.get_block_ids()[0]
         with self.lock:
-            self.scheduler.on_allocated(request.request_id, block_ids, num_external_tokens)
+            if not self.guard.off:
+                try:
+                    self.scheduler.on_allocated(request, block_ids, num_external_tokens)
+                    return
+                except Exception as exc:
+                    self.guard.trip("update_state_after_alloc", exc)
+            if num_external_tokens:
+                self.guard.owe(request.request_id, block_ids)
 
     def build_connector_meta(self, output: SchedulerOutput) -> PlanMetadata:
         with self.lock:
-            plan = self.scheduler.build_plan(step_input(output))
-            if self.events is not None:
-                self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
-        return PlanMetadata(plan)
+            if not self.guard.off:
+                try:
+                    plan = self.scheduler.build_plan(step_input(output))
+                    if self.events is not None:
+                        self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
+                    return PlanMetadata(plan)
+                except Exception as exc:
+                    self.guard.trip("build_connector_meta", exc)
+            return PlanMetadata(self.guard.plan())
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta
-        if isinstance(meta, ReportMetadata):
-            with self.lock:
+        if not isinstance(meta, ReportMetadata):
+            return
+        with self.lock:
+            if self.guard.off:
+                return
+            try:
                 for report in meta.reports:
                     done = self.scheduler.on_report(report)
                     if self.events is not None:
                         self.events.note_completed(c.job for c in done)
+            except Exception as exc:
+                self.guard.trip("update_connector_output", exc)
 
     def request_finished(self, request: Request) -> None:
         with self.lock:
-            self.scheduler.on_finished(request.request_id)
+            if self.guard.off:
+                return
+            try:
+                self.scheduler.on_finished(request.request_id)
+            except Exception as exc:
+                self.guard.trip("request_finished", exc)
+
+    def has_pending_work(self) -> bool:
+        with self.lock:
+            if self.guard.off:
+                return False
+            try:
+                return self.scheduler.has_pending_work()
+            except Exception as exc:
+                self.guard.trip("has_pending_push_work", exc)
+                return False
 
     def reset_cache(self) -> bool:
         with self.lock:
-            self.scheduler.reset()
+            if not self.guard.off:
+                try:
+                    self.scheduler.reset()
+                except Exception as exc:
+                    self.guard.trip("reset_cache", exc)
         return True
 
     def take_events(self) -> list[KVCacheEvent]:
         """vLLM KV events for what changed in any tier (empty when vLLM's KV events
         are off; kvoffload's own events are drained either way)."""
         with self.lock:
-            events = self.scheduler.take_events()
-            return self.events.translate(events) if self.events is not None else []
+            if self.guard.off:
+                return []
+            try:
+                events = self.scheduler.take_events()
+                return self.events.translate(events) if self.events is not None else []
+            except Exception as exc:
+                self.guard.trip("take_events", exc)
+                return []
 
     def read_metrics(self, with_gauges: bool = True) -> MetricsReading:
         with self.lock:
@@ -177,7 +229,12 @@ class SchedulerSide:
 
     def connector_stats(self) -> KVOffloadStats | None:
         """The metrics delta since the previous call (vLLM's stats path), or None."""
-        data = self.deltas.delta()
+        try:
+            data = self.deltas.delta()
+        except Exception as exc:
+            with self.lock:
+                self.guard.trip("get_kv_connector_stats", exc)
+            return None
         return KVOffloadStats(data=data) if data else None
 
     def _chains(self, plan: StepPlan) -> dict[str, tuple[list[ChunkKey], object]]:

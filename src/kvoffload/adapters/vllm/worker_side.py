@@ -5,9 +5,10 @@ submits the plan's flushed stores and waits for every flushed job;
 ``start_load_kv`` submits the loads (their blocks belong to requests that do not
 run this step); ``wait_for_save`` (after the forward pass) submits the remaining
 stores, which capture what this step computed; ``get_finished`` polls the results:
-finished loads are reported by request id, failed loads' blocks are reported as
-invalid (so vLLM recomputes them), and every result goes back to the scheduler
-half in the worker metadata. Nothing here raises for a failed copy.
+finished loads are reported by request id, failed loads' blocks (and the invalid
+blocks a load names) are reported as invalid (so vLLM recomputes them), and every
+result goes back to the scheduler half in the worker metadata. Nothing here raises
+for a failed copy.
 """
 
 from __future__ import annotations
@@ -42,19 +43,24 @@ class WorkerSide:
         self.config = config
         self.worker: TransferWorker | None = None
         self.copy_hook: CopyHook | None = None  # tests: hold or fail copies
+        self.rank_override: int | None = None  # harnesses running several ranks in one process
         self.rank = 0
         self._plan: StepPlan | None = None
         self._submitted: set[int] = set()
         self._flushed_step = -1
         self._jobs: dict[int, TransferJob] = {}
         self._results: list[JobResult] = []
+        self._instant: list[JobResult] = []  # loads of invalid blocks only: done at once
         self._invalid_blocks: set[int] = set()
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
-        try:
-            self.rank = tensor_parallel_rank()
-        except (AssertionError, RuntimeError):
-            self.rank = 0  # no distributed environment: a single worker
+        if self.rank_override is not None:
+            self.rank = self.rank_override
+        else:
+            try:
+                self.rank = tensor_parallel_rank()
+            except (AssertionError, RuntimeError):
+                self.rank = 0  # no distributed environment: a single worker
         g = self.geometry
         worker = TransferWorker.for_kv_caches(
             kv_caches,
@@ -126,12 +132,14 @@ class WorkerSide:
         loaded: set[str] = set()
         if self.tiers is not None:
             self._results.extend(self.tiers.poll())
-        for result in self.worker.poll():
+        instant, self._instant = self._instant, []
+        for result in (*self.worker.poll(), *instant):
             job = self._jobs.pop(result.job_id, None)
             self._results.append(result)
             if job is None or job.kind is not JobKind.LOAD:
                 continue
             loaded.add(job.request_id)
+            self._invalid_blocks.update(job.invalid_blocks)
             if not result.success:
                 self._invalid_blocks.update(job.block_ids)
         return None, loaded or None
@@ -173,7 +181,9 @@ class WorkerSide:
             return
         self._submitted.add(job.job_id)
         self._jobs[job.job_id] = job
-        if job.kind is JobKind.STORE:
+        if not job.slots:  # a load of invalid blocks only: nothing to copy
+            self._instant.append(JobResult(job.job_id, True))
+        elif job.kind is JobKind.STORE:
             self.worker.submit_store(job)
         else:
             self.worker.submit_load(job)

@@ -1,0 +1,43 @@
+"""Surprising engine input that kvoffload survives: counted, logged, never raised.
+
+The engine has the last word (it may override kvoffload's answers, hand out blocks
+kvoffload does not expect, report what it never planned), and nothing on its output
+path may raise. Such input is an *anomaly*: the scheduler half takes the safe way
+(skip the chunk, recompute, ignore the report), counts it here by kind, and logs the
+first occurrence of each kind at WARNING (later ones at DEBUG, so a hot loop cannot
+flood the log). The counts are exported as ``kvoffload_anomalies_total{kind}``.
+
+Owned by one scheduler half; not thread-safe (the owner serializes access).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+logger = logging.getLogger("kvoffload")
+
+
+class Anomaly(enum.Enum):
+    """Kinds of surprising input (the ``kind`` label of the metric)."""
+
+    NULL_BLOCK = "null_block"  # a chunk to store or load names the engine's null block
+    DUPLICATE_BLOCK = "duplicate_block"  # a chunk to store or load names a block twice
+    EXTERNAL_TOKENS = "external_tokens"  # the engine allocated another hit than offered
+    UNTRACKED_REQUEST = "untracked_request"  # scheduled, allocated or ended, unknown here
+    REUSED_REQUEST_ID = "reused_request_id"  # a new request under a draining one's id
+
+
+class AnomalyLog:
+    def __init__(self) -> None:
+        self.counts: dict[Anomaly, int] = {}
+
+    def note(self, kind: Anomaly, detail: str) -> None:
+        """Count one ``kind`` anomaly; ``detail`` says what happened and what was done."""
+        count = self.counts.get(kind, 0) + 1
+        self.counts[kind] = count
+        level = logging.WARNING if count == 1 else logging.DEBUG
+        logger.log(level, "kvoffload: %s (%s; occurrence %d)", detail, kind.value, count)
+
+    def total(self) -> int:
+        return sum(self.counts.values())

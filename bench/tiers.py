@@ -71,7 +71,7 @@ from tier_baselines import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from redis_server import RedisServer  # the tests' private redis-server
+from kvoffload.testing.redis_server import RedisServer
 
 if TYPE_CHECKING:
     from kvoffload.demos.vllm_runner import RunResult

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from redis_server import RedisServer
+from kvoffload.testing.redis_server import RedisServer
 
 settings.register_profile(
     "ci",

@@ -16,9 +16,9 @@ from kvoffload.core.errors import UsageError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.inspect_command import main
 from kvoffload.inspection import redis_scan
+from kvoffload.testing.redis_server import RedisServer, free_port, start_cluster
 from kvoffload.tiers.redis_client import RedisSettings, key_name, make_client
 from kvoffload.tiers.redis_store import RedisStore
-from redis_server import RedisServer, free_port, start_cluster
 
 NS_A = bytes(range(16))
 NS_B = bytes(range(16, 32))

@@ -14,10 +14,10 @@ import redis
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
+from kvoffload.testing.redis_server import RedisServer, free_cluster_port, start_cluster
 from kvoffload.tiers.redis_client import RedisSettings, make_client
 from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.tiers.redis_store import RedisStore
-from redis_server import RedisServer, free_cluster_port, start_cluster
 
 DIGEST = bytes(range(16))
 PAYLOAD = 4096

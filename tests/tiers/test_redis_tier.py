@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from kvoffload.core.keys import ChunkKey
+from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.redis_client import RedisSettings, key_name, make_client
 from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.tiers.redis_store import RedisStore
-from redis_server import RedisServer
 
 DIGEST = bytes(range(16))
 PAYLOAD = 4096

@@ -6,13 +6,13 @@ from pathlib import Path
 
 from kvoffload.core.jobs import JobKind, JobResult, TransferJob
 from kvoffload.core.keys import ChunkKey
+from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_store import DiskTierStore
 from kvoffload.tiers.host import HostSlab
 from kvoffload.tiers.redis_client import RedisSettings, make_client
 from kvoffload.tiers.redis_store import RedisStore
 from kvoffload.transfer.tier_worker import TierStore, TierWorker
-from redis_server import RedisServer
 
 DIGEST = bytes(range(16))
 CHUNK = 4096

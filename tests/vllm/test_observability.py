@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from llm_support import BLOCK, CHUNK_BYTES, PROMPTS, engine, generate, half, settle
 
-from redis_server import free_port
+from kvoffload.testing.redis_server import free_port
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

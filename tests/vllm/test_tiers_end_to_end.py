@@ -25,7 +25,7 @@ from llm_support import (
     tokens,
 )
 
-from redis_server import RedisServer
+from kvoffload.testing.redis_server import RedisServer
 
 
 def config(

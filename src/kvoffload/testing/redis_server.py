@@ -6,7 +6,8 @@ so tests can make it slow with ``DEBUG SLEEP``) and waits until it answers PING;
 same port, empty. ``extra`` adds server arguments (``--requirepass``, TLS, cluster
 mode); ``client_kwargs`` are what a client needs to reach it (TLS settings).
 ``start_cluster`` makes a three-master Redis Cluster of such servers.
-``scripts/test`` installs redis-server when it is missing.
+``scripts/test`` installs redis-server when it is missing. Shipped as test support:
+the vLLM fuzzer starts one too.
 """
 
 from __future__ import annotations
@@ -142,9 +143,9 @@ def start_cluster(workdir: Path, masters: int = 3) -> list[RedisServer]:
         slots = 16384
         for i, server in enumerate(servers):
             low, high = i * slots // masters, (i + 1) * slots // masters
-            server.client().execute_command("CLUSTER ADDSLOTSRANGE", low, high - 1)
+            server.client().execute_command("CLUSTER ADDSLOTSRANGE", low, high - 1)  # type: ignore[no-untyped-call]
         for server in servers[1:]:
-            servers[0].client().execute_command("CLUSTER MEET", "127.0.0.1", server.port)
+            servers[0].client().execute_command("CLUSTER MEET", "127.0.0.1", server.port)  # type: ignore[no-untyped-call]
         deadline = time.monotonic() + 20
         while not all(_converged(s, masters) for s in servers):
             if time.monotonic() > deadline:

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import VllmHarness
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.scheduler_types import Deferral
+from kvoffload.testing.vllm_harness import VllmHarness
 
 PREFIX = list(range(10, 74))  # 64 tokens: 4 blocks of 16
 MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]

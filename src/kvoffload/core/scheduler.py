@@ -436,6 +436,10 @@ class OffloadScheduler(StepPlanning):
             or self.tiers.has_queued()
         )
 
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Replace the time source of the deferral bound (harnesses in logical time)."""
+        self._clock = clock
+
     def new_job_id(self) -> int:
         """A job id never handed out before (for jobs the engine adapter makes itself)."""
         return self._tracker.new_id()

@@ -43,6 +43,21 @@ class TierStore(Protocol):
     ) -> list[str | None]: ...
 
 
+class TierLane(Protocol):
+    """What the worker's connector role uses of a tier lane (:class:`TierWorker`, or a
+    harness's wrapper that holds and fails jobs)."""
+
+    def submit(self, job: TransferJob) -> None: ...
+
+    def poll(self) -> list[JobResult]: ...
+
+    def running(self) -> set[int]: ...
+
+    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool: ...
+
+    def shutdown(self, timeout: float | None = 10.0) -> None: ...
+
+
 PART_BYTES = 8 << 20  # a job is split into parts of about this size, run in parallel
 
 

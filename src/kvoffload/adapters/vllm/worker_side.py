@@ -30,7 +30,7 @@ from kvoffload.tiers.disk_store import DiskTierStore
 from kvoffload.tiers.redis_client import make_client
 from kvoffload.tiers.redis_store import RedisStore
 from kvoffload.transfer import CopyHook, TransferWorker
-from kvoffload.transfer.tier_worker import TierStore, TierWorker
+from kvoffload.transfer.tier_worker import TierLane, TierStore, TierWorker
 
 
 class WorkerSide:
@@ -42,6 +42,7 @@ class WorkerSide:
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
         self.config = config
         self.worker: TransferWorker | None = None
+        self.tiers: TierLane | None = None  # opened with the KV caches
         self.copy_hook: CopyHook | None = None  # tests: hold or fail copies
         self.rank_override: int | None = None  # harnesses running several ranks in one process
         self.rank = 0

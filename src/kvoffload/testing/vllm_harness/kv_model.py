@@ -1,0 +1,139 @@
+"""The harness's model: KV that names the tokens it was computed from, and the check
+that every forward pass reads exactly its own request's KV.
+
+The KV of position ``p`` on rank ``r``, layer ``l`` is a number derived from the
+weights version, ``r``, ``l`` and a digest of the request's tokens ``0..p``: equal
+prefixes have equal KV (as in a real model, so prefix caching and offloading are
+meaningful), and a position holding anything else (another request's KV, another
+position's, a torn copy, KV of the weights before a reset) is detected. Each value
+is an integer below 2**23, exact in float32. Sampled tokens are a function of the
+prefix digest, so a resampled position gets the same token.
+
+Owned by one harness; the KV tensors are the workers' (one per rank).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+VOCAB = 1000
+
+
+@dataclass
+class _Prefix:
+    tokens: list[int]  # the tokens the digests were computed from
+    digests: list[bytes]  # digests[p] names tokens[: p + 1]
+
+
+class ReadMismatch(AssertionError):
+    """A forward pass would read KV that is not its request's own."""
+
+
+class KVModel:
+    def __init__(self, kv: list[torch.Tensor], block_size: int) -> None:
+        """``kv[rank]`` is that rank's ``[layers, blocks, heads, block_size, 2*head]``."""
+        self.kv = kv
+        self.block_size = block_size
+        self.version = 0  # bumped when the weights change (a full connector reset)
+        self._prefixes: dict[str, _Prefix] = {}
+        self.salts: dict[str, str] = {}  # a request's cache salt seeds its digests
+        self._values: dict[tuple[bytes, int, int, int], float] = {}
+
+    def digests(self, request_id: str, tokens: list[int], end: int) -> list[bytes]:
+        """Digests of ``tokens[: p + 1]`` for p < ``end``."""
+        prefix = self._prefixes.get(request_id)
+        if prefix is None:
+            prefix = self._prefixes[request_id] = _Prefix([], [])
+        same = 0
+        limit = min(len(prefix.tokens), len(tokens))
+        while same < limit and prefix.tokens[same] == tokens[same]:
+            same += 1
+        del prefix.tokens[same:], prefix.digests[same:]
+        seed = b"kvoffload/harness/" + self.salts.get(request_id, "").encode()
+        last = prefix.digests[-1] if prefix.digests else seed
+        for p in range(same, end):
+            last = hashlib.blake2b(last + tokens[p].to_bytes(4, "little"), digest_size=8).digest()
+            prefix.tokens.append(tokens[p])
+            prefix.digests.append(last)
+        return prefix.digests[:end]
+
+    def value(self, digest: bytes, rank: int, layer: int, version: int | None = None) -> float:
+        v = self.version if version is None else version
+        key = (digest, v, rank, layer)
+        found = self._values.get(key)
+        if found is None:
+            raw = hashlib.blake2b(digest + bytes((v % 256, rank, layer)), digest_size=3).digest()
+            found = self._values[key] = float(int.from_bytes(raw, "little") & 0x7FFFFF)
+        return found
+
+    def sample(self, request_id: str, tokens: list[int]) -> int:
+        digest = self.digests(request_id, tokens, len(tokens))[-1]
+        return 3 + int.from_bytes(digest[:4], "little") % VOCAB
+
+    def write(
+        self,
+        request_id: str,
+        tokens: list[int],
+        blocks: list[int],
+        start: int,
+        end: int,
+        *,
+        ranks: Sequence[int] | None = None,
+    ) -> None:
+        """Write the KV of positions ``start..end-1`` on ``ranks`` (default: all)."""
+        if end <= start:
+            return
+        digests = self.digests(request_id, tokens, end)
+        index = self._index(blocks, start, end)
+        for rank in ranks if ranks is not None else range(len(self.kv)):
+            kv = self.kv[rank]
+            for layer in range(kv.shape[0]):
+                values = torch.tensor(
+                    [self.value(d, rank, layer) for d in digests[start:end]], dtype=kv.dtype
+                )
+                kv[layer][index[0], :, index[1], :] = values.view(-1, 1, 1)
+
+    def check(
+        self,
+        request_id: str,
+        tokens: list[int],
+        blocks: list[int],
+        start: int,
+        end: int,
+        *,
+        what: str,
+        ranks: Sequence[int] | None = None,
+    ) -> None:
+        """Raise :class:`ReadMismatch` unless positions ``start..end-1`` hold the
+        request's own KV (this weights version) on every rank and layer."""
+        if end <= start:
+            return
+        digests = self.digests(request_id, tokens, end)
+        index = self._index(blocks, start, end)
+        for rank in ranks if ranks is not None else range(len(self.kv)):
+            kv = self.kv[rank]
+            for layer in range(kv.shape[0]):
+                want = torch.tensor(
+                    [self.value(d, rank, layer) for d in digests[start:end]], dtype=kv.dtype
+                )
+                got = kv[layer][index[0], :, index[1], :]
+                ok = (got == want.view(-1, 1, 1)).flatten(1).all(dim=1)
+                if not bool(ok.all()):
+                    bad = start + int((~ok).nonzero()[0])
+                    block = blocks[bad // self.block_size]
+                    raise ReadMismatch(
+                        f"{what}: request {request_id!r} position {bad} (block {block}, "
+                        f"rank {rank}, layer {layer}) does not hold its own KV"
+                    )
+
+    def forget(self, request_id: str) -> None:
+        self._prefixes.pop(request_id, None)
+
+    def _index(self, blocks: list[int], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(start, end)
+        table = torch.tensor(blocks, dtype=torch.long)
+        return table[positions // self.block_size], positions % self.block_size

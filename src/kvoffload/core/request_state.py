@@ -89,6 +89,7 @@ class RequestState:
         "phase",
         "promotion",
         "request",
+        "stale_kv",
         "stored_chunks",
     )
 
@@ -114,6 +115,7 @@ class RequestState:
         self.load_failed = False  # a load of this request failed: it recomputes from now on
         self.promotion: tuple[str, tuple[ChunkKey, ...]] | None = None  # wanted: tier, keys
         self.no_promotion = False  # a promotion could not be planned: none until admitted
+        self.stale_kv = False  # its KV predates a connector reset: never stored
 
     @property
     def request_id(self) -> str:
@@ -139,12 +141,14 @@ class RequestState:
         return [jid for jid, job in self.jobs.items() if job.kind is JobKind.STORE]
 
     def rekey(self, namespace: Namespace, epoch: bytes) -> None:
-        """A connector reset began key epoch ``epoch``: derive the keys anew (lazily,
-        from the block hashes), offer every chunk for storing again, and forget a
-        wished promotion (it names old keys)."""
+        """A connector reset began key epoch ``epoch`` (the weights changed): derive
+        the keys anew (lazily, from the block hashes) and forget a wished promotion
+        (it names old keys). The KV this request holds in the engine, and any it
+        computes from it, is the old weights': it is never stored (``stale_kv``) until
+        the request is admitted again (preempted and recomputed)."""
         self.keys = KeyChain(namespace, self.keys.blocks_per_chunk, epoch)
-        self.stored_chunks = 0
         self.promotion = None
+        self.stale_kv = True
 
     def clear_deferral(self) -> None:
         self.deferred_since_step = None

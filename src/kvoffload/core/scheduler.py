@@ -264,6 +264,7 @@ class OffloadScheduler(StepPlanning):
         state.stored_chunks = 0
         state.promotion = None
         state.no_promotion = False
+        state.stale_kv = False  # computed (or loaded) afresh from here
         state.block_ids = list(block_ids)
 
     def _load_job(

@@ -69,6 +69,11 @@ from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.transfer.worker import TransferWorker
 
 
+SECONDS_PER_STEP = 0.02
+"""The logical duration of one engine step (a step of a real engine takes 10-50 ms):
+what the deferral bound in seconds and the Redis index's expiries are measured in."""
+
+
 class HarnessViolation(AssertionError):
     """A check of the harness failed (see the module docstring)."""
 
@@ -159,7 +164,7 @@ class VllmHarness:
         self.spec = spec if spec is not None else HarnessSpec(**spec_fields)  # type: ignore[arg-type]
         self.block_size = self.spec.block_size
         self.async_scheduling = self.spec.async_scheduling
-        self.clock = 0.0  # logical seconds: one per engine step
+        self.clock = 0.0  # logical seconds: SECONDS_PER_STEP per engine step
         self.check_provenance = check_provenance
         self.policy: Completions = CompleteAll()
         self.trace: list[str] = []
@@ -182,7 +187,8 @@ class VllmHarness:
         self.aggregator = KVOutputAggregator(world) if world > 1 else None
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(self.block_size, sha256)
-        self.tokens: dict[str, list[int]] = {}
+        self.tokens: dict[str, list[int]] = {}  # what the last step of each request read
+        self.outputs: dict[str, list[int]] = {}  # the tokens the engine handed out
         self.steps: list[StepRecord] = []
         self.loads_checked = 0
         self._queue: deque[_Executed] = deque()
@@ -264,8 +270,8 @@ class VllmHarness:
         return self.scheduler.requests[request_id]
 
     def output_tokens(self, request_id: str) -> list[int]:
-        prompt = self.scheduler.requests[request_id].prompt_token_ids or []
-        return self.tokens[request_id][len(prompt) :]
+        """The tokens the engine handed out for the request so far."""
+        return list(self.outputs.get(request_id, []))
 
     def reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_connector: bool = False
@@ -292,7 +298,7 @@ class VllmHarness:
             self.policy = CompleteAll(release=complete, fail=set(fail or ()))
         elif isinstance(self.policy, CompleteAll):
             self.policy = CompleteAll()
-        self.clock += 1.0
+        self.clock += SECONDS_PER_STEP
         record = None
         if self.async_scheduling:
             if self.scheduler.has_requests():
@@ -357,12 +363,11 @@ class VllmHarness:
         )
         self.steps.append(record)
         self._trace_plan(record)
+        self._inputs(output)
         sampled = self._sample(output)
         outputs: dict[int, ModelRunnerOutput] = {}
         for rank in self.policy.rank_order(record.step, len(self.ranks)):
             outputs[rank] = self._execute(self.ranks[rank], output, meta, sampled, record)
-        for request_id, token in sampled.items():
-            self.tokens[request_id].append(token)
         if self.aggregator is not None:
             runner = self.aggregator.aggregate([outputs[r] for r in range(len(self.ranks))], 0)
             assert runner is not None
@@ -439,18 +444,12 @@ class VllmHarness:
         return ReportMetadata(tuple(reports))
 
     def _apply(self, executed: _Executed) -> None:
-        """The scheduler consumes one step's output; the harness's token lists become
-        the scheduler's own plus what a still unapplied step sampled."""
-        self.scheduler.update_from_output(executed.output, executed.runner)
-        in_flight = self._queue[0].sampled if self._queue else {}
-        for request_id in executed.sampled:
-            request = self.scheduler.requests.get(request_id)
-            if request is None:
-                continue
-            later = in_flight.get(request_id)
-            self.tokens[request_id] = list(request.all_token_ids) + (
-                [later] if later is not None else []
-            )
+        """The scheduler consumes one step's output; what it hands out as the
+        requests' new tokens is what a user of the engine receives."""
+        outputs = self.scheduler.update_from_output(executed.output, executed.runner)
+        for engine_outputs in outputs.values():
+            for out in engine_outputs.outputs:
+                self.outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
 
     def _after_step(self) -> None:
         index = self.side.redis_index
@@ -466,16 +465,31 @@ class VllmHarness:
         computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         return computed
 
+    def _inputs(self, output: SchedulerOutput) -> None:
+        """The token ids this step computes over, as vLLM's model runner sees them:
+        the request's tokens, plus (async) the token sampled by the step still in
+        flight, which the scheduler has not applied yet."""
+        computed = self._computed(output)
+        in_flight = self._queue[0].sampled if self._queue else {}
+        for request_id, count in output.num_scheduled_tokens.items():
+            tokens = list(self.scheduler.requests[request_id].all_token_ids)
+            end = computed[request_id] + count
+            if len(tokens) < end and request_id in in_flight:
+                tokens.append(in_flight[request_id])
+            if len(tokens) < end:
+                raise HarnessViolation(
+                    f"{request_id!r}: positions up to {end} scheduled, {len(tokens)} tokens known"
+                )
+            self.tokens[request_id] = tokens
+
     def _sample(self, output: SchedulerOutput) -> dict[str, int]:
-        """Tokens this step samples: where a request's known tokens are all computed."""
+        """A token for every request whose scheduled positions end its known tokens
+        (vLLM's model runner samples every request not in a partial prefill)."""
         sampled: dict[str, int] = {}
         computed = self._computed(output)
         for request_id, count in output.num_scheduled_tokens.items():
-            request = self.scheduler.requests[request_id]
-            tokens = self.tokens[request_id]
-            prompt = len(request.prompt_token_ids or [])
-            limit = request.sampling_params.max_tokens if request.sampling_params else 0
-            if computed[request_id] + count >= len(tokens) and len(tokens) - prompt < (limit or 0):
+            if not self.scheduler.requests[request_id].is_prefill_chunk:
+                tokens = self.tokens[request_id][: computed[request_id] + count]
                 sampled[request_id] = self.model.sample(request_id, tokens)
         return sampled
 
@@ -487,7 +501,7 @@ class VllmHarness:
             tokens = self.tokens[request_id]
             blocks = self.scheduler.kv_cache_manager.get_block_ids(request_id)[0]
             start = computed[request_id]
-            end = min(start + count, len(tokens))
+            end = start + count
             try:
                 self.model.check(
                     request_id, tokens, blocks, 0, start, what=f"step {step} forward", ranks=[rank]
@@ -542,7 +556,7 @@ class VllmHarness:
         for request_id, count in output.num_scheduled_tokens.items():
             blocks = self.scheduler.kv_cache_manager.get_block_ids(request_id)[0]
             start = computed[request_id]
-            end = min(start + count, len(self.tokens[request_id]))
+            end = start + count
             written.update(blocks[p // self.block_size] for p in range(start, end))
         for load in plan.loads:
             written.update(load.block_ids)

@@ -74,6 +74,17 @@ class KVModel:
         digest = self.digests(request_id, tokens, len(tokens))[-1]
         return 3 + int.from_bytes(digest[:4], "little") % VOCAB
 
+    def reference_output(self, request_id: str, prompt: list[int], max_tokens: int) -> list[int]:
+        """The tokens a request must produce: sampling depends only on its prefix."""
+        scratch = request_id + "\x00reference"
+        self.salts[scratch] = self.salts.get(request_id, "")
+        tokens = list(prompt)
+        for _ in range(max_tokens):
+            tokens.append(self.sample(scratch, tokens))
+        self.forget(scratch)
+        del self.salts[scratch]
+        return tokens[len(prompt) :]
+
     def write(
         self,
         request_id: str,

@@ -1,0 +1,131 @@
+"""``python -m kvoffload.testing.vllm_fuzz``: fuzz kvoffload on vLLM's own scheduler.
+
+Each seed is a scenario (``scenario.py``) run on vLLM's real ``Scheduler`` and/or
+``AsyncScheduler`` with real connectors and real copies (``runner.py``). Exit status
+0 when every schedule passed, 1 with a report of the first failure (its seed, a
+shrunk reproduction and the tail of its trace), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections import Counter
+
+from kvoffload.testing.vllm_fuzz.runner import Environment, Outcome, run_scenario
+from kvoffload.testing.vllm_fuzz.scenario import random_scenario
+from kvoffload.testing.vllm_fuzz.shrink import shrink
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m kvoffload.testing.vllm_fuzz",
+        description="Fuzz kvoffload on vLLM's real scheduler (see docs/fuzzing.md).",
+    )
+    parser.add_argument("--seeds", type=int, default=None, help="seeds to run (default 100)")
+    parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument("--minutes", type=float, default=None, help="stop after this long")
+    parser.add_argument(
+        "--scheduler",
+        choices=("sync", "async", "both"),
+        default="both",
+        help="which vLLM scheduler each seed runs on (both: every seed on each)",
+    )
+    parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
+    parser.add_argument("--keep-going", action="store_true", help="do not stop at a failure")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    args = parser.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = None if args.minutes is not None else 100
+    if (args.seeds is not None and args.seeds < 1) or (
+        args.minutes is not None and args.minutes <= 0
+    ):
+        parser.error("--seeds and --minutes must be positive")
+    return args
+
+
+def quiet_vllm() -> None:
+    """vLLM logs a line per engine built; a fuzzer builds thousands."""
+    import vllm  # noqa: F401  (configures vLLM's loggers first)
+
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+def kinds(choice: str) -> tuple[bool, ...]:
+    return {"sync": (False,), "async": (True,), "both": (False, True)}[choice]
+
+
+def report(failure: Outcome, shrunk: Outcome | None, runs: int) -> str:
+    s = failure.scenario
+    sched = "async" if s.async_scheduling else "sync"
+    lines = [
+        f"FAILED seed {s.seed} ({sched} scheduler): {failure.message}",
+        f"  rerun: python -m kvoffload.testing.vllm_fuzz --seeds 1 --start {s.seed} "
+        f"--scheduler {sched}",
+    ]
+    shown = shrunk or failure
+    if shrunk is not None:
+        lines.append(f"  shrunk in {runs} runs to:")
+    lines += ["    " + line for line in shown.scenario.describe().splitlines()]
+    if shrunk is not None and shrunk.message != failure.message:
+        lines.append(f"  which fails with: {shrunk.message.splitlines()[0]}")
+    lines.append("  trace (last 40 lines):")
+    lines += ["    " + line for line in shown.trace[-40:]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from kvoffload.demos.tiny_model import ensure_model
+
+    quiet_vllm()
+    env = Environment(ensure_model("tiny"))
+    totals: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    failures = 0
+    begin = time.perf_counter()
+    deadline = begin + args.minutes * 60 if args.minutes is not None else None
+    seed = args.start
+    try:
+        while args.seeds is None or seed < args.start + args.seeds:
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            for is_async in kinds(args.scheduler):
+                scenario = random_scenario(seed, is_async, redis=env.redis_available)
+                outcome = run_scenario(scenario, env)
+                counts[outcome.status] += 1
+                counts["async" if is_async else "sync"] += 1
+                totals.update(outcome.stats)
+                if outcome.failed:
+                    failures += 1
+                    shrunk, runs = (None, 0) if args.no_shrink else shrink(outcome, env)
+                    print(report(outcome, shrunk, runs), flush=True)
+                    if not args.keep_going:
+                        raise StopIteration
+            seed += 1
+            if not args.quiet and (seed - args.start) % 20 == 0:
+                print(
+                    f"  {seed - args.start} seeds, {time.perf_counter() - begin:.0f} s",
+                    file=sys.stderr,
+                )
+    except StopIteration:
+        pass
+    finally:
+        env.close()
+    seconds = time.perf_counter() - begin
+    schedules = counts["passed"] + counts["failed"] + counts["refused"]
+    print(
+        f"{schedules} schedules ({counts['sync']} sync, {counts['async']} async) from seeds "
+        f"{args.start}..{seed - 1}: {counts['passed']} passed, {counts['refused']} refused "
+        f"(sliding window, at start), {counts['failed']} failed, in {seconds:.1f} s"
+        + ("" if env.redis_available else " (no redis-server: Redis scenarios ran on disk)")
+    )
+    covered = ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if v)
+    print(f"covered: {covered}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Run one scenario on vLLM's real scheduler and judge it.
+
+The harness checks every step (see ``vllm_harness/harness.py``). At the end of a
+run: every request finished, each one not aborted produced exactly its reference
+tokens, and nothing is left anywhere (requests, jobs, pins, slots, engine blocks).
+Any exception out of vLLM's or kvoffload's calls is a failure too: in a real engine
+it would have killed the engine.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvoffload.core.errors import ConfigError
+from kvoffload.core.keys import ChunkKey
+from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.vllm_fuzz.faults import FaultPolicy, chance
+from kvoffload.testing.vllm_fuzz.scenario import BLOCK_SIZE, FaultKind, Scenario, Tiers
+from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation, TornWrites, VllmHarness
+from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
+from kvoffload.tiers.disk import slot_bytes
+from kvoffload.tiers.disk_store import DiskTierStore
+from kvoffload.transfer.tier_worker import TierWorker
+
+BLOCK_BYTES = len(LAYERS) * HEADS * BLOCK_SIZE * 2 * HEAD_SIZE * 4  # one block, all layers
+MAX_IDLE_STEPS = 3000  # steps after the last event before a run counts as stuck
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    status: str  # "passed" | "failed" | "refused"
+    message: str = ""
+    trace: list[str] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    @property
+    def category(self) -> str:
+        """The kind of failure, without ids and numbers (shrinking keeps it)."""
+        first = self.message.splitlines()[0] if self.message else ""
+        first = re.sub(r"'[^']*'", "'_'", first)
+        return re.sub(r"\d+", "N", first)[:90]
+
+
+class Environment:
+    """What runs share: the model directory, a scratch root, a Redis server."""
+
+    def __init__(self, model_path: Path) -> None:
+        self.model_path = model_path
+        self.root = Path(tempfile.mkdtemp(prefix="kvoffload-fuzz-"))
+        self.redis_available = shutil.which("redis-server") is not None
+        self._redis: RedisServer | None = None
+
+    def redis(self) -> RedisServer:
+        if self._redis is None:
+            self._redis = RedisServer(self.root / "redis").start()
+        if self._redis.proc is None:
+            self._redis.start()
+        return self._redis
+
+    def close(self) -> None:
+        if self._redis is not None:
+            self._redis.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> HarnessSpec:
+    chunk_bytes = BLOCK_BYTES * scenario.blocks_per_chunk
+    world = scenario.world_size
+    extra: dict[str, Any] = {
+        "chunk_tokens": BLOCK_SIZE * scenario.blocks_per_chunk,
+        "store_threshold": scenario.store_threshold,
+        "eviction": scenario.eviction,
+        "max_deferral_steps": scenario.max_deferral_steps,
+        "max_deferral_seconds": scenario.max_deferral_seconds,
+        "tier_threads": 2,
+    }
+    if scenario.tiers is Tiers.DISK:
+        extra["disk_path"] = str(workdir / "disk")
+        extra["disk_bytes"] = scenario.lower_chunks * slot_bytes(chunk_bytes) * world
+    if scenario.tiers is Tiers.REDIS:
+        server = env.redis()
+        server.client().flushall()
+        extra["redis_url"] = server.url
+        extra["redis_timeout_ms"] = 200
+    return HarnessSpec(
+        async_scheduling=scenario.async_scheduling,
+        num_blocks=scenario.num_blocks,
+        block_size=BLOCK_SIZE,
+        world_size=world,
+        sliding_window=scenario.sliding_window,
+        max_num_seqs=scenario.max_num_seqs,
+        max_num_batched_tokens=64,
+        cpu_bytes=scenario.host_chunks * chunk_bytes * world,
+        extra=extra,
+    )
+
+
+def run_scenario(scenario: Scenario, env: Environment) -> Outcome:
+    workdir = Path(tempfile.mkdtemp(prefix=f"seed{scenario.seed}-", dir=env.root))
+    outcome = Outcome(scenario, "passed")
+    harness: VllmHarness | None = None
+    try:
+        spec = harness_spec(scenario, env, workdir)
+        try:
+            harness = VllmHarness(env.model_path, spec)
+        except ConfigError as exc:
+            if scenario.sliding_window is not None and "SlidingWindowSpec" in str(exc):
+                outcome.status = "refused"
+                return outcome
+            raise
+        if scenario.sliding_window is not None:
+            raise HarnessViolation("a sliding-window KV cache spec was accepted")
+        _drive(scenario, harness, env, outcome)
+    except Exception as exc:
+        outcome.status = "failed"
+        if isinstance(exc, HarnessViolation):
+            outcome.message = str(exc)
+        else:
+            outcome.message = f"{type(exc).__name__}: {exc}\n" + "".join(
+                traceback.format_exception(exc)[-6:]
+            )
+    finally:
+        if harness is not None:
+            outcome.trace = harness.trace
+            _record_stats(harness, outcome)
+            harness.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return outcome
+
+
+def _drive(scenario: Scenario, h: VllmHarness, env: Environment, outcome: Outcome) -> None:
+    policy = FaultPolicy(scenario)
+    h.policy = policy
+    _tear_disk_writes(scenario, h)
+    down = scenario.fault(FaultKind.REDIS_DOWN)
+    last_event = max(
+        [r.arrival for r in scenario.requests]
+        + [a[0] for a in scenario.aborts]
+        + [r.step for r in scenario.resets]
+        + ([down.end] if down is not None else [])
+    )
+    arrived: set[str] = set()
+    step = 0
+    while True:
+        _fire_events(scenario, h, env, step, arrived=arrived, outcome=outcome)
+        if step > last_event and not h.scheduler.has_unfinished_requests():
+            policy.draining = True
+            if not h.busy():
+                break
+        if step > last_event + MAX_IDLE_STEPS:
+            raise HarnessViolation(f"still busy {MAX_IDLE_STEPS} steps after the last event")
+        h.step()
+        step += 1
+    outcome.stats.update(policy.injected)
+    outcome.stats["steps"] = step
+    _check_outputs(scenario, h, arrived, outcome)
+    h.quiescent()
+
+
+def _fire_events(
+    scenario: Scenario,
+    h: VllmHarness,
+    env: Environment,
+    step: int,
+    *,
+    arrived: set[str],
+    outcome: Outcome,
+) -> None:
+    for spec in scenario.requests:
+        if spec.arrival == step:
+            h.add_request(
+                spec.request_id,
+                list(spec.prompt),
+                spec.max_tokens,
+                spec.salt,
+                prompt_logprobs=1 if spec.prompt_logprobs else None,
+            )
+            arrived.add(spec.request_id)
+    for when, request_id in scenario.aborts:
+        request = h.scheduler.requests.get(request_id)
+        if when == step and request is not None and not request.is_finished():
+            outcome.stats[f"abort_{request.status.name.lower()}"] += 1
+            h.abort(request_id)
+    for reset in scenario.resets:
+        if reset.step == step:
+            try:
+                done = h.reset_prefix_cache(reset.running, reset.connector)
+            except RuntimeError as exc:  # vLLM refuses while a load holds blocks
+                if "Failed to reset KV cache" not in str(exc):
+                    raise
+                done = False
+            outcome.stats["resets_done" if done else "resets_refused"] += 1
+    down = scenario.fault(FaultKind.REDIS_DOWN)
+    if down is not None and scenario.tiers is Tiers.REDIS:
+        if step == down.start:
+            env.redis().kill()
+            outcome.stats["redis_killed"] += 1
+        elif step == down.end:
+            env.redis()  # restarted, empty
+
+
+def _tear_disk_writes(scenario: Scenario, h: VllmHarness) -> None:
+    fault = scenario.fault(FaultKind.TORN_DISK)
+    if fault is None:
+        return
+    for entry in h.ranks:
+        lane = entry.tiers.inner if entry.tiers is not None else None
+        if isinstance(lane, TierWorker) and isinstance(lane.stores.get("disk"), DiskTierStore):
+            disk = lane.stores["disk"]
+            assert isinstance(disk, DiskTierStore)
+            lane.stores["disk"] = TornWrites(disk, _torn(scenario.seed, entry.rank, fault.rate))
+
+
+def _torn(seed: int, rank: int, rate: float) -> Callable[[ChunkKey], bool]:
+    return lambda key: chance(seed, "torn", key, rank) < rate
+
+
+def _check_outputs(scenario: Scenario, h: VllmHarness, arrived: set[str], outcome: Outcome) -> None:
+    aborted = {rid for _, rid in scenario.aborts}
+    for spec in scenario.requests:
+        if spec.request_id not in arrived:
+            continue
+        if spec.request_id in h.scheduler.requests:
+            raise HarnessViolation(f"request {spec.request_id!r} never finished")
+        if spec.request_id in aborted:
+            continue
+        got = h.output_tokens(spec.request_id)
+        want = h.model.reference_output(spec.request_id, list(spec.prompt), spec.max_tokens)
+        if got != want:
+            raise HarnessViolation(
+                f"request {spec.request_id!r} produced {got[:8]}..., reference {want[:8]}..."
+            )
+        outcome.stats["requests_checked"] += 1
+
+
+def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
+    half = h.scheduler_half
+    s = half.stats
+    outcome.stats.update(
+        preemptions=s.preemptions,
+        loads=s.loads,
+        loads_checked=h.loads_checked,
+        stores=s.stores,
+        flushes=s.flushes,
+        deferrals=sum(s.deferrals.values()),
+        deferral_timeouts=s.deferral_timeouts,
+        load_failures=s.load_failures,
+        store_failures=s.store_failures,
+        connector_resets=s.resets,
+    )
+    for tier in half.tiers.tiers.values():
+        outcome.stats[f"{tier.name}_spilled"] += tier.stats.spilled_chunks
+        outcome.stats[f"{tier.name}_promoted"] += tier.stats.promoted_chunks
+        outcome.stats[f"{tier.name}_found"] += tier.stats.hit_chunks
+        outcome.stats[f"{tier.name}_lookups"] += tier.stats.lookups
+        outcome.stats[f"{tier.name}_integrity_errors"] += sum(tier.stats.integrity_errors.values())

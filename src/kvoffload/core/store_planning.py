@@ -63,8 +63,9 @@ def plan_store_job(
     store in ``directory`` and advances ``state.stored_chunks``. When not all fit, the
     leading chunks that fit are stored; when none fits, nothing changes (the chunks
     are offered again next step) and it returns None. Never for a request with a load
-    in flight, nor for one whose KV predates a connector reset. A chunk naming the engine's null block or a block named twice is never
-    stored (counted as an anomaly): the chunks before it are, then the cursor skips it."""
+    in flight, nor for one whose KV predates a connector reset. A chunk naming the
+    engine's null block or a block named twice is never stored (counted as an
+    anomaly): the chunks before it are, then the cursor skips it."""
     if state.has_load() or state.stale_kv:
         return None
     k, chunk = config.blocks_per_chunk, config.chunk_tokens

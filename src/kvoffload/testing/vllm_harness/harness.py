@@ -68,7 +68,6 @@ from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS, Harnes
 from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.transfer.worker import TransferWorker
 
-
 SECONDS_PER_STEP = 0.02
 """The logical duration of one engine step (a step of a real engine takes 10-50 ms):
 what the deferral bound in seconds and the Redis index's expiries are measured in."""

@@ -53,16 +53,17 @@ class StepPlanning:
 
     def on_preempted(self, request_id: str) -> None:
         """The engine freed a running request's blocks and re-queued it: its stores
-        are flushed in the next plan, and it is deferred until they are reported.
+        are flushed in the next plan, and it is deferred until its jobs are reported.
         Idempotent; ignored for requests that are not running."""
         state = self._states.get(request_id)
         if state is None or state.phase is not Phase.RUNNING:
             return
         state.block_ids.clear()
-        stores = state.store_ids()
-        self._pending_flush.update(stores)
+        self._pending_flush.update(state.store_ids())
         self.stats.preemptions += 1
-        state.move(Phase.PREEMPTED_DRAINING if stores else Phase.WAITING)
+        # Stores, or a promotion still running from before its admission: it is
+        # looked up again only once they drained.
+        state.move(Phase.PREEMPTED_DRAINING if state.jobs else Phase.WAITING)
 
     def _drop(self, state: RequestState) -> None:
         state.move(Phase.DONE)

@@ -192,7 +192,7 @@ class VllmHarness:
         self.loads_checked = 0
         self._queue: deque[_Executed] = deque()
         self._jobs: dict[int, TransferJob] = {}
-        self._loads: dict[str, TransferJob] = {}
+        self._loads: dict[str, tuple[TransferJob, set[int]]] = {}  # and blocks failed so far
         self._stored_since_reset: set[ChunkKey] = set()
         self._spilled_since_reset: set[ChunkKey] = set()
 
@@ -534,7 +534,7 @@ class VllmHarness:
                         "chunks not stored since the last connector reset"
                     )
             if load.keys:
-                self._loads[load.request_id] = load
+                self._loads[load.request_id] = (load, set())
         for promotion in plan.promotions:
             if self.check_provenance and not set(promotion.keys) <= self._spilled_since_reset:
                 raise HarnessViolation(
@@ -574,10 +574,13 @@ class VllmHarness:
     def _check_landed_loads(self, record: StepRecord) -> None:
         """A load reported done (and not failed) filled its blocks with the loading
         request's own KV."""
+        for _, invalid in self._loads.values():
+            invalid.update(record.invalid_blocks)  # a rank may report them before the end
         for request_id in record.finished_recving:
-            job = self._loads.pop(request_id, None)
-            if job is None or record.invalid_blocks.intersection(job.block_ids):
+            entry = self._loads.pop(request_id, None)
+            if entry is None or entry[1].intersection(entry[0].block_ids):
                 continue
+            job = entry[0]
             if request_id not in self.scheduler.requests:
                 continue
             blocks = self.scheduler.kv_cache_manager.get_block_ids(request_id)[0]

@@ -26,7 +26,7 @@ def keep_async_scheduling() -> None:
     from vllm.platforms.cpu import CpuPlatform
 
     current = CpuPlatform.__dict__["check_and_update_config"]
-    if getattr(current, _MARK, False):
+    if getattr(current.__func__, _MARK, False):
         return
     original = current.__func__
 

@@ -156,16 +156,21 @@ class VllmHarness:
         spec: HarnessSpec | None = None,
         *,
         check_provenance: bool = True,
+        expect_anomalies: bool = False,
         **spec_fields: object,
     ) -> None:
         """``spec`` (or its fields as keywords, e.g. ``async_scheduling=True``).
-        ``check_provenance``: lower tiers start empty (no chunk from an earlier run)."""
+        ``check_provenance``: lower tiers start empty (no chunk from an earlier run).
+        ``expect_anomalies``: a test feeds surprising input on purpose (they are
+        counted, not a violation)."""
         self.spec = spec if spec is not None else HarnessSpec(**spec_fields)  # type: ignore[arg-type]
         self.block_size = self.spec.block_size
         self.async_scheduling = self.spec.async_scheduling
         self.clock = 0.0  # logical seconds: SECONDS_PER_STEP per engine step
         self.check_provenance = check_provenance
+        self.expect_anomalies = expect_anomalies
         self.policy: Completions = CompleteAll()
+        self._policy_saved: Completions | None = None
         self.trace: list[str] = []
         vllm_config, kv_cache_config = build_configs(self.spec, model_path)
         cls = AsyncScheduler if self.async_scheduling else Scheduler
@@ -293,10 +298,11 @@ class VllmHarness:
     def step(self, complete: bool = True, fail: set[int] | None = None) -> StepRecord | None:
         """One call of vLLM's engine loop; returns the step it scheduled, if any.
         ``complete``/``fail``: this step's completions (without them, ``policy``)."""
-        if not complete or fail:
+        if self._policy_saved is not None:
+            self.policy, self._policy_saved = self._policy_saved, None
+        if not complete or fail:  # this step only
+            self._policy_saved = self.policy
             self.policy = CompleteAll(release=complete, fail=set(fail or ()))
-        elif isinstance(self.policy, CompleteAll):
-            self.policy = CompleteAll()
         self.clock += SECONDS_PER_STEP
         record = None
         if self.async_scheduling:
@@ -341,6 +347,14 @@ class VllmHarness:
             entry.gate.open()
             entry.connector.shutdown()
         self.connector.shutdown()
+
+    def loaded_tokens(self, request_id: str) -> int:
+        """Tokens kvoffload planned to load into the request's blocks so far."""
+        return sum(
+            len(j.block_ids) * self.block_size
+            for j in self._jobs.values()
+            if j.kind is JobKind.LOAD and j.request_id == request_id
+        )
 
     def jobs_of(self, kind: JobKind) -> list[TransferJob]:
         return [j for j in self._jobs.values() if j.kind is kind]
@@ -604,7 +618,7 @@ class VllmHarness:
                 "internal error at the vLLM boundary:\n" + self.side.guard.errors[0]
             )
         half = self.side.scheduler
-        if half.anomalies.counts:
+        if half.anomalies.counts and not self.expect_anomalies:
             raise HarnessViolation(f"anomalies counted on vLLM: {half.anomalies.counts}")
         try:
             half.check_integrity()

@@ -101,8 +101,15 @@ def test_null_and_duplicate_blocks_are_never_stored_and_nothing_raises(
             blocks = list(s.block_ids)
             if s.replace and len(blocks) >= 2:
                 blocks[1] = 0 if damage == "null" else blocks[0]
-            out.append(ScheduledRequest(s.request_id, s.num_computed_tokens,
-                                        s.num_scheduled_tokens, tuple(blocks), s.replace))  # fmt: skip
+            out.append(
+                ScheduledRequest(
+                    s.request_id,
+                    s.num_computed_tokens,
+                    s.num_scheduled_tokens,
+                    tuple(blocks),
+                    s.replace,
+                )
+            )
         return StepInput(tuple(out), step.preempted)
 
     monkeypatch.setattr(scheduler_side, "step_input", damaged)

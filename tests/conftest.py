@@ -30,6 +30,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_model("tiny", tmp_path_factory.mktemp("models"))
 
 
+@pytest.fixture(scope="session")
+def tiny_swa_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``tiny-swa`` preset: the tiny shape as a Mistral-style model whose every
+    layer attends through a 64-token sliding window."""
+    from kvoffload.demos.tiny_model import ensure_model
+
+    return ensure_model("tiny-swa", tmp_path_factory.mktemp("models"))
+
+
 @pytest.fixture
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()

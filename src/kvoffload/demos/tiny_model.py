@@ -1,4 +1,7 @@
-"""Random-weight Llama checkpoints written locally, for tests and demos (no hub access).
+"""Random-weight checkpoints written locally, for tests and demos (no hub access).
+
+Llama-shaped, or Mistral-shaped with a sliding window on every layer
+(``architecture="mistral"``).
 
 ``ensure_model(preset)`` returns the directory of a Hugging Face checkpoint
 (``config.json`` + ``model.safetensors``) that vLLM and transformers can load. The
@@ -28,7 +31,8 @@ _MARKER = "kvoffload-model.json"
 
 @dataclass(frozen=True)
 class ModelPreset:
-    """Shape of a random Llama. ``dtype`` is the checkpoint and config dtype."""
+    """Shape of a random model. ``dtype`` is the checkpoint and config dtype;
+    ``sliding_window`` (mistral only) is every layer's attention window in tokens."""
 
     name: str
     vocab_size: int
@@ -41,6 +45,8 @@ class ModelPreset:
     tie_word_embeddings: bool
     dtype: str = "float32"
     seed: int = 0
+    architecture: str = "llama"  # "llama" | "mistral"
+    sliding_window: int | None = None
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -55,6 +61,20 @@ PRESETS: dict[str, ModelPreset] = {
         num_key_value_heads=2,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
+    ),
+    # The tiny shape as a Mistral-style model: every layer a 64-token sliding window.
+    "tiny-swa": ModelPreset(
+        name="tiny-swa",
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        architecture="mistral",
+        sliding_window=64,
     ),
     # ~100M parameters (75M in the layers, 24.6M tied embedding), GQA 12/4, ~400 MB:
     # on 2 CPU cores prefill costs milliseconds per token, so recomputing a long chat
@@ -136,9 +156,15 @@ def _preset(name: str) -> ModelPreset:
 def _write(spec: ModelPreset, path: Path) -> None:
     """Build the seeded random model and save it into ``path`` (marker last)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-    config = LlamaConfig(
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }[spec.architecture]
+    window = {} if spec.sliding_window is None else {"sliding_window": spec.sliding_window}
+    config = config_cls(
+        **window,
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -155,7 +181,7 @@ def _write(spec: ModelPreset, path: Path) -> None:
     dtype = getattr(torch, spec.dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config).to(dtype)  # type: ignore[no-untyped-call]
+        model = model_cls(config).to(dtype)  # type: ignore[no-untyped-call]
     model.config.dtype = spec.dtype
     model.save_pretrained(path)
     (path / _MARKER).write_text(json.dumps(asdict(spec), indent=2, sort_keys=True))

@@ -27,6 +27,7 @@ VOCAB = 1000
 class _Prefix:
     tokens: list[int]  # the tokens the digests were computed from
     digests: list[bytes]  # digests[p] names tokens[: p + 1]
+    values: dict[tuple[int, int, int], list[float]]  # (version, rank, layer) -> per position
 
 
 class ReadMismatch(AssertionError):
@@ -47,12 +48,15 @@ class KVModel:
         """Digests of ``tokens[: p + 1]`` for p < ``end``."""
         prefix = self._prefixes.get(request_id)
         if prefix is None:
-            prefix = self._prefixes[request_id] = _Prefix([], [])
+            prefix = self._prefixes[request_id] = _Prefix([], [], {})
         same = 0
         limit = min(len(prefix.tokens), len(tokens))
         while same < limit and prefix.tokens[same] == tokens[same]:
             same += 1
-        del prefix.tokens[same:], prefix.digests[same:]
+        if same < len(prefix.digests):
+            del prefix.tokens[same:], prefix.digests[same:]
+            for values in prefix.values.values():
+                del values[same:]
         seed = b"kvoffload/harness/" + self.salts.get(request_id, "").encode()
         last = prefix.digests[-1] if prefix.digests else seed
         for p in range(same, end):
@@ -69,6 +73,16 @@ class KVModel:
             raw = hashlib.blake2b(digest + bytes((v % 256, rank, layer)), digest_size=3).digest()
             found = self._values[key] = float(int.from_bytes(raw, "little") & 0x7FFFFF)
         return found
+
+    def expected(
+        self, request_id: str, tokens: list[int], start: int, end: int, rank: int, layer: int
+    ) -> torch.Tensor:
+        """The KV values of positions ``start..end-1`` (this weights version)."""
+        digests = self.digests(request_id, tokens, end)
+        values = self._prefixes[request_id].values.setdefault((self.version, rank, layer), [])
+        for p in range(len(values), end):
+            values.append(self.value(digests[p], rank, layer))
+        return torch.tensor(values[start:end], dtype=torch.float32)
 
     def sample(self, request_id: str, tokens: list[int]) -> int:
         digest = self.digests(request_id, tokens, len(tokens))[-1]
@@ -98,14 +112,11 @@ class KVModel:
         """Write the KV of positions ``start..end-1`` on ``ranks`` (default: all)."""
         if end <= start:
             return
-        digests = self.digests(request_id, tokens, end)
         index = self._index(blocks, start, end)
         for rank in ranks if ranks is not None else range(len(self.kv)):
             kv = self.kv[rank]
             for layer in range(kv.shape[0]):
-                values = torch.tensor(
-                    [self.value(d, rank, layer) for d in digests[start:end]], dtype=kv.dtype
-                )
+                values = self.expected(request_id, tokens, start, end, rank, layer)
                 kv[layer][index[0], :, index[1], :] = values.view(-1, 1, 1)
 
     def check(
@@ -123,14 +134,11 @@ class KVModel:
         request's own KV (this weights version) on every rank and layer."""
         if end <= start:
             return
-        digests = self.digests(request_id, tokens, end)
         index = self._index(blocks, start, end)
         for rank in ranks if ranks is not None else range(len(self.kv)):
             kv = self.kv[rank]
             for layer in range(kv.shape[0]):
-                want = torch.tensor(
-                    [self.value(d, rank, layer) for d in digests[start:end]], dtype=kv.dtype
-                )
+                want = self.expected(request_id, tokens, start, end, rank, layer)
                 got = kv[layer][index[0], :, index[1], :]
                 ok = (got == want.view(-1, 1, 1)).flatten(1).all(dim=1)
                 if not bool(ok.all()):

@@ -75,7 +75,7 @@ class KVModel:
         return found
 
     def expected(
-        self, request_id: str, tokens: list[int], start: int, end: int, rank: int, layer: int
+        self, request_id: str, tokens: list[int], start: int, end: int, *, rank: int, layer: int
     ) -> torch.Tensor:
         """The KV values of positions ``start..end-1`` (this weights version)."""
         digests = self.digests(request_id, tokens, end)
@@ -116,7 +116,7 @@ class KVModel:
         for rank in ranks if ranks is not None else range(len(self.kv)):
             kv = self.kv[rank]
             for layer in range(kv.shape[0]):
-                values = self.expected(request_id, tokens, start, end, rank, layer)
+                values = self.expected(request_id, tokens, start, end, rank=rank, layer=layer)
                 kv[layer][index[0], :, index[1], :] = values.view(-1, 1, 1)
 
     def check(
@@ -138,7 +138,7 @@ class KVModel:
         for rank in ranks if ranks is not None else range(len(self.kv)):
             kv = self.kv[rank]
             for layer in range(kv.shape[0]):
-                want = self.expected(request_id, tokens, start, end, rank, layer)
+                want = self.expected(request_id, tokens, start, end, rank=rank, layer=layer)
                 got = kv[layer][index[0], :, index[1], :]
                 ok = (got == want.view(-1, 1, 1)).flatten(1).all(dim=1)
                 if not bool(ok.all()):

@@ -19,17 +19,15 @@ be one step late (asynchronous scheduling).
 Correct by construction under every interleaving of those calls:
 
 - A request with any job in flight is never looked up in the directory: lookup
-  answers retry later (bounded: past ``max_deferral_steps`` busy steps, those that
-  scheduled any request, or ``max_deferral_seconds`` it answers 0, so the request
-  recomputes and no load is ever issued on top of its stores). Idle steps do not
-  count: an engine with nothing else to run spins through thousands of empty steps
-  a second while a promotion reads from disk, and the seconds bound covers it.
+  answers retry later, bounded by ``max_deferral_steps`` busy steps (idle ones do not
+  count) or ``max_deferral_seconds``; past the bound it answers 0 and the request
+  recomputes: no load is ever issued on top of its stores (decision 0002).
 - Every in-flight store fences its source blocks: a store whose block is handed out
   fresh in a step (to any request, or as a load destination) is in that step's
   ``flush`` set, so the worker finishes it before the block is written.
 - Jobs complete exactly once (all workers reported). A failed load unpins its chunks
-  (the worker reports its blocks invalid, so the engine recomputes them); a failed
-  store frees its slots. Nothing in a failure path raises.
+  (the engine recomputes its blocks); a failed store frees its slots. Nothing in a
+  failure path raises; surprising input is an anomaly (decision 0006).
 
 Owned state: the request states, the job tracker and the directory; callers receive
 immutable plans and completions.
@@ -42,12 +40,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
-from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
 from kvoffload.core.job_tracker import Completion, JobTracker
 from kvoffload.core.jobs import JobKind, TransferJob, WorkerReport
-from kvoffload.core.keys import ChunkKey, Namespace
+from kvoffload.core.keys import Namespace
+from kvoffload.core.load_planning import next_chunks_wait, plan_load_job
 from kvoffload.core.metrics import MetricsRecorder
 from kvoffload.core.request_state import Phase, RequestState
 from kvoffload.core.scheduler_checks import verify_scheduler
@@ -59,8 +57,7 @@ from kvoffload.core.scheduler_types import (
     SchedulerStats,
 )
 from kvoffload.core.step_planning import StepPlanning
-from kvoffload.core.store_planning import check_blocks
-from kvoffload.core.tier_planning import UNKNOWN, TierPlanner
+from kvoffload.core.tier_planning import TierPlanner
 from kvoffload.core.tiering import LowerTier
 
 
@@ -89,7 +86,7 @@ class OffloadScheduler(StepPlanning):
         self.anomalies = AnomalyLog()
         self.epoch = b""  # the key epoch: changes at every reset (decision 0005)
         self._new_epoch = new_epoch
-        self._clock = clock
+        self.clock = clock  # the deferral bound's time source (harnesses: logical time)
         self._states: dict[str, RequestState] = {}
         self._tracker = JobTracker(config.world_size)
         self._step = 0
@@ -146,7 +143,17 @@ class OffloadScheduler(StepPlanning):
             return 0
         readable = self.directory.readable_prefix(keys)
         if readable < len(keys) and readable * chunk >= num_computed_tokens:
-            reason = self._wait_for_next_chunks(state, keys, readable, num_computed_tokens)
+            reason, wished = next_chunks_wait(
+                state,
+                keys,
+                readable,
+                num_computed_tokens,
+                directory=self.directory,
+                tiers=self.tiers,
+                chunk_tokens=chunk,
+            )
+            if wished:
+                self._promotions.append(state.request_id)
             if reason is not None:
                 if not self._deferral_expired(state):
                     self._defer(state, reason)
@@ -160,43 +167,18 @@ class OffloadScheduler(StepPlanning):
         state.lookup_hit = (num_computed_tokens, external)
         return external
 
-    def _wait_for_next_chunks(
-        self, state: RequestState, keys: list[ChunkKey], readable: int, local: int
-    ) -> Deferral | None:
-        """Whether the chunks after the readable prefix are worth waiting for: a host
-        store of the next one is in flight, or a lower tier holds the next ones (then
-        their promotion is requested for the next plan)."""
-        if state.no_promotion:
-            return None
-        if self.directory.state_of(keys[readable]) is ChunkState.STORING:
-            return Deferral.PENDING
-        if not self.tiers:
-            return None
-        found = self.tiers.find_below(keys[readable:])
-        if found == UNKNOWN:
-            return Deferral.LOOKUP
-        if not isinstance(found, tuple):
-            return None
-        tier, run = found
-        if (readable + run) * self.config.chunk_tokens - local < self.config.chunk_tokens:
-            return None
-        if state.promotion is None:
-            self._promotions.append(state.request_id)
-        state.promotion = (tier.name, tuple(keys[readable : readable + run]))
-        return Deferral.PROMOTION
-
     def _deferral_expired(self, state: RequestState) -> bool:
         if state.deferred_since_step is None or state.deferred_since_s is None:
             return False
         return (
             self._busy_steps - state.deferred_since_step >= self.config.max_deferral_steps
-            or self._clock() - state.deferred_since_s >= self.config.max_deferral_seconds
+            or self.clock() - state.deferred_since_s >= self.config.max_deferral_seconds
         )
 
     def _defer(self, state: RequestState, reason: Deferral) -> None:
         if state.deferred_since_step is None:
             state.deferred_since_step = self._busy_steps
-            state.deferred_since_s = self._clock()
+            state.deferred_since_s = self.clock()
         state.deferral_reason = reason
         self.stats.deferrals[reason] = self.stats.deferrals.get(reason, 0) + 1
 
@@ -222,29 +204,31 @@ class OffloadScheduler(StepPlanning):
             return  # a reused request id (counted at lookup): not offloaded
         state.request = request
         hit, state.lookup_hit = state.lookup_hit, None
-        if hit is None and state.phase in (Phase.RUNNING, Phase.LOADING):
-            state.block_ids = list(block_ids)
-            if num_external_tokens:
-                self.anomalies.note(
-                    Anomaly.EXTERNAL_TOKENS,
-                    f"request {request.request_id!r} resumed with {num_external_tokens} "
-                    "external tokens and no lookup; nothing loaded",
-                )
-            return
         local, offered = hit if hit is not None else (0, 0)
-        self._admit(state, local + num_external_tokens, block_ids)
-        if num_external_tokens == 0:
-            state.move(Phase.RUNNING)
-            return
-        if offered == 0:
+        if num_external_tokens and not offered:
             self.anomalies.note(
                 Anomaly.EXTERNAL_TOKENS,
                 f"request {request.request_id!r}: {num_external_tokens} external tokens "
-                "allocated where none were offered; nothing loaded",
+                "allocated, none offered; nothing loaded",
             )
+        if hit is None and state.phase in (Phase.RUNNING, Phase.LOADING):
+            state.block_ids = list(block_ids)  # resumed after its load: same admission
+            return
+        self._admit(state, local + num_external_tokens, block_ids)
+        if not (num_external_tokens and offered):
             state.move(Phase.RUNNING)
             return
-        job = self._load_job(state, local, num_external_tokens, offered, block_ids)
+        job = plan_load_job(
+            state,
+            local,
+            num_external_tokens,
+            offered=offered,
+            block_ids=block_ids,
+            config=self.config,
+            directory=self.directory,
+            new_id=self._tracker.new_id,
+            anomalies=self.anomalies,
+        )
         self._track(state, job)
         self._pending_loads.append(job)
         self._fresh_blocks.update(job.block_ids or job.invalid_blocks)
@@ -266,52 +250,6 @@ class OffloadScheduler(StepPlanning):
         state.no_promotion = False
         state.stale_kv = False  # computed (or loaded) afresh from here
         state.block_ids = list(block_ids)
-
-    def _load_job(
-        self,
-        state: RequestState,
-        local: int,
-        external: int,
-        offered: int,
-        block_ids: Sequence[int],
-    ) -> TransferJob:
-        """The load of ``external`` tokens past ``local`` into the request's blocks; a
-        load of only invalid blocks when it cannot be served as asked."""
-        chunk, block_size = self.config.chunk_tokens, self.config.block_size
-        first_block = local // block_size
-        blocks = tuple(block_ids[first_block : first_block - (-external // block_size)])
-        problem = None
-        if external != offered:
-            problem = (Anomaly.EXTERNAL_TOKENS, f"{external} external tokens, {offered} offered")
-        else:
-            problem = check_blocks(blocks, self.config.null_block)
-        if problem is not None:
-            kind, detail = problem
-            self.anomalies.note(
-                kind, f"load for request {state.request_id!r}: {detail}; recomputed instead"
-            )
-            state.load_failed = True
-            return TransferJob(
-                job_id=self._tracker.new_id(),
-                kind=JobKind.LOAD,
-                request_id=state.request_id,
-                keys=(),
-                slots=(),
-                block_ids=(),
-                blocks_per_chunk=self.config.blocks_per_chunk,
-                invalid_blocks=blocks,
-            )
-        keys = state.keys.keys[local // chunk : (local + external) // chunk]
-        return TransferJob(
-            job_id=self._tracker.new_id(),
-            kind=JobKind.LOAD,
-            request_id=state.request_id,
-            keys=tuple(keys),
-            slots=self.directory.prepare_load(keys),
-            block_ids=blocks,
-            blocks_per_chunk=self.config.blocks_per_chunk,
-            skip_blocks=(local % chunk) // block_size,
-        )
 
     # ------------------------------------------------------------ end of a request
 
@@ -436,10 +374,6 @@ class OffloadScheduler(StepPlanning):
             or self._promotions
             or self.tiers.has_queued()
         )
-
-    def use_clock(self, clock: Callable[[], float]) -> None:
-        """Replace the time source of the deferral bound (harnesses in logical time)."""
-        self._clock = clock
 
     def new_job_id(self) -> int:
         """A job id never handed out before (for jobs the engine adapter makes itself)."""

@@ -29,7 +29,7 @@ class StepPlanning:
     stats: SchedulerStats
     metrics: MetricsRecorder
     anomalies: AnomalyLog
-    _clock: Callable[[], float]
+    clock: Callable[[], float]
     _states: dict[str, RequestState]
     _tracker: JobTracker
     _step: int
@@ -43,7 +43,7 @@ class StepPlanning:
     def _end_deferral(self, state: RequestState) -> None:
         """The request is admitted: record how long it was deferred, if it was."""
         if state.deferred_since_s is not None and state.deferral_reason is not None:
-            waited = self._clock() - state.deferred_since_s
+            waited = self.clock() - state.deferred_since_s
             self.metrics.observe_deferral(state.deferral_reason.value, waited)
         state.clear_deferral()
 

@@ -1,14 +1,12 @@
 """A step-by-step harness over vLLM's real scheduler with kvoffload's real connectors
-(see ``harness.py``); the vLLM fuzzer (``kvoffload.testing.vllm_fuzz``) drives it."""
+(``harness.py``: the engine loop; ``ranks.py``: each worker's share of a step;
+``model_runner.py`` and ``kv_model.py``: the fake model; ``checks.py``: what is
+checked; ``gates.py``, ``completions.py``: when transfers finish); the vLLM fuzzer (``kvoffload.testing.vllm_fuzz``) drives it."""
 
+from kvoffload.testing.vllm_harness.checks import HarnessViolation
+from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
 from kvoffload.testing.vllm_harness.gates import CopyGate, GatedTiers, TornWrites
-from kvoffload.testing.vllm_harness.harness import (
-    CompleteAll,
-    Completions,
-    HarnessViolation,
-    StepRecord,
-    VllmHarness,
-)
+from kvoffload.testing.vllm_harness.harness import StepRecord, VllmHarness
 from kvoffload.testing.vllm_harness.spec import HarnessSpec
 
 __all__ = [

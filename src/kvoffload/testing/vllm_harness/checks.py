@@ -1,0 +1,170 @@
+"""What the harness checks at every step and at the end of a run.
+
+:class:`Checks` owns the harness's record of every job planned and of what was stored
+and spilled since the last connector reset; it reads (never changes) vLLM's scheduler,
+kvoffload's scheduler side and the KV model. Every failed check raises
+:class:`HarnessViolation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
+from kvoffload.core.jobs import JobKind, StepPlan, TransferJob
+from kvoffload.core.keys import ChunkKey
+from kvoffload.testing.vllm_harness.kv_model import KVModel, ReadMismatch
+
+if TYPE_CHECKING:
+    from kvoffload.testing.vllm_harness.ranks import Rank
+
+
+class HarnessViolation(AssertionError):
+    """A check of the harness failed."""
+
+
+class Checks:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        side: SchedulerSide,
+        model: KVModel,
+        tokens: dict[str, list[int]],
+        *,
+        check_provenance: bool,
+        expect_anomalies: bool,
+    ) -> None:
+        self.scheduler = scheduler
+        self.side = side
+        self.model = model
+        self.tokens = tokens  # the harness's: what each request's last step read
+        self.check_provenance = check_provenance  # lower tiers started empty
+        self.expect_anomalies = expect_anomalies
+        self.jobs: dict[int, TransferJob] = {}  # every job planned, by id
+        self.loads_checked = 0
+        self._loads: dict[str, tuple[TransferJob, set[int]]] = {}  # and blocks failed so far
+        self._stored: set[ChunkKey] = set()  # stored or promoted since the last reset
+        self._spilled: set[ChunkKey] = set()  # spilled since the last reset
+
+    def connector_reset(self) -> None:
+        self._stored.clear()
+        self._spilled.clear()
+
+    def plan(self, plan: StepPlan) -> None:
+        """No load for a request with jobs in flight; loads and promotions name only
+        chunks written since the last connector reset."""
+        half = self.side.scheduler
+        for job in (*plan.loads, *plan.stores, *plan.spills, *plan.promotions):
+            self.jobs[job.job_id] = job
+        for load in plan.loads:
+            others = [
+                j.job_id
+                for j in half.jobs_in_flight()
+                if j.request_id == load.request_id and j.job_id != load.job_id
+            ]
+            if others:
+                raise HarnessViolation(
+                    f"load {load.job_id} planned for {load.request_id!r} with jobs {others} "
+                    "in flight"
+                )
+            stale = [k for k in load.keys if k not in self._stored]
+            if self.check_provenance and stale:
+                raise HarnessViolation(
+                    f"load {load.job_id} of {load.request_id!r} names {len(stale)} "
+                    "chunks not stored since the last connector reset"
+                )
+            if load.keys:
+                self._loads[load.request_id] = (load, set())
+        for promotion in plan.promotions:
+            if self.check_provenance and not set(promotion.keys) <= self._spilled:
+                raise HarnessViolation(
+                    f"promotion {promotion.job_id} names chunks not spilled since the last "
+                    "connector reset"
+                )
+        for job in (*plan.stores, *plan.promotions):
+            self._stored.update(job.keys)
+        for job in plan.spills:
+            self._spilled.update(job.keys)
+
+    def writes(self, entry: Rank, written: set[int], step: int) -> None:
+        """No store copy still running on this rank reads a block this step writes."""
+        for job_id in entry.copier.running():
+            job = self.jobs.get(job_id)
+            if job is None or job.kind is not JobKind.STORE:
+                continue
+            hit = written.intersection(job.block_ids)
+            if hit:
+                raise HarnessViolation(
+                    f"step {step} rank {entry.rank}: store {job_id} of {job.request_id!r} still "
+                    f"reads blocks {sorted(hit)} that this step writes (no flush)"
+                )
+
+    def landed(self, finished_recving: Iterable[str], invalid_blocks: set[int]) -> None:
+        """A load reported done (and failed on no rank) filled its blocks with the
+        loading request's own KV."""
+        for _, invalid in self._loads.values():
+            invalid.update(invalid_blocks)  # a rank may report them before the end
+        block_size = self.model.block_size
+        for request_id in finished_recving:
+            entry = self._loads.pop(request_id, None)
+            if entry is None or entry[1].intersection(entry[0].block_ids):
+                continue
+            if request_id not in self.scheduler.requests:
+                continue
+            job = entry[0]
+            blocks = self.scheduler.kv_cache_manager.get_block_ids(request_id)[0]
+            for block in job.block_ids:
+                if block not in blocks:
+                    continue
+                start = blocks.index(block) * block_size
+                try:
+                    self.model.check(
+                        request_id, self.tokens[request_id], blocks, start,
+                        start + block_size, what=f"load {job.job_id}",
+                    )  # fmt: skip
+                except ReadMismatch as exc:
+                    raise HarnessViolation(str(exc)) from None
+            self.loads_checked += 1
+
+    def step(self) -> None:
+        """The invariants that hold after every step."""
+        if self.side.guard.errors:
+            raise HarnessViolation(
+                "internal error at the vLLM boundary:\n" + self.side.guard.errors[0]
+            )
+        half = self.side.scheduler
+        if half.anomalies.counts and not self.expect_anomalies:
+            raise HarnessViolation(f"anomalies counted on vLLM: {half.anomalies.counts}")
+        try:
+            half.check_integrity()
+        except AssertionError:
+            raise
+        except Exception as exc:
+            raise HarnessViolation(f"integrity: {exc}") from None
+
+    def quiescent(self, ranks: Iterable[Rank]) -> None:
+        """Nothing left anywhere: every request gone, every pin, slot, job, engine
+        block and copy released."""
+        half = self.side.scheduler
+        problems = []
+        if half.jobs_in_flight():
+            problems.append(f"jobs in flight {[j.job_id for j in half.jobs_in_flight()]}")
+        if half.request_ids():
+            problems.append(f"requests tracked {half.request_ids()}")
+        if half.directory.pinned_count or half.directory.storing_count:
+            problems.append("host slots pinned or storing")
+        for tier in half.tiers.directory_tiers():
+            if tier.directory.pinned_count or tier.directory.storing_count:
+                problems.append(f"{tier.name} slots pinned or storing")
+        pool = self.scheduler.kv_cache_manager.block_pool
+        if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
+            problems.append("engine blocks not freed")
+        for entry in ranks:
+            if entry.copier.running() or (entry.tiers is not None and entry.tiers.running()):
+                problems.append(f"rank {entry.rank} still copying")
+        if problems:
+            raise HarnessViolation("not quiescent: " + "; ".join(problems))
+        self.step()

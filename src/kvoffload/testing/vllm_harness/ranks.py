@@ -1,0 +1,130 @@
+"""One tensor-parallel worker of the harness and its share of an engine step.
+
+A :class:`Rank` is a real worker-role ``KVOffloadConnector`` over that rank's KV
+tensors, with every copy gated (:class:`CopyGate`) and its tier lane gated
+(:class:`GatedTiers`); :func:`run_step` makes the connector calls vLLM's model runner
+makes in one ``execute_model``, in vLLM's order, with the forward pass in its place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from vllm.config import VllmConfig
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.outputs import KVConnectorOutput
+
+from kvoffload.adapters.vllm.compat import KVConnectorRole
+from kvoffload.adapters.vllm.connector import KVOffloadConnector
+from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.adapters.vllm.worker_side import WorkerSide
+from kvoffload.core.jobs import TransferJob, WorkerReport
+from kvoffload.testing.vllm_harness.completions import Completions
+from kvoffload.testing.vllm_harness.gates import CopyGate, GatedTiers
+from kvoffload.testing.vllm_harness.spec import LAYERS
+from kvoffload.transfer.worker import TransferWorker
+
+
+@dataclass
+class Rank:
+    rank: int
+    connector: KVOffloadConnector
+    side: WorkerSide
+    copier: TransferWorker
+    gate: CopyGate
+    tiers: GatedTiers | None
+    open_copies: dict[int, TransferJob] = field(default_factory=dict)  # submitted, unreported
+
+
+def make_rank(
+    rank: int, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv: torch.Tensor
+) -> Rank:
+    """Rank ``rank``'s connector, registered over ``kv`` (``[layers, blocks, ...]``)."""
+    connector = KVOffloadConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+    side = connector.worker_side
+    assert side is not None
+    gate = CopyGate()
+    side.copy_hook = gate
+    side.rank_override = rank
+    connector.register_kv_caches({name: kv[i] for i, name in enumerate(LAYERS)})
+    copier = side.worker
+    assert copier is not None
+    tiers = GatedTiers(side.tiers) if side.tiers is not None else None
+    side.tiers = tiers
+    entry = Rank(rank, connector, side, copier, gate, tiers)
+    store, load = copier.submit_store, copier.submit_load
+
+    def submit_store(job: TransferJob) -> None:
+        gate.submitted(job)
+        entry.open_copies[job.job_id] = job
+        store(job)
+
+    def submit_load(job: TransferJob) -> None:
+        gate.submitted(job)
+        entry.open_copies[job.job_id] = job
+        load(job)
+
+    copier.submit_store = submit_store  # type: ignore[method-assign]
+    copier.submit_load = submit_load  # type: ignore[method-assign]
+    return entry
+
+
+def run_step(
+    entry: Rank,
+    meta: PlanMetadata,
+    finished_req_ids: set[str],
+    *,
+    step: int,
+    policy: Completions,
+    forward: Callable[[Rank], None],
+) -> KVConnectorOutput:
+    """The rank's connector calls of one execute_model; ``forward`` is the forward
+    pass (and the checks before it). Transfers finish as ``policy`` says."""
+    connector = entry.connector
+    entry.gate.release(meta.plan.flush)  # a flush waits for its jobs
+    connector.handle_preemptions(meta)
+    connector.bind_connector_metadata(meta)
+    forward(entry)
+    connector.start_load_kv(None)  # type: ignore[arg-type]
+    connector.wait_for_save()
+    _complete(entry, step, policy)
+    results = connector.get_transfer_results(finished_req_ids)
+    invalid = connector.get_block_ids_with_load_errors()
+    worker_meta = connector.build_connector_worker_meta()
+    connector.clear_connector_metadata()
+    if isinstance(worker_meta, ReportMetadata):
+        worker_meta = _ordered(entry, step, policy, worker_meta)
+    return KVConnectorOutput(
+        finished_recving=results.finished_recving or None,
+        invalid_block_ids=invalid,
+        kv_connector_worker_meta=worker_meta,
+    )
+
+
+def _complete(entry: Rank, step: int, policy: Completions) -> None:
+    """Release and fail what the policy says, then wait until it finished."""
+    jobs = [entry.open_copies[i] for i in sorted(entry.open_copies)]
+    release, fail = policy.copies(entry.rank, step, jobs)
+    entry.gate.release(release)
+    entry.gate.fail(fail)
+    if entry.tiers is not None:
+        held = [entry.tiers.held[i] for i in sorted(entry.tiers.held)]
+        release, fail = policy.tier_jobs(entry.rank, step, held)
+        entry.tiers.fail(fail)
+        entry.tiers.release(release)
+        entry.tiers.inner.wait(entry.tiers.inner.running())
+    entry.copier.wait(set(entry.open_copies) & entry.gate.let_through())
+
+
+def _ordered(entry: Rank, step: int, policy: Completions, meta: ReportMetadata) -> ReportMetadata:
+    """The rank's report in a deterministic order (the policy's); its finished copies
+    are no longer open."""
+    reports = []
+    for report in meta.reports:
+        results = sorted(report.results, key=lambda r: r.job_id)
+        for result in results:
+            entry.open_copies.pop(result.job_id, None)
+        reports.append(WorkerReport(report.rank, tuple(policy.order(entry.rank, step, results))))
+    return ReportMetadata(tuple(reports))

@@ -32,7 +32,6 @@ class Checks:
         scheduler: Scheduler,
         side: SchedulerSide,
         model: KVModel,
-        tokens: dict[str, list[int]],
         *,
         check_provenance: bool,
         expect_anomalies: bool,
@@ -40,7 +39,6 @@ class Checks:
         self.scheduler = scheduler
         self.side = side
         self.model = model
-        self.tokens = tokens  # the harness's: what each request's last step read
         self.check_provenance = check_provenance  # lower tiers started empty
         self.expect_anomalies = expect_anomalies
         self.jobs: dict[int, TransferJob] = {}  # every job planned, by id
@@ -115,6 +113,7 @@ class Checks:
             if request_id not in self.scheduler.requests:
                 continue
             job = entry[0]
+            tokens = list(self.scheduler.requests[request_id].all_token_ids)
             blocks = self.scheduler.kv_cache_manager.get_block_ids(request_id)[0]
             for block in job.block_ids:
                 if block not in blocks:
@@ -122,8 +121,8 @@ class Checks:
                 start = blocks.index(block) * block_size
                 try:
                     self.model.check(
-                        request_id, self.tokens[request_id], blocks, start,
-                        start + block_size, what=f"load {job.job_id}",
+                        request_id, tokens, blocks, start, start + block_size,
+                        what=f"load {job.job_id}",
                     )  # fmt: skip
                 except ReadMismatch as exc:
                     raise HarnessViolation(str(exc)) from None

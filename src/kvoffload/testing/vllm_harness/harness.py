@@ -134,7 +134,6 @@ class VllmHarness:
             self.scheduler,
             self.side,
             self.model,
-            self.tokens,
             check_provenance=check_provenance,
             expect_anomalies=expect_anomalies,
         )

@@ -15,7 +15,7 @@ Owned by one harness; the KV tensors are the workers' (one per rank).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -110,14 +110,10 @@ class KVModel:
         ranks: Sequence[int] | None = None,
     ) -> None:
         """Write the KV of positions ``start..end-1`` on ``ranks`` (default: all)."""
-        if end <= start:
-            return
-        index = self._index(blocks, start, end)
-        for rank in ranks if ranks is not None else range(len(self.kv)):
-            kv = self.kv[rank]
-            for layer in range(kv.shape[0]):
-                values = self.expected(request_id, tokens, start, end, rank=rank, layer=layer)
-                kv[layer][index[0], :, index[1], :] = values.view(-1, 1, 1)
+        for _, _, kv_layer, index, values in self._places(
+            request_id, tokens, blocks, start, end, ranks=ranks
+        ):
+            kv_layer[index[0], :, index[1], :] = values.view(-1, 1, 1)
 
     def check(
         self,
@@ -132,6 +128,31 @@ class KVModel:
     ) -> None:
         """Raise :class:`ReadMismatch` unless positions ``start..end-1`` hold the
         request's own KV (this weights version) on every rank and layer."""
+        for rank, layer, kv_layer, index, want in self._places(
+            request_id, tokens, blocks, start, end, ranks=ranks
+        ):
+            got = kv_layer[index[0], :, index[1], :]
+            ok = (got == want.view(-1, 1, 1)).flatten(1).all(dim=1)
+            if not bool(ok.all()):
+                bad = start + int((~ok).nonzero()[0])
+                block = blocks[bad // self.block_size]
+                raise ReadMismatch(
+                    f"{what}: request {request_id!r} position {bad} (block {block}, "
+                    f"rank {rank}, layer {layer}) does not hold its own KV"
+                )
+
+    def _places(
+        self,
+        request_id: str,
+        tokens: list[int],
+        blocks: list[int],
+        start: int,
+        end: int,
+        *,
+        ranks: Sequence[int] | None,
+    ) -> Iterator[tuple[int, int, torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
+        """(rank, layer, that layer's KV, block and offset index, expected values) of
+        positions ``start..end-1`` on ``ranks`` (default: all)."""
         if end <= start:
             return
         index = self._index(blocks, start, end)
@@ -139,15 +160,7 @@ class KVModel:
             kv = self.kv[rank]
             for layer in range(kv.shape[0]):
                 want = self.expected(request_id, tokens, start, end, rank=rank, layer=layer)
-                got = kv[layer][index[0], :, index[1], :]
-                ok = (got == want.view(-1, 1, 1)).flatten(1).all(dim=1)
-                if not bool(ok.all()):
-                    bad = start + int((~ok).nonzero()[0])
-                    block = blocks[bad // self.block_size]
-                    raise ReadMismatch(
-                        f"{what}: request {request_id!r} position {bad} (block {block}, "
-                        f"rank {rank}, layer {layer}) does not hold its own KV"
-                    )
+                yield rank, layer, kv[layer], index, want
 
     def forget(self, request_id: str) -> None:
         self._prefixes.pop(request_id, None)

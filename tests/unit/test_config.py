@@ -3,6 +3,7 @@ that match the documented table."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ BAD: dict[str, list[Any]] = {
     "redis_cluster": ["true", 0],
     "redis_timeout_ms": [0, 0.5, "100"],
     "redis_username": [1],
+    "redis_password_file": ["", 5],
+    "redis_password_env": ["", "A=B", 1],
     "redis_password": [b"pw"],
     "lower_tier_admission": ["sometimes", 0, -1, "3"],
     "metrics_port": [0, 70000, "9400", True],
@@ -45,6 +48,8 @@ def test_a_bad_value_names_its_key_and_the_accepted_values(key: str, value: Any)
         raw["disk_bytes"] = 1 << 20
     if key == "disk_bytes":
         raw["disk_path"] = "/tmp/x"
+    if key.startswith("redis_password"):
+        raw["redis_url"] = "redis://localhost:6379"
     option = next(o for o in OPTIONS if o.name == key)
     with pytest.raises(ConfigError) as caught:
         OffloadConfig.from_dict(raw)
@@ -79,3 +84,62 @@ def test_lower_tier_admission_values() -> None:
     assert OffloadConfig.from_dict({"cpu_bytes": 1}).spill_after_hits == 0
     config = OffloadConfig.from_dict({"cpu_bytes": 1, "lower_tier_admission": 3})
     assert config.spill_after_hits == 3
+
+
+SECRET = "s3cr3t-value"
+
+
+def test_no_repr_or_error_shows_a_password(tmp_path: Path) -> None:
+    config = OffloadConfig.from_dict(
+        {
+            "cpu_bytes": 1,
+            "redis_url": f"redis://user:{SECRET}@localhost:6379/0",
+            "redis_password": SECRET,
+        }
+    )
+    assert SECRET not in repr(config) and SECRET not in str(config)
+    assert "redis://user:***@localhost:6379/0" in repr(config)
+    assert config.inline_secret() == "redis_password"
+    for bad in ({"redis_password": 5}, {"redis_url": f"http://u:{SECRET}@h"}):
+        with pytest.raises(ConfigError) as caught:
+            OffloadConfig.from_dict({"cpu_bytes": 1, "redis_url": "redis://h:1", **bad})
+        assert SECRET not in str(caught.value)
+
+
+def test_the_password_comes_from_a_file_or_an_environment_variable(tmp_path: Path) -> None:
+    secret_file = tmp_path / "redis.pass"
+    secret_file.write_text(SECRET + "\n")
+    base = {"cpu_bytes": 1, "redis_url": "redis://localhost:6379"}
+    from_file = OffloadConfig.from_dict({**base, "redis_password_file": str(secret_file)})
+    assert from_file.redis_password_resolved() == SECRET
+    assert from_file.inline_secret() is None
+    from_env = OffloadConfig.from_dict({**base, "redis_password_env": "KVO_TEST_PW"})
+    assert from_env.redis_password_resolved({"KVO_TEST_PW": SECRET}) == SECRET
+    with pytest.raises(ConfigError, match="KVO_TEST_PW is not set") as caught:
+        from_env.redis_password_resolved({})
+    assert caught.value.field == "redis_password_env"
+    missing = OffloadConfig.from_dict({**base, "redis_password_file": str(tmp_path / "none")})
+    with pytest.raises(ConfigError, match="cannot read") as caught:
+        missing.redis_password_resolved()
+    assert caught.value.field == "redis_password_file"
+    assert (
+        OffloadConfig.from_dict({**base, "redis_url": f"redis://:{SECRET}@h:1"}).inline_secret()
+        == "redis_url"
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"redis_password_file": "/f", "redis_password_env": "X"},
+        {"redis_password_env": "X", "redis_password": "p"},
+    ],
+)
+def test_one_password_source_at_a_time(raw: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="one way"):
+        OffloadConfig.from_dict({"cpu_bytes": 1, "redis_url": "redis://h:1", **raw})
+
+
+def test_a_password_without_redis_is_refused() -> None:
+    with pytest.raises(ConfigError, match="needs redis_url"):
+        OffloadConfig.from_dict({"cpu_bytes": 1, "redis_password_env": "X"})

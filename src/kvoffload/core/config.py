@@ -10,12 +10,22 @@ from the same list, so the two cannot drift. Unknown keys and invalid values rai
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.policies import policy_names
+from kvoffload.core.secrets import (
+    HIDDEN,
+    read_secret_env,
+    read_secret_file,
+    redact_url,
+    url_has_password,
+)
+
+SECRET_OPTIONS = frozenset({"redis_password"})
 
 Check = Callable[[Any], bool]
 
@@ -146,10 +156,29 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: v is None or isinstance(v, str),
     ),
     Option(
+        "redis_password_file",
+        "a file path",
+        None,
+        "Read the Redis password from this file (its text without the final line "
+        "break; make it readable by the serving user only). The way to give a password: "
+        "it never appears in vLLM's start-up log or the process list. Overrides the URL's.",
+        lambda v: v is None or (isinstance(v, str) and bool(v)),
+    ),
+    Option(
+        "redis_password_env",
+        "an environment variable name",
+        None,
+        "Read the Redis password from this environment variable of the serving "
+        "process. Overrides the URL's.",
+        lambda v: v is None or (isinstance(v, str) and bool(v) and "=" not in v),
+    ),
+    Option(
         "redis_password",
         "string",
         None,
-        "Redis password (overrides the URL's).",
+        "Redis password given inline (overrides the URL's). Discouraged: vLLM logs "
+        "kv_connector_extra_config at start-up and the command line is visible to ps; "
+        "kvoffload warns once. Use redis_password_file or redis_password_env.",
         lambda v: v is None or isinstance(v, str),
     ),
     Option(
@@ -189,6 +218,15 @@ OPTIONS: tuple[Option, ...] = (
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
+def shown_value(name: str, value: Any) -> str:
+    """``value`` as kvoffload may print it: secrets hidden, URL passwords redacted."""
+    if name in SECRET_OPTIONS and value is not None:
+        return HIDDEN
+    if name == "redis_url" and isinstance(value, str):
+        return repr(redact_url(value))
+    return repr(value)
+
+
 @dataclass(frozen=True)
 class OffloadConfig:
     """Validated kvoffload settings (see :data:`OPTIONS` for each field's meaning)."""
@@ -206,7 +244,9 @@ class OffloadConfig:
     redis_cluster: bool = False
     redis_timeout_ms: int = 1000
     redis_username: str | None = None
-    redis_password: str | None = None
+    redis_password_file: str | None = None
+    redis_password_env: str | None = None
+    redis_password: str | None = field(default=None, repr=False)
     lower_tier_admission: str | int = "write_through"
     metrics_port: int | None = None
     max_deferral_steps: int = 500
@@ -217,10 +257,47 @@ class OffloadConfig:
             option = _BY_NAME[f.name]
             value = getattr(self, f.name)
             if not option.check(value):
-                raise ConfigError(f.name, f"invalid value {value!r}; accepted: {option.accepted}")
+                shown = shown_value(f.name, value)
+                raise ConfigError(f.name, f"invalid value {shown}; accepted: {option.accepted}")
         if (self.disk_path is None) != (self.disk_bytes is None):
             missing = "disk_bytes" if self.disk_bytes is None else "disk_path"
             raise ConfigError(missing, "disk_path and disk_bytes go together")
+        given = [
+            name
+            for name in ("redis_password_file", "redis_password_env", "redis_password")
+            if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise ConfigError(given[1], f"give the Redis password one way, not also {given[0]}")
+        if given and self.redis_url is None:
+            raise ConfigError(given[0], "needs redis_url")
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}={shown_value(f.name, getattr(self, f.name))}" for f in fields(self)
+        )
+        return f"OffloadConfig({shown})"
+
+    def redis_password_resolved(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The Redis password from ``redis_password_file``, ``redis_password_env`` or
+        ``redis_password`` (whichever is set; None: the URL's own, if any). Reads the
+        file or the environment now; raises :class:`ConfigError` naming the option
+        when it cannot."""
+        if self.redis_password_file is not None:
+            return read_secret_file("redis_password_file", self.redis_password_file)
+        if self.redis_password_env is not None:
+            env = os.environ if environ is None else environ
+            return read_secret_env("redis_password_env", self.redis_password_env, env)
+        return self.redis_password
+
+    def inline_secret(self) -> str | None:
+        """The option that carries a password inline (``redis_password``, or a password
+        inside ``redis_url``), or None."""
+        if self.redis_password is not None:
+            return "redis_password"
+        if self.redis_url is not None and url_has_password(self.redis_url):
+            return "redis_url"
+        return None
 
     @property
     def spill_after_hits(self) -> int:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlparse
 
 from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.core.errors import ConfigError, UsageError
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.secrets import redact_url
 from kvoffload.inspection.model import (
     MAX_RANK,
     FirstNames,
@@ -67,12 +67,12 @@ def inspect_redis(
     shows the password.
     """
     if not url.startswith(("redis://", "rediss://")):
-        raise UsageError(f"{url!r} is not a redis:// or rediss:// URL")
+        raise UsageError(f"{redact_url(url)!r} is not a redis:// or rediss:// URL")
     try:
         import redis
     except ImportError:
         raise UsageError("the redis package is missing: pip install 'kvoffload[redis]'") from None
-    where = redact(url)
+    where = redact_url(url)
     settings = RedisSettings(url, cluster, timeout_ms, username, password, pool_size=2)
     try:
         client = make_client(settings)
@@ -100,19 +100,6 @@ def inspect_redis(
         server=server,
         warnings=warnings,
     )
-
-
-def redact(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***``."""
-    try:
-        parsed = urlparse(url)
-        if parsed.password is None:
-            return url
-        host = parsed.netloc.rpartition("@")[2]
-        user = parsed.username or ""
-    except ValueError:
-        return "<unparsable URL>"
-    return parsed._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def server_memory(client: Any, cluster: bool) -> tuple[dict[str, str | int], list[str]]:

@@ -14,12 +14,13 @@ lists one namespace.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.secrets import redact_url
 
 PREFIX = "kvoffload:v1"
 
@@ -30,8 +31,16 @@ class RedisSettings:
     cluster: bool = False
     timeout_ms: int = 1000
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     pool_size: int = 8
+
+    def __repr__(self) -> str:
+        return (
+            f"RedisSettings(url={redact_url(self.url)!r}, cluster={self.cluster}, "
+            f"timeout_ms={self.timeout_ms}, username={self.username!r}, "
+            f"password={'***' if self.password is not None else None}, "
+            f"pool_size={self.pool_size})"
+        )
 
 
 def key_name(namespace_digest: bytes, key: ChunkKey, rank: int) -> str:
@@ -71,7 +80,8 @@ def _split_credentials(settings: RedisSettings) -> tuple[str, dict[str, Any]]:
         if not url.hostname:
             raise ValueError("no host")
     except ValueError as exc:
-        raise ConfigError("redis_url", f"invalid value {settings.url!r}: {exc}") from None
+        shown = redact_url(settings.url)
+        raise ConfigError("redis_url", f"invalid value {shown!r}: {exc}") from None
     timeout = settings.timeout_ms / 1000
     kwargs: dict[str, Any] = {
         "socket_timeout": timeout,

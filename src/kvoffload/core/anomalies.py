@@ -41,3 +41,24 @@ class AnomalyLog:
 
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+class ParamErrorLog:
+    """Per-request parameters kvoffload refused (``request_controls.py``): counted by
+    field, the first refusal of each field logged at WARNING, later ones at DEBUG."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def note(self, request_id: str, field: str) -> None:
+        field = field[:80]  # a field name comes from the client
+        count = self.counts.get(field, 0) + 1
+        self.counts[field] = count
+        logger.log(
+            logging.WARNING if count == 1 else logging.DEBUG,
+            "kvoffload: request %r: invalid kv_transfer_params field %r; the request is "
+            "served without offloading (occurrence %d of this field)",
+            request_id,
+            field,
+            count,
+        )

@@ -40,7 +40,7 @@ def next_chunks_wait(
         return Deferral.PENDING, False
     if not tiers:
         return None, False
-    found = tiers.find_below(keys[readable:])
+    found = tiers.find_below(keys[readable:], allowed=state.controls.may_promote_from)
     if found == UNKNOWN:
         return Deferral.LOOKUP, False
     if not isinstance(found, tuple):

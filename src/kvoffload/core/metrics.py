@@ -154,6 +154,13 @@ METRICS: tuple[MetricDef, ...] = (
         ("kind",),
     ),
     MetricDef(
+        "request_param_errors_total",
+        "counter",
+        "Requests whose kv_transfer_params kvoffload refused (served without offloading), "
+        "by the offending field, e.g. kvoffload.max_load_tokens.",
+        ("field",),
+    ),
+    MetricDef(
         "internal_errors_total",
         "counter",
         "Internal errors caught at the engine boundary; after the first, offloading is off "

@@ -59,6 +59,8 @@ def read_metrics(
     count("preemptions_total", s.preemptions)
     for kind, n in scheduler.anomalies.counts.items():
         count("anomalies_total", n, kind=kind.value)
+    for name, n in scheduler.param_errors.counts.items():
+        count("request_param_errors_total", n, field=name)
     count("internal_errors_total", s.internal_errors)
     count("resets_total", s.resets)
     count("flushes_total", s.flushes)

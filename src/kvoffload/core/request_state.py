@@ -29,6 +29,7 @@ import enum
 from kvoffload.core.errors import IllegalTransition
 from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
+from kvoffload.core.request_controls import DEFAULT, RequestControls
 from kvoffload.core.scheduler_types import Deferral, EngineRequest
 
 
@@ -77,6 +78,7 @@ class RequestState:
     __slots__ = (
         "block_ids",
         "computed_tokens",
+        "controls",
         "deferral_reason",
         "deferred_since_s",
         "deferred_since_step",
@@ -99,8 +101,10 @@ class RequestState:
         namespace: Namespace,
         hashes_per_chunk: int,
         epoch: bytes = b"",
+        controls: RequestControls = DEFAULT,
     ):
         self.request = request
+        self.controls = controls  # what the request lets kvoffload do (request_controls.py)
         self.phase = Phase.WAITING
         self.keys = KeyChain(namespace, hashes_per_chunk, epoch)
         self.block_ids: list[int] = []

@@ -39,7 +39,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from kvoffload.core.anomalies import Anomaly, AnomalyLog
+from kvoffload.core.anomalies import Anomaly, AnomalyLog, ParamErrorLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
 from kvoffload.core.job_tracker import Completion, JobTracker
@@ -47,6 +47,7 @@ from kvoffload.core.jobs import JobKind, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
 from kvoffload.core.load_planning import next_chunks_wait, plan_load_job
 from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.request_controls import parse_controls
 from kvoffload.core.request_state import Phase, RequestState
 from kvoffload.core.scheduler_checks import verify_scheduler
 from kvoffload.core.scheduler_types import (
@@ -84,6 +85,7 @@ class OffloadScheduler(StepPlanning):
         self.stats = SchedulerStats()
         self.metrics = MetricsRecorder()
         self.anomalies = AnomalyLog()
+        self.param_errors = ParamErrorLog()
         self.epoch = b""  # the key epoch: changes at every reset (decision 0005)
         self._new_epoch = new_epoch
         self.clock = clock  # the deferral bound's time source (harnesses: logical time)
@@ -123,9 +125,10 @@ class OffloadScheduler(StepPlanning):
         state.request = request
         state.block_ids.clear()
         state.lookup_hit = None
-        if getattr(request, "skip_reading_prefix_cache", False):
-            # The engine serves this request no cached KV whatever the answer: never
-            # defer or promote for it (its chunks are still stored once computed).
+        if getattr(request, "skip_reading_prefix_cache", False) or not state.controls.load:
+            # The engine serves this request no cached KV whatever the answer (or the
+            # request said so): never defer or promote for it (its chunks are still
+            # stored once computed, unless it said otherwise).
             state.lookup_hit = (num_computed_tokens, 0)
             return 0
         if state.jobs and not self.config.testing_disable_inflight_deferral:
@@ -138,7 +141,10 @@ class OffloadScheduler(StepPlanning):
             return 0
         chunk = self.config.chunk_tokens
         keys = state.keys.extend(request.block_hashes)
-        if state.load_failed:
+        cap = state.controls.load_chunks(chunk)
+        if cap is not None:
+            keys = keys[:cap]  # the request's max_load_tokens
+        if state.load_failed or not keys:
             state.lookup_hit = (num_computed_tokens, 0)
             return 0
         readable = self.directory.readable_prefix(keys)
@@ -349,7 +355,12 @@ class OffloadScheduler(StepPlanning):
         self.stats.resets += 1
 
     def _new_state(self, request: EngineRequest) -> RequestState:
-        state = RequestState(request, self.namespace, self.config.hashes_per_chunk, self.epoch)
+        controls, refused = parse_controls(getattr(request, "kv_transfer_params", None))
+        if refused is not None:
+            self.param_errors.note(request.request_id, refused)
+        state = RequestState(
+            request, self.namespace, self.config.hashes_per_chunk, self.epoch, controls
+        )
         self._states[request.request_id] = state
         return state
 

@@ -73,6 +73,9 @@ def plan_store_job(
     keys = state.keys.extend(hashes)
     tokens = min(state.computed_tokens, len(hashes) * config.hash_tokens)
     end = min(tokens // chunk, len(keys), len(state.block_ids) // k)
+    cap = state.controls.store_chunks(chunk)
+    if cap is not None:
+        end = min(end, cap)  # the request's store / max_store_tokens
     start = state.stored_chunks
     if end <= start:
         return None

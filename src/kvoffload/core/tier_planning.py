@@ -53,10 +53,15 @@ class TierPlanner:
 
     # ------------------------------------------------------------ lookups
 
-    def find_below(self, keys: Sequence[ChunkKey]) -> tuple[LowerTier, int] | str | None:
+    def find_below(
+        self, keys: Sequence[ChunkKey], allowed: Callable[[str], bool] | None = None
+    ) -> tuple[LowerTier, int] | str | None:
         """The first tier holding ``keys[0]`` and how many leading keys it holds;
-        :data:`UNKNOWN` when a tier in front cannot tell yet; None when none holds it."""
+        :data:`UNKNOWN` when a tier in front cannot tell yet; None when none holds it.
+        Only tiers whose name ``allowed`` accepts are asked (default: all)."""
         for tier in self.tiers.values():
+            if allowed is not None and not allowed(tier.name):
+                continue
             run = tier.present_run(keys)
             tier.stats.lookups += 1
             if run is None:

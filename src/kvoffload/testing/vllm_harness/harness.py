@@ -31,6 +31,7 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -162,9 +163,16 @@ class VllmHarness:
         max_tokens: int,
         salt: str | None = None,
         prompt_logprobs: int | None = None,
+        kv_transfer_params: Any = None,
     ) -> None:
+        """Queue a request; ``kv_transfer_params`` reaches kvoffload as vLLM passes it
+        (``SamplingParams.extra_args``, as the OpenAI server does)."""
+        extra = None if kv_transfer_params is None else {"kv_transfer_params": kv_transfer_params}
         params = SamplingParams(
-            max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=prompt_logprobs
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            prompt_logprobs=prompt_logprobs,
+            extra_args=extra,
         )
         request = Request(
             request_id, list(prompt), params, None, cache_salt=salt, block_hasher=self._hasher

@@ -13,7 +13,9 @@ kvoffload is a best-effort cache: ``request_finished`` never holds blocks, a
 preempted request is recomputed rather than waited for, and a failed load is
 recomputed (the connector sets ``kv_load_failure_policy`` to ``recompute``).
 Invalid ``kv_connector_extra_config`` fails the engine at start-up with a
-:class:`~kvoffload.core.errors.ConfigError` naming the key.
+:class:`~kvoffload.core.errors.ConfigError` naming the key (with the vLLM plugin
+installed, before the model loads: ``plugin.py``). Each role logs one start-up
+summary through vLLM's logging (``startup.py``).
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ from kvoffload.adapters.vllm.compat import (
     SchedulerOutput,
     VllmConfig,
 )
+from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
 from kvoffload.adapters.vllm.messages import PlanMetadata
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
+from kvoffload.adapters.vllm.startup import warn_inline_secret
 from kvoffload.adapters.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
 from kvoffload.adapters.vllm.worker_side import WorkerSide
 from kvoffload.core.config import OffloadConfig
@@ -61,6 +65,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
         kv_cache_config: KVCacheConfig,
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        attach_to_vllm_logging()  # also when the plugin entry point is not loaded
         transfer = vllm_config.kv_transfer_config
         if transfer is None:  # the base class already refuses this
             raise ConfigError("kv_transfer_config", "must be set")
@@ -69,13 +74,14 @@ class KVOffloadConnector(KVConnectorBase_V1):
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            if transfer.kv_load_failure_policy != "recompute":
-                logger.info(
-                    "kvoffload: a failed load is a cache miss; setting "
-                    "kv_load_failure_policy=recompute"
-                )
+            # A failed load is a cache miss: vLLM recomputes the request's blocks.
+            policy = "recompute"
+            if transfer.kv_load_failure_policy != policy:
+                policy = f"recompute (set by kvoffload; was {transfer.kv_load_failure_policy!r})"
                 transfer.kv_load_failure_policy = "recompute"
+            warn_inline_secret(config)
             self.scheduler_side = SchedulerSide(vllm_config, kv_cache_config, config)
+            logger.info("%s", self.scheduler_side.summary(policy))
         else:
             self.worker_side = WorkerSide(vllm_config, kv_cache_config, config)
 

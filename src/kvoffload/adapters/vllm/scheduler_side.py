@@ -22,6 +22,7 @@ from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.adapters.vllm.startup import probe_redis, scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.directory import Directory
@@ -97,9 +98,9 @@ class SchedulerSide:
             )  # fmt: skip
             lower.append(disk)
         if config.redis_url is not None:
-            self.redis_index = RedisIndex(
-                make_client(redis_settings(config)), g.namespace.digest(), g.world_size
-            )
+            client = make_client(redis_settings(config))
+            probe_redis(client, config)
+            self.redis_index = RedisIndex(client, g.namespace.digest(), g.world_size)
             lower.append(self.redis_index)
         self.scheduler = OffloadScheduler(
             g.scheduler_config(config),
@@ -117,10 +118,24 @@ class SchedulerSide:
             self.events = EventTranslator(
                 sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash
             )
+        self.config = config
         self.guard = Guard(self.scheduler)
         self.endpoint: MetricsEndpoint | None = None
         if config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.read_metrics, config.metrics_port)
+
+    def summary(self, load_failure_policy: str) -> str:
+        """The scheduler role's start-up line (``startup.scheduler_summary``)."""
+        g = self.geometry
+        return scheduler_summary(
+            self.config,
+            chunk_tokens=g.block_size * g.blocks_per_chunk,
+            chunk_bytes=self.chunk_bytes,
+            world_size=g.world_size,
+            host_chunks=g.num_slots,
+            disk_chunks=g.disk_slots,
+            load_failure_policy=load_failure_policy,
+        )
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -261,5 +276,5 @@ def redis_settings(config: OffloadConfig) -> RedisSettings:
         cluster=config.redis_cluster,
         timeout_ms=config.redis_timeout_ms,
         username=config.redis_username,
-        password=config.redis_password,
+        password=config.redis_password_resolved(),
     )

@@ -9,8 +9,10 @@ dict is a *delta* since the previous call:
 ``{"c": {series: increment}, "h": {series: [observations]}, "g": {series: value}}``
 
 where ``series`` is ``json.dumps([name, [[label, value], ...]])`` over the names of
-:data:`kvoffload.core.metrics.METRICS`. Gauges are sent at most once a second (they
-scan the pin counts). :class:`DeltaSource` computes the deltas from the scheduler
+:data:`kvoffload.core.metrics.METRICS`. Gauges (they scan the pin counts) are read
+when a counter moved and at least once a second, and sent when they changed, so the
+step that finished the last transfer leaves vLLM's ``/metrics`` equal to kvoffload's
+own endpoint while the engine idles. :class:`DeltaSource` computes the deltas from the scheduler
 half; :class:`KVOffloadStats` merges and summarizes them; :class:`KVOffloadPromMetrics`
 turns them into Prometheus series labelled like vLLM's (model name, engine) plus
 kvoffload's own labels.
@@ -62,12 +64,16 @@ class DeltaSource:
         self._take = take_observations
         self._clock = clock
         self._last: dict[Series, float] = {}
+        self._sent_gauges: dict[Series, float] = {}
         self._last_gauges = -GAUGE_PERIOD_S
 
     def delta(self) -> dict[str, Any]:
+        """Counters that moved since the previous call, histogram observations, and
+        the gauges that changed. Gauges are read when a counter moved (so the last
+        busy step leaves ``/metrics`` exact while the engine then idles) and at
+        least once every ``GAUGE_PERIOD_S``."""
         now = self._clock()
-        with_gauges = now - self._last_gauges >= GAUGE_PERIOD_S
-        reading = self._read(with_gauges)
+        reading = self._read(False)
         counters: dict[str, float] = {}
         for series, value in reading.counters.items():
             before = self._last.get(series, 0.0)
@@ -80,9 +86,15 @@ class DeltaSource:
         observations = {series_key(k): v for k, v in self._take().items()}
         if observations:
             data["h"] = observations
-        if with_gauges:
+        if counters or observations or now - self._last_gauges >= GAUGE_PERIOD_S:
             self._last_gauges = now
-            data["g"] = {series_key(k): v for k, v in reading.gauges.items()}
+            gauges: dict[str, float] = {}
+            for series, value in self._read(True).gauges.items():
+                if self._sent_gauges.get(series) != value:
+                    gauges[series_key(series)] = value
+                    self._sent_gauges[series] = value
+            if gauges:
+                data["g"] = gauges
         return data
 
 
@@ -120,7 +132,7 @@ class KVOffloadStats(KVConnectorStats):
         return {k: int(v) for k, v in sorted(totals.items())}
 
     def is_empty(self) -> bool:
-        return not (self.data.get("c") or self.data.get("h"))
+        return not (self.data.get("c") or self.data.get("h") or self.data.get("g"))
 
 
 _REGISTERED: list[Any] = []  # our collectors in the default registry (see below)

@@ -13,6 +13,7 @@ for a failed copy.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_par
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.scheduler_side import redis_settings
+from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
@@ -30,7 +32,10 @@ from kvoffload.tiers.disk_store import DiskTierStore
 from kvoffload.tiers.redis_client import make_client
 from kvoffload.tiers.redis_store import RedisStore
 from kvoffload.transfer import CopyHook, TransferWorker
+from kvoffload.transfer.cpu_kernel import NATIVE
 from kvoffload.transfer.tier_worker import TierLane, TierStore, TierWorker
+
+logger = logging.getLogger("kvoffload")
 
 
 class WorkerSide:
@@ -81,6 +86,39 @@ class WorkerSide:
             )
         self.worker = worker
         self.tiers = self._open_tiers(worker)
+        logger.info("%s", self._summary(worker))
+
+    def _summary(self, worker: TransferWorker) -> str:
+        layout = worker.layout
+        if layout.device.type == "cuda":
+            copy_path = "CUDA copy engine"
+        elif NATIVE:
+            copy_path = f"compiled kernel, {self.config.copy_threads} thread(s)"
+        else:
+            copy_path = "numpy (slower)"
+            logger.warning(
+                "kvoffload: the compiled copy kernel is missing (built at install time "
+                "with a C compiler); copies use numpy and are slower"
+            )
+        tiers = sorted(self.tiers.stores) if isinstance(self.tiers, TierWorker) else []
+        disk = self.tiers.stores.get("disk") if isinstance(self.tiers, TierWorker) else None
+        refused = isinstance(disk, DiskTierStore) and not disk.store.o_direct
+        if self.config.disk_o_direct and refused:
+            logger.warning(
+                "kvoffload: disk_o_direct is set but the filesystem of %s refuses O_DIRECT; "
+                "the disk tier uses buffered I/O",
+                self.config.disk_path,
+            )
+        return worker_summary(
+            rank=self.rank,
+            world_size=self.geometry.world_size,
+            layers=layout.num_layers,
+            device=str(layout.device),
+            slab_bytes=worker.slab.num_slots * worker.slab.chunk_bytes,
+            slots=worker.slab.num_slots,
+            copy_path=copy_path,
+            tiers=tiers,
+        )
 
     def _open_tiers(self, worker: TransferWorker) -> TierWorker | None:
         stores: dict[str, TierStore] = {}

@@ -1,0 +1,115 @@
+"""kvoffload's vLLM plugin (entry point group ``vllm.general_plugins``).
+
+vLLM runs every general plugin in each of its processes (the API server, the engine
+core, every worker) before any model is loaded. kvoffload's plugin:
+
+1. routes the ``kvoffload`` logger through vLLM's logging (``logs.py``);
+2. registers the connector name ``KVOffloadConnector`` with vLLM's connector
+   factory, so ``kv_connector_module_path`` may be left out;
+3. checks a kvoffload ``kv_connector_extra_config`` when vLLM builds its engine
+   configuration (``EngineArgs.create_engine_config``, the first step after the
+   command line is parsed): an invalid key is reported at once, in one line
+   naming it, instead of after the weights load and the KV cache is allocated.
+   Under the ``vllm`` command the process then exits with status 2 and no
+   traceback; in a Python program (``vllm.LLM``) the
+   :class:`~kvoffload.core.errors.ConfigError` is raised to the caller.
+
+Contract: :func:`register` is idempotent (vLLM may call it more than once) and never
+raises: a failure of the plugin itself is logged and leaves vLLM as it was (the
+connector's constructor still validates). The check reads files and environment
+variables named by the configuration (``redis_password_file``,
+``redis_password_env``) but opens no connection.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
+from kvoffload.core.config import OffloadConfig
+from kvoffload.core.errors import ConfigError
+
+logger = logging.getLogger("kvoffload")
+
+CONNECTOR_NAME = "KVOffloadConnector"
+CONNECTOR_MODULE = "kvoffload.adapters.vllm.connector"
+_CHECKED = "_kvoffload_checks_config"
+
+
+def register() -> None:
+    """The entry point vLLM calls (see the module docstring)."""
+    try:
+        attach_to_vllm_logging()
+        register_connector_name()
+        install_config_check()
+    except Exception:
+        logger.exception("kvoffload: the vLLM plugin failed; the connector still works")
+
+
+def register_connector_name() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    if CONNECTOR_NAME not in KVConnectorFactory._registry:
+        KVConnectorFactory.register_connector(CONNECTOR_NAME, CONNECTOR_MODULE, CONNECTOR_NAME)
+
+
+def install_config_check() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    original: Callable[..., Any] = EngineArgs.create_engine_config
+    if getattr(original, _CHECKED, False):
+        return
+
+    @functools.wraps(original)
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        check_transfer_config(getattr(self, "kv_transfer_config", None))
+        return original(self, *args, **kwargs)
+
+    setattr(create_engine_config, _CHECKED, True)
+    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
+
+
+def is_kvoffload(transfer: Any) -> bool:
+    """Whether a ``kv_transfer_config`` (object or mapping) names kvoffload."""
+    name, module = _field(transfer, "kv_connector"), _field(transfer, "kv_connector_module_path")
+    if name != CONNECTOR_NAME:
+        return False
+    return module is None or str(module).startswith("kvoffload")
+
+
+def check_transfer_config(transfer: Any) -> OffloadConfig | None:
+    """Validate kvoffload's part of ``transfer``; None if it is not kvoffload's.
+
+    On an invalid configuration: one ERROR line naming the key, then ``SystemExit(2)``
+    under the ``vllm`` command, else the :class:`ConfigError`.
+    """
+    if transfer is None or not is_kvoffload(transfer):
+        return None
+    try:
+        extra = _field(transfer, "kv_connector_extra_config")
+        config = OffloadConfig.from_dict({} if extra is None else extra)
+        if config.redis_url is not None:
+            config.redis_password_resolved()
+    except ConfigError as exc:
+        logger.error("kvoffload: invalid kv_connector_extra_config: %s", exc)
+        if running_vllm_command():
+            raise SystemExit(2) from None
+        raise
+    return config
+
+
+def running_vllm_command() -> bool:
+    """This process is vLLM's command line (``vllm serve``, ``python -m vllm...``)."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    return argv0.name == "vllm" or argv0.as_posix().endswith("vllm/entrypoints/cli/main.py")
+
+
+def _field(transfer: Any, name: str) -> Any:
+    if isinstance(transfer, Mapping):
+        return transfer.get(name)
+    return getattr(transfer, name, None)

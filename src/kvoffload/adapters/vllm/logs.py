@@ -5,7 +5,9 @@ start-up summary, tier recovery, configuration notices) would be lost. The
 ``kvoffload`` logger therefore forwards its records to the handlers vLLM's own
 ``vllm`` logger has at the moment of each record (vLLM re-applies its logging
 configuration at engine start, replacing those handlers), filtered by vLLM's level
-(``VLLM_LOGGING_LEVEL``), so they come out in vLLM's format on vLLM's stream.
+(``VLLM_LOGGING_LEVEL``), so they come out in vLLM's format on vLLM's stream. Until
+vLLM has configured its logging (it does so when an engine starts), records take the
+root logger's way, as any library's would.
 
 Contract: :func:`attach_to_vllm_logging` is idempotent and changes only the
 ``kvoffload`` logger. It does nothing when vLLM does not configure logging
@@ -25,6 +27,9 @@ class ToVllmHandlers(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         target = logging.getLogger("vllm")
+        if not target.handlers:  # vLLM has not configured its logging (yet)
+            logging.getLogger().handle(record)  # as if kvoffload's logger propagated
+            return
         if record.levelno < target.getEffectiveLevel():
             return
         for handler in target.handlers:

@@ -9,6 +9,7 @@ it would have killed the engine.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -187,7 +188,12 @@ def _fire_events(
                 spec.max_tokens,
                 spec.salt,
                 prompt_logprobs=1 if spec.prompt_logprobs else None,
+                kv_transfer_params=(
+                    {"kvoffload": json.loads(spec.controls)} if spec.controls else None
+                ),
             )
+            if spec.controls:
+                outcome.stats["request_controls"] += 1
             arrived.add(spec.request_id)
     for when, request_id in scenario.aborts:
         request = h.scheduler.requests.get(request_id)

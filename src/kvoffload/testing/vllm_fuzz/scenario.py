@@ -8,6 +8,7 @@ events and faults and run what is left.
 from __future__ import annotations
 
 import enum
+import json
 import random
 from dataclasses import dataclass, field, replace
 
@@ -58,6 +59,7 @@ class RequestSpec:
     max_tokens: int
     salt: str | None = None
     prompt_logprobs: bool = False  # vLLM then skips reading the prefix cache
+    controls: str | None = None  # kv_transfer_params["kvoffload"], as JSON
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,10 @@ class Scenario:
             + (f" sliding_window={self.sliding_window}" if self.sliding_window else "")
         ]
         for r in self.requests:
-            extra = (f" salt={r.salt}" if r.salt else "") + (
-                " prompt_logprobs" if r.prompt_logprobs else ""
+            extra = (
+                (f" salt={r.salt}" if r.salt else "")
+                + (" prompt_logprobs" if r.prompt_logprobs else "")
+                + (f" kvoffload={r.controls}" if r.controls else "")
             )
             lines.append(
                 f"  {r.request_id}@{r.arrival}: {len(r.prompt)} tokens "
@@ -197,14 +201,28 @@ def _requests(rng: random.Random, max_request: int) -> tuple[RequestSpec, ...]:
             again = rng.choice(out)
             history, salt, turn = list(again.prompt), again.salt, []
         prompt = (history + turn)[: max_request - max_tokens]
-        out.append(
-            RequestSpec(
-                f"r{i}", step, tuple(prompt), max_tokens, salt, prompt_logprobs=rng.random() < 0.1
-            )
-        )
+        logprobs = rng.random() < 0.1
+        controls = _controls(rng) if rng.random() < 0.15 else None
+        out.append(RequestSpec(f"r{i}", step, tuple(prompt), max_tokens, salt, logprobs, controls))
         answer = [rng.randrange(3, 1000) for _ in range(max_tokens)]
         histories.append((prompt + answer, salt))
     return tuple(out)
+
+
+def _controls(rng: random.Random) -> str:
+    """Per-request controls, a bad value among them (served without offloading)."""
+    choice = rng.choice(
+        (
+            {"store": False},
+            {"load": False},
+            {"max_load_tokens": rng.randrange(0, 200)},
+            {"max_store_tokens": rng.randrange(0, 200)},
+            {"load_tiers": ["host"]},
+            {"load_tiers": ["host", "disk"]},
+            {"max_load_tokens": "all"},
+        )
+    )
+    return json.dumps(choice)
 
 
 def _revisits(rng: random.Random, max_request: int) -> tuple[RequestSpec, ...]:

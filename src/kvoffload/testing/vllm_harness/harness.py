@@ -163,6 +163,7 @@ class VllmHarness:
         max_tokens: int,
         salt: str | None = None,
         prompt_logprobs: int | None = None,
+        *,
         kv_transfer_params: Any = None,
     ) -> None:
         """Queue a request; ``kv_transfer_params`` reaches kvoffload as vLLM passes it

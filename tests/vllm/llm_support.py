@@ -35,32 +35,21 @@ def engine(
     groups of the next engine built in this process."""
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-    from kvoffload.testing.vllm_cpu import engine_mode, keep_async_scheduling
+    from kvoffload.testing.vllm_cpu import (
+        cpu_llm_args,
+        engine_mode,
+        keep_async_scheduling,
+        kvoffload_transfer,
+    )
     from vllm import LLM
 
     if async_scheduling:
         keep_async_scheduling()
 
-    transfer = None
-    if extra is not None:
-        transfer = {
-            "kv_connector": "KVOffloadConnector",
-            "kv_connector_module_path": "kvoffload.vllm",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": extra,
-        }
     llm = LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        max_model_len=1024,
-        block_size=BLOCK,
-        enforce_eager=True,
-        dtype=dtype,
-        kv_cache_memory_bytes=kv_blocks * CHUNK_BYTES,
-        enable_prefix_caching=True,
+        **cpu_llm_args(str(model), BLOCK, kv_blocks * CHUNK_BYTES, dtype),
         max_num_seqs=max_num_seqs,
-        seed=0,
-        kv_transfer_config=transfer,
+        kv_transfer_config=kvoffload_transfer(extra),
         async_scheduling=async_scheduling,
         **more,
     )

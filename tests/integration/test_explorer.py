@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.core import step_planning
+from kvoffload.core.scheduler import stores
 from kvoffload.core.directory import Directory
 from kvoffload.engine.settings import StepMode
 from kvoffload.testing.explorer import (
@@ -82,7 +82,7 @@ def test_without_the_deferral_the_random_search_finds_the_seed_race() -> None:
 
 
 def test_the_fence_check_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(step_planning, "fenced_stores", lambda *args: set())
+    monkeypatch.setattr(stores, "fenced_stores", lambda *args: set())
     report = explore_random(3000, seed=3)
     assert report.failure is not None
     assert report.failure.outcome.category in ("wrong bytes", "block overwritten under a store")

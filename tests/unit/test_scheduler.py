@@ -11,7 +11,7 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.events import EventKind
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import ChunkKey, Namespace, block_hashes
-from kvoffload.core.request_state import Phase
+from kvoffload.core.scheduler.request_state import Phase
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import (
     RETRY_LATER,
@@ -415,7 +415,7 @@ def test_a_store_never_reads_the_null_block_or_a_block_twice() -> None:
 def test_a_store_naming_a_block_twice_completes_without_raising() -> None:
     """A job naming one block twice (vLLM's null block, as a sliding window leaves
     it) used to raise KeyError inside vLLM's update_from_output."""
-    from kvoffload.core.job_tracker import JobTracker
+    from kvoffload.core.scheduler.job_tracker import JobTracker
 
     tracker = JobTracker(1)
     job = TransferJob(1, JobKind.STORE, "a", (KEY, KEY2), (0, 1), (7, 7), 1)

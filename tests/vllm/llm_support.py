@@ -130,7 +130,7 @@ def settle(llm: Any) -> None:
     h = half(llm)
     raise AssertionError(
         f"kvoffload jobs did not drain: in flight {h.jobs_in_flight()}, "
-        f"queued below host {h.tiers.has_queued()}, promotions {h._promotions}"
+        f"queued below host {h.tiers.has_queued()}, promotions wished {h.loads.wished}"
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.core import step_planning, store_planning
+from kvoffload.core.scheduler import stores
 from kvoffload.testing.vllm_fuzz.__main__ import main, report
 from kvoffload.testing.vllm_fuzz.runner import Environment, Outcome, run_scenario
 from kvoffload.testing.vllm_fuzz.scenario import random_scenario
@@ -55,7 +55,7 @@ def test_a_store_reading_the_wrong_blocks_is_found_and_shrunk(
 ) -> None:
     """Planted: every store job reads its blocks in the wrong order (chunk i from
     the blocks of chunk i+1)."""
-    real = store_planning.plan_store_job
+    real = stores.plan_store_job
 
     def shifted(*args, **kwargs):  # type: ignore[no-untyped-def]
         job = real(*args, **kwargs)
@@ -65,7 +65,7 @@ def test_a_store_reading_the_wrong_blocks_is_found_and_shrunk(
 
         return replace(job, block_ids=job.block_ids[1:] + job.block_ids[:1])
 
-    monkeypatch.setattr(step_planning, "plan_store_job", shifted)
+    monkeypatch.setattr(stores, "plan_store_job", shifted)
     failure = first_failure(env, range(40))
     assert failure is not None and "does not hold its own KV" in failure.message
     shrunk, _ = shrink(failure, env, budget=60)
@@ -75,7 +75,7 @@ def test_a_store_reading_the_wrong_blocks_is_found_and_shrunk(
 
 def test_a_missing_flush_fence_is_found(env: Environment, monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: no store is flushed when its source block is handed out again."""
-    monkeypatch.setattr(step_planning, "fenced_stores", lambda *args: set())
+    monkeypatch.setattr(stores, "fenced_stores", lambda *args: set())
     failure = first_failure(env, range(60))
     assert failure is not None
     assert "still reads blocks" in failure.message or "does not hold its own KV" in failure.message

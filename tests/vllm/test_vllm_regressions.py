@@ -16,7 +16,7 @@ from kvoffload.adapters.vllm import scheduler_side
 from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobKind, TransferJob
-from kvoffload.core.request_state import Phase
+from kvoffload.core.scheduler.request_state import Phase
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.vllm_harness import CompleteAll, VllmHarness

@@ -1,8 +1,12 @@
-"""Store jobs and flush fences: the parts of the plan derived from engine blocks.
+"""The store family: store jobs of newly full chunks, flush fences, completion.
 
-Pure functions over the scheduler half's state (they mutate only what their
-docstrings name), kept apart from the request lifecycle in
-:mod:`kvoffload.core.scheduler`.
+:class:`StorePlanner` owns both ends of a store: it plans the job for the chunks a
+request filled since its store cursor (never from the null block or a block named
+twice), says which in-flight stores a step must flush (their source blocks are
+handed out fresh), and completes them (a success makes the chunks readable and
+queues them for the lower tiers; a failure frees their slots). The functions below
+it are pure over the state they are given (they mutate only what their docstrings
+name).
 """
 
 from __future__ import annotations
@@ -11,10 +15,53 @@ from collections.abc import Callable, Sequence
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
-from kvoffload.core.job_tracker import JobTracker
 from kvoffload.core.jobs import JobKind, TransferJob
-from kvoffload.core.request_state import Phase, RequestState
+from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.job_tracker import Completion, JobTracker
+from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import SchedulerConfig
+
+
+class StorePlanner:
+    """Store jobs, their fences and their completion (see the module docstring)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.config = ctx.config
+        self.directory = ctx.directory
+        self.tiers = ctx.tiers
+        self.requests = ctx.requests
+        self.stats = ctx.stats
+        self.anomalies = ctx.anomalies
+
+    def plan(self, state: RequestState) -> TransferJob | None:
+        """The request's next store job, tracked on it, or None."""
+        tracker = self.requests.tracker
+        job = plan_store_job(state, self.directory, tracker.new_id, self.config, self.anomalies)
+        if job is None:
+            return None
+        self.requests.track(state, job)
+        self.stats.stores += 1
+        self.stats.stored_chunks += len(job.keys)
+        return job
+
+    def flush_set(self, preempted: set[int], fresh_blocks: set[int]) -> set[int]:
+        """The in-flight stores this step's workers must finish first: those of
+        preempted requests and those fenced by ``fresh_blocks``."""
+        tracker = self.requests.tracker
+        flush = preempted | fenced_stores(tracker, self.requests.as_dict(), fresh_blocks)
+        if flush:
+            flush &= {job.job_id for job in tracker.jobs() if job.kind is JobKind.STORE}
+        self.stats.flushes += len(flush)
+        return flush
+
+    def complete(self, completion: Completion) -> None:
+        job = completion.job
+        self.directory.complete_store(job.keys, completion.success)
+        if completion.success:
+            self.tiers.note_stored(job.keys)
+            return
+        self.stats.store_failures += 1
+        self.stats.failed_store_chunks += len(job.keys)
 
 
 def check_blocks(blocks: Sequence[int], null_block: int | None) -> tuple[Anomaly, str] | None:

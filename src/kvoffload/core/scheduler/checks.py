@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.jobs import JobKind, TransferJob
-from kvoffload.core.request_state import Phase
+from kvoffload.core.scheduler.request_state import Phase
 
 if TYPE_CHECKING:
     from kvoffload.core.directory import Directory
-    from kvoffload.core.job_tracker import JobTracker
-    from kvoffload.core.request_state import RequestState
+    from kvoffload.core.scheduler.job_tracker import JobTracker
+    from kvoffload.core.scheduler.request_state import RequestState
     from kvoffload.core.tier_planning import TierPlanner
 
 

@@ -1,0 +1,77 @@
+"""Allocations: the engine handed a request its blocks; every allocation is an
+admission (decision 0006).
+
+The engine has the last word: whatever lookup answered, the request is tracked from
+here with its full block list. After a lookup this is an admission: a hit the engine
+accepted emits one load job (into the step builder), anything else admits the
+request to run. Without one (vLLM resuming a request whose load landed) only the
+block list is refreshed. Never raises on surprising input: an allocation of another
+hit than offered, or a load into the null block or a block named twice, is an
+anomaly whose blocks are reported invalid, so the engine recomputes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvoffload.core.anomalies import Anomaly
+from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.loads import LoadPlanner
+from kvoffload.core.scheduler.request_state import Phase, RequestState
+from kvoffload.core.scheduler.step_builder import StepBuilder
+from kvoffload.core.scheduler_types import EngineRequest
+
+
+class Allocations:
+    def __init__(self, ctx: Context, loads: LoadPlanner, builder: StepBuilder) -> None:
+        self.config = ctx.config
+        self.directory = ctx.directory
+        self.requests = ctx.requests
+        self.deferral = ctx.deferral
+        self.anomalies = ctx.anomalies
+        self.loads = loads
+        self.builder = builder
+
+    def on_allocated(
+        self, request: EngineRequest, block_ids: Sequence[int], num_external_tokens: int
+    ) -> None:
+        """See the module docstring."""
+        state = self.requests.get(request.request_id)
+        if state is None:
+            state = self.requests.new(request)
+        elif state.phase is Phase.FINISHED_DRAINING:
+            return  # a reused request id (counted at lookup): not offloaded
+        state.request = request
+        hit, state.lookup_hit = state.lookup_hit, None
+        local, offered = hit if hit is not None else (0, 0)
+        if num_external_tokens and not offered:
+            self.anomalies.note(
+                Anomaly.EXTERNAL_TOKENS,
+                f"request {request.request_id!r}: {num_external_tokens} external tokens "
+                "allocated, none offered; nothing loaded",
+            )
+        if hit is None and state.phase in (Phase.RUNNING, Phase.LOADING):
+            state.block_ids = list(block_ids)  # resumed after its load: same admission
+            return
+        self._admit(state, local + num_external_tokens, block_ids)
+        if not (num_external_tokens and offered):
+            state.move(Phase.RUNNING)
+            return
+        job = self.loads.plan(
+            state, local, num_external_tokens, offered=offered, block_ids=block_ids
+        )
+        self.builder.add_load(job)
+        state.move(Phase.LOADING)
+
+    def _admit(self, state: RequestState, hit_tokens: int, block_ids: Sequence[int]) -> None:
+        """Admission bookkeeping: recency of the hit, reuse counts, the end of any
+        deferral, a fresh store cursor and the full block list."""
+        keys = state.keys.extend(state.request.block_hashes)
+        self.directory.touch(keys[: hit_tokens // self.config.chunk_tokens])
+        self.directory.record_lookups(keys)
+        self.deferral.end(state)
+        state.stored_chunks = 0
+        state.promotion = None
+        state.no_promotion = False
+        state.stale_kv = False  # computed (or loaded) afresh from here
+        state.block_ids = list(block_ids)

@@ -1,0 +1,81 @@
+"""Worker reports into completions: each job completes once (every worker reported),
+in the planner of its family, then on the request that waited for it.
+
+Unknown and repeated results are ignored and counted (``stale_completions``).
+Mutates the planners' state (directories, tiers), the requests' phases and jobs,
+the transfer histograms.
+"""
+
+from __future__ import annotations
+
+from kvoffload.core.jobs import JobKind, WorkerReport
+from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.job_tracker import Completion
+from kvoffload.core.scheduler.loads import LoadPlanner
+from kvoffload.core.scheduler.request_state import Phase, RequestState
+from kvoffload.core.scheduler.stores import StorePlanner
+from kvoffload.core.scheduler.tier_moves import TierMoves
+
+
+class Completions:
+    def __init__(
+        self,
+        ctx: Context,
+        metrics: MetricsRecorder,
+        planners: tuple[LoadPlanner, StorePlanner, TierMoves],
+    ) -> None:
+        self.requests = ctx.requests
+        self.stats = ctx.stats
+        self.metrics = metrics
+        self.loads, self.stores, self.moves = planners
+
+    def apply(self, report: WorkerReport) -> list[Completion]:
+        """Apply one worker's results; the jobs that completed with them."""
+        tracker = self.requests.tracker
+        done: list[Completion] = []
+        for result in report.results:
+            job = tracker.job(result.job_id)
+            if job is not None:
+                tier = job.tier or "host"
+                self.metrics.observe_transfer(job.kind.value, tier, result.nbytes, result.seconds)
+            completion = tracker.record(report.rank, result)
+            if completion is None:
+                if result.job_id not in tracker:
+                    self.stats.stale_completions += 1
+                continue
+            self._complete(completion)
+            done.append(completion)
+        return done
+
+    def _complete(self, completion: Completion) -> None:
+        job = completion.job
+        if not job.kind.touches_engine:
+            self.moves.complete(completion)
+        elif job.kind is JobKind.STORE:
+            self.stores.complete(completion)
+        else:
+            self.loads.complete(completion)
+        state = self.requests.get(job.request_id)
+        if state is not None:
+            self._release(state, completion)
+
+    def _release(self, state: RequestState, completion: Completion) -> None:
+        """The request side of a completed job: the phase it waited in moves on."""
+        job = completion.job
+        del state.jobs[job.job_id]
+        if job.kind is JobKind.LOAD:
+            state.load_failed |= not completion.success
+            if state.phase is Phase.LOADING:
+                state.move(Phase.RUNNING)
+        if job.kind is JobKind.PROMOTE:
+            if not completion.success or completion.result.failed_chunks:
+                state.no_promotion = True  # take what arrived; no retry loop on a bad tier
+            if state.phase is Phase.PROMOTING:
+                state.move(Phase.WAITING)
+        if state.jobs:
+            return
+        if state.phase is Phase.PREEMPTED_DRAINING:
+            state.move(Phase.WAITING)
+        elif state.phase is Phase.FINISHED_DRAINING and not state.final_store_pending:
+            self.requests.drop(state)

@@ -1,0 +1,27 @@
+"""What every part of the scheduler half shares: one value, built by the façade."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvoffload.core.anomalies import AnomalyLog
+from kvoffload.core.directory import Directory
+from kvoffload.core.scheduler.deferral import DeferralClock
+from kvoffload.core.scheduler.requests import RequestTable
+from kvoffload.core.scheduler_types import SchedulerConfig, SchedulerStats
+from kvoffload.core.tier_planning import TierPlanner
+
+
+@dataclass(frozen=True)
+class Context:
+    """The collaborators (each the one owner of its state): the host directory, the
+    tier planner (lower tiers), the request table (states; it holds the job
+    tracker), the deferral clock, the counters and the anomaly log."""
+
+    config: SchedulerConfig
+    directory: Directory
+    tiers: TierPlanner
+    requests: RequestTable
+    deferral: DeferralClock
+    stats: SchedulerStats
+    anomalies: AnomalyLog

@@ -1,0 +1,235 @@
+"""The scheduler half's façade: :class:`OffloadScheduler`, the engine's one entry point
+(the call sequence and guarantees are in :mod:`kvoffload.core.scheduler`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from kvoffload.core.anomalies import Anomaly, AnomalyLog, ParamErrorLog
+from kvoffload.core.directory import Directory
+from kvoffload.core.events import CacheEvent
+from kvoffload.core.jobs import StepPlan, TransferJob, WorkerReport
+from kvoffload.core.keys import Namespace
+from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.scheduler.allocations import Allocations
+from kvoffload.core.scheduler.checks import verify_scheduler
+from kvoffload.core.scheduler.completions import Completions
+from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.deferral import DeferralClock
+from kvoffload.core.scheduler.job_tracker import Completion, JobTracker
+from kvoffload.core.scheduler.loads import LoadPlanner
+from kvoffload.core.scheduler.request_state import Phase, RequestState
+from kvoffload.core.scheduler.requests import RequestTable
+from kvoffload.core.scheduler.step_builder import StepBuilder
+from kvoffload.core.scheduler.stores import StorePlanner
+from kvoffload.core.scheduler.tier_moves import TierMoves
+from kvoffload.core.scheduler_types import (
+    EngineRequest,
+    SchedulerConfig,
+    SchedulerStats,
+    StepInput,
+)
+from kvoffload.core.tier_planning import TierPlanner
+from kvoffload.core.tiering import LowerTier
+
+
+class OffloadScheduler:
+    """The engine-agnostic scheduler half of kvoffload (see the module docstring).
+
+    A façade: the request table owns the request states, the job tracker the jobs in
+    flight, the deferral clock busy steps and time, the step builder what
+    accumulates between two plans; one planner per job family (loads, stores, tier
+    moves) owns both the planning and the completion of its jobs."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        directory: Directory,
+        namespace: Namespace,
+        *,
+        lower_tiers: Sequence[LowerTier] = (),
+        spill_after_hits: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        new_epoch: Callable[[], bytes] = lambda: os.urandom(16),
+    ) -> None:
+        self.config = config
+        self.directory = directory
+        self.namespace = namespace
+        self.tiers = TierPlanner(
+            directory, lower_tiers, config.blocks_per_chunk, spill_after_hits=spill_after_hits
+        )
+        self.stats = SchedulerStats()
+        self.metrics = MetricsRecorder()
+        self.anomalies = AnomalyLog()
+        self._new_epoch = new_epoch
+        self._tracker = JobTracker(config.world_size)
+        self.requests = RequestTable(namespace, config.hashes_per_chunk, self._tracker)
+        self.deferral = DeferralClock(config, self.stats, self.metrics, clock)
+        ctx = Context(
+            config, directory, self.tiers, self.requests, self.deferral, self.stats, self.anomalies
+        )
+        self.loads = LoadPlanner(ctx)
+        self.stores = StorePlanner(ctx)
+        self.moves = TierMoves(ctx)
+        self.builder = StepBuilder(ctx, self.loads, self.stores, self.moves)
+        self.allocations = Allocations(ctx, self.loads, self.builder)
+        self.completions = Completions(ctx, self.metrics, (self.loads, self.stores, self.moves))
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The deferral bound's time source (harnesses substitute logical time)."""
+        return self.deferral.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.deferral.clock = clock
+
+    @property
+    def epoch(self) -> bytes:
+        """The key epoch: changes at every reset (decision 0005)."""
+        return self.requests.epoch
+
+    @property
+    def param_errors(self) -> ParamErrorLog:
+        return self.requests.param_errors
+
+    # ------------------------------------------------------------------ lookup
+
+    def lookup(self, request: EngineRequest, num_computed_tokens: int) -> int | None:
+        """Tokens loadable past ``num_computed_tokens``, 0 on a miss, or RETRY_LATER.
+
+        Clears the request's stale block ids first. A request with transfer jobs in
+        flight gets RETRY_LATER without the directory being consulted, until its
+        deferral bound is reached (then 0: recompute). A hit of less than one chunk
+        past the local hit counts as 0. Changes no directory state.
+        """
+        self.stats.lookups += 1
+        state = self.requests.get(request.request_id)
+        if state is None:
+            state = self.requests.new(request)
+        elif state.phase is Phase.FINISHED_DRAINING:
+            self.anomalies.note(
+                Anomaly.REUSED_REQUEST_ID,
+                f"request {request.request_id!r} arrived while an earlier request of that id "
+                "still drains its stores; it is served without offloading",
+            )
+            return 0
+        elif state.phase is Phase.RUNNING:
+            self.on_preempted(request.request_id)  # only a preempted request is re-looked-up
+        state.request = request
+        state.block_ids.clear()
+        state.lookup_hit = None
+        return self.loads.answer(state, request, num_computed_tokens)
+
+    # -------------------------------------------------------------- allocation
+
+    def on_allocated(
+        self, request: EngineRequest, block_ids: Sequence[int], num_external_tokens: int
+    ) -> None:
+        """The engine allocated ``block_ids`` (the request's whole allocation) and will
+        load ``num_external_tokens`` into them.
+
+        The engine has the last word: whatever lookup answered, the request is tracked
+        from here with its full block list. After a lookup this is an admission: a hit
+        the engine accepted emits one load job, anything else admits the request to
+        run. Without one (vLLM resuming a request whose load landed) only the block
+        list is refreshed. Never raises on surprising input: an allocation of another
+        hit than offered, or a load into the null block or a block named twice, is an
+        anomaly whose blocks are reported invalid, so the engine recomputes them."""
+        self.allocations.on_allocated(request, block_ids, num_external_tokens)
+
+    # ------------------------------------------------------------ end of a request
+
+    def on_preempted(self, request_id: str) -> None:
+        """The engine freed a running request's blocks and re-queued it (see
+        :meth:`StepBuilder.preempt`). Idempotent; ignored unless it is running."""
+        state = self.requests.get(request_id)
+        if state is not None and state.phase is Phase.RUNNING:
+            self.builder.preempt(state)
+
+    def on_finished(self, request_id: str) -> None:
+        """The request finished or was aborted; the engine frees its blocks now.
+
+        A running request's last full chunks are stored by the next plan (the freed
+        blocks are fenced). The state is dropped once no job is in flight."""
+        state = self.requests.get(request_id)
+        if state is None or state.phase in (Phase.FINISHED_DRAINING, Phase.DONE):
+            return
+        if state.phase is Phase.RUNNING:
+            state.computed_tokens = min(state.computed_tokens, state.request.num_computed_tokens)
+            state.final_store_pending = True
+            self.builder.finishing(request_id)
+        if state.jobs or state.final_store_pending:
+            state.move(Phase.FINISHED_DRAINING)
+        else:
+            self.requests.drop(state)
+
+    on_aborted = on_finished
+
+    # ------------------------------------------------------------------ the plan
+
+    def build_plan(self, step: StepInput) -> StepPlan:
+        """The plan for this engine step (see :class:`StepPlan` and
+        :class:`StepBuilder`)."""
+        return self.builder.build(step)
+
+    def on_report(self, report: WorkerReport) -> list[Completion]:
+        """Apply one worker's results; return the jobs that completed (all workers
+        reported). Unknown and repeated results are ignored and counted."""
+        return self.completions.apply(report)
+
+    # ------------------------------------------------------------------ the rest
+
+    def reset(self) -> None:
+        """Forget every offloaded chunk in every tier (vLLM's connector reset: the
+        weights changed). A new key epoch begins (decision 0005): the keys of chunks
+        stored before, in any tier or by jobs still in flight, are never computed
+        again, so nothing stored before the reset is served after it. The directories
+        drop what they hold; jobs in flight still complete and release their requests,
+        and what they stored is dropped."""
+        self.requests.epoch = self._new_epoch()
+        self.directory.reset()
+        self.tiers.reset()
+        for state in self.requests:
+            state.rekey(self.namespace, self.requests.epoch)
+        self.stats.resets += 1
+
+    def take_events(self) -> list[CacheEvent]:
+        events = self.directory.take_events()
+        for tier in self.tiers.tiers.values():
+            events += tier.take_events()
+        return events
+
+    @property
+    def step(self) -> int:
+        return self.builder.step
+
+    def has_pending_work(self) -> bool:
+        """True while the engine must keep stepping for kvoffload: jobs in flight,
+        or final stores of finished requests not yet planned. An idle engine that
+        stopped stepping would never deliver their completions."""
+        return bool(len(self._tracker) or self.builder.has_pending() or self.tiers.has_queued())
+
+    def new_job_id(self) -> int:
+        """A job id never handed out before (for jobs the engine adapter makes itself)."""
+        return self._tracker.new_id()
+
+    def take_unplanned_loads(self) -> list[TransferJob]:
+        """Loads emitted by ``on_allocated`` and not yet shipped in a plan (the adapter
+        takes them when it stops offloading after an internal error)."""
+        return self.builder.take_loads()
+
+    def jobs_in_flight(self) -> list[TransferJob]:
+        return self._tracker.jobs()
+
+    def state_of(self, request_id: str) -> RequestState | None:
+        return self.requests.get(request_id)
+
+    def request_ids(self) -> list[str]:
+        return self.requests.ids()
+
+    def check_integrity(self) -> None:
+        """Verify every scheduler-half and directory invariant (tests, debug runs)."""
+        verify_scheduler(self.requests.as_dict(), self._tracker, self.directory, self.tiers)

@@ -1,0 +1,227 @@
+"""The load family: lookup's answer, the load job of an admitted hit, its completion.
+
+:class:`LoadPlanner` owns both ends of a load: it answers lookups from the host
+directory (waiting for a pending store or a lower tier when that can still make a
+hit), plans the one load job of an admitted hit (pinning its chunks), and completes
+it (unpinning; a failed load discards the chunks, whose copies may be torn). The
+functions below it are pure over the state they are given (they mutate only what
+their docstrings name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kvoffload.core.anomalies import Anomaly, AnomalyLog
+from kvoffload.core.chunk_state import ChunkState
+from kvoffload.core.directory import Directory
+from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.keys import ChunkKey
+from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.job_tracker import Completion
+from kvoffload.core.scheduler.request_state import RequestState
+from kvoffload.core.scheduler.stores import check_blocks
+from kvoffload.core.scheduler_types import (
+    RETRY_LATER,
+    Deferral,
+    EngineRequest,
+    SchedulerConfig,
+)
+from kvoffload.core.tier_planning import UNKNOWN, TierPlanner
+
+
+class LoadPlanner:
+    """Lookup answers, load jobs and their completion (see the module docstring)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.config = ctx.config
+        self.directory = ctx.directory
+        self.tiers = ctx.tiers
+        self.requests = ctx.requests
+        self.deferral = ctx.deferral
+        self.stats = ctx.stats
+        self.anomalies = ctx.anomalies
+        self.wished: list[str] = []  # requests whose promotion a lookup wished this step
+
+    def answer(
+        self, state: RequestState, request: EngineRequest, num_computed_tokens: int
+    ) -> int | None:
+        """Tokens loadable past ``num_computed_tokens``, 0, or RETRY_LATER, for a
+        request whose stale block ids were just cleared. Records the offer in
+        ``state.lookup_hit``; changes no directory state."""
+        local_only = (num_computed_tokens, 0)
+        if getattr(request, "skip_reading_prefix_cache", False) or not state.controls.load:
+            # The engine serves this request no cached KV whatever the answer (or the
+            # request said so): never defer or promote for it (its chunks are still
+            # stored once computed, unless it said otherwise).
+            state.lookup_hit = local_only
+            return 0
+        if state.jobs and not self.config.testing_disable_inflight_deferral:
+            if state.has_load() or not self.deferral.expired(state):
+                promoting = state.has_promotion()
+                busy = Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT
+                self.deferral.defer(state, busy)
+                return RETRY_LATER
+            self.stats.deferral_timeouts += 1
+            state.lookup_hit = local_only
+            return 0
+        chunk = self.config.chunk_tokens
+        keys = state.keys.extend(request.block_hashes)
+        cap = state.controls.load_chunks(chunk)
+        if cap is not None:
+            keys = keys[:cap]  # the request's max_load_tokens
+        if state.load_failed or not keys:
+            state.lookup_hit = local_only
+            return 0
+        readable = self.directory.readable_prefix(keys)
+        if readable < len(keys) and readable * chunk >= num_computed_tokens:
+            reason, wished = next_chunks_wait(
+                state,
+                keys,
+                readable,
+                num_computed_tokens,
+                directory=self.directory,
+                tiers=self.tiers,
+                chunk_tokens=chunk,
+            )
+            if wished:
+                self.wished.append(state.request_id)
+            if reason is not None:
+                if not self.deferral.expired(state):
+                    self.deferral.defer(state, reason)
+                    return RETRY_LATER
+                self.stats.deferral_timeouts += 1
+                state.promotion = None
+                state.no_promotion = True  # take what host memory has now
+        external = readable * chunk - num_computed_tokens
+        if external < chunk or num_computed_tokens % self.config.block_size:
+            external = 0
+        state.lookup_hit = (num_computed_tokens, external)
+        return external
+
+    def plan(
+        self,
+        state: RequestState,
+        local: int,
+        external: int,
+        *,
+        offered: int,
+        block_ids: Sequence[int],
+    ) -> TransferJob:
+        """The load of an admitted hit, tracked on the request (see
+        :func:`plan_load_job`)."""
+        job = plan_load_job(
+            state,
+            local,
+            external,
+            offered=offered,
+            block_ids=block_ids,
+            config=self.config,
+            directory=self.directory,
+            new_id=self.requests.tracker.new_id,
+            anomalies=self.anomalies,
+        )
+        self.requests.track(state, job)
+        if job.keys:
+            self.stats.loads += 1
+            self.stats.loaded_chunks += len(job.keys)
+            self.stats.lookup_hit_tokens += external
+        return job
+
+    def complete(self, completion: Completion) -> None:
+        """The directory side of a finished load: unpin; on failure the copy may be
+        torn, so nobody loads these chunks again (and the request recomputes instead
+        of retrying: no retry loops)."""
+        job = completion.job
+        self.directory.complete_load(job.keys)
+        if completion.success:
+            self.tiers.note_loaded(job.keys)
+            return
+        self.directory.discard(job.keys)
+        self.stats.load_failures += 1
+        self.stats.failed_load_chunks += len(job.keys)
+
+
+def next_chunks_wait(
+    state: RequestState,
+    keys: list[ChunkKey],
+    readable: int,
+    local: int,
+    *,
+    directory: Directory,
+    tiers: TierPlanner,
+    chunk_tokens: int,
+) -> tuple[Deferral | None, bool]:
+    """Whether the chunks after the readable prefix are worth waiting for: a host
+    store of the next one is in flight, or a lower tier holds the next ones (their
+    promotion is then wished in ``state.promotion``, for the next plan). Returns the
+    reason to wait (None: do not) and whether the promotion wish is new."""
+    if state.no_promotion:
+        return None, False
+    if directory.state_of(keys[readable]) is ChunkState.STORING:
+        return Deferral.PENDING, False
+    if not tiers:
+        return None, False
+    found = tiers.find_below(keys[readable:], allowed=state.controls.may_promote_from)
+    if found == UNKNOWN:
+        return Deferral.LOOKUP, False
+    if not isinstance(found, tuple):
+        return None, False
+    tier, run = found
+    if (readable + run) * chunk_tokens - local < chunk_tokens:
+        return None, False  # less than a chunk past the engine's own hit
+    new = state.promotion is None
+    state.promotion = (tier.name, tuple(keys[readable : readable + run]))
+    return Deferral.PROMOTION, new
+
+
+def plan_load_job(
+    state: RequestState,
+    local: int,
+    external: int,
+    *,
+    offered: int,
+    block_ids: Sequence[int],
+    config: SchedulerConfig,
+    directory: Directory,
+    new_id: Callable[[], int],
+    anomalies: AnomalyLog,
+) -> TransferJob:
+    """The load of ``external`` tokens past ``local`` into the request's blocks, its
+    chunks pinned in ``directory``; a load of only invalid blocks (the engine
+    recomputes them; counted as an anomaly, ``state.load_failed`` set) when the engine
+    asked for another hit than ``offered`` or the blocks name the null block or a
+    block twice."""
+    chunk, block_size = config.chunk_tokens, config.block_size
+    first_block = local // block_size
+    blocks = tuple(block_ids[first_block : first_block - (-external // block_size)])
+    problem: tuple[Anomaly, str] | None
+    if external != offered:
+        problem = (Anomaly.EXTERNAL_TOKENS, f"{external} external tokens, {offered} offered")
+    else:
+        problem = check_blocks(blocks, config.null_block)
+    if problem is not None:
+        kind, detail = problem
+        anomalies.note(kind, f"load for request {state.request_id!r}: {detail}; recomputed")
+        state.load_failed = True
+        return TransferJob(
+            job_id=new_id(),
+            kind=JobKind.LOAD,
+            request_id=state.request_id,
+            keys=(),
+            slots=(),
+            block_ids=(),
+            blocks_per_chunk=config.blocks_per_chunk,
+            invalid_blocks=blocks,
+        )
+    keys = state.keys.keys[local // chunk : (local + external) // chunk]
+    return TransferJob(
+        job_id=new_id(),
+        kind=JobKind.LOAD,
+        request_id=state.request_id,
+        keys=tuple(keys),
+        slots=directory.prepare_load(keys),
+        block_ids=blocks,
+        blocks_per_chunk=config.blocks_per_chunk,
+        skip_blocks=(local % chunk) // block_size,
+    )

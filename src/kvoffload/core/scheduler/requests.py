@@ -1,0 +1,59 @@
+"""The request table: the one owner of the scheduler half's request states.
+
+A state is created at a request's first lookup or allocation (with the controls its
+``kv_transfer_params`` carry; a refused value is counted and warned about) and
+dropped when the request is done: finished with nothing in flight. Jobs are tracked
+on both the state (what the request waits for) and the job tracker (completion
+counting, fences): :meth:`track` adds to both, completions remove from both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from kvoffload.core.anomalies import ParamErrorLog
+from kvoffload.core.jobs import TransferJob
+from kvoffload.core.keys import Namespace
+from kvoffload.core.request_controls import parse_controls
+from kvoffload.core.scheduler.job_tracker import JobTracker
+from kvoffload.core.scheduler.request_state import Phase, RequestState
+from kvoffload.core.scheduler_types import EngineRequest
+
+
+class RequestTable:
+    def __init__(self, namespace: Namespace, hashes_per_chunk: int, tracker: JobTracker) -> None:
+        self.namespace = namespace
+        self.hashes_per_chunk = hashes_per_chunk
+        self.tracker = tracker
+        self.param_errors = ParamErrorLog()
+        self.epoch = b""  # the key epoch new states start in (decision 0005)
+        self._states: dict[str, RequestState] = {}
+
+    def get(self, request_id: str) -> RequestState | None:
+        return self._states.get(request_id)
+
+    def new(self, request: EngineRequest) -> RequestState:
+        controls, refused = parse_controls(getattr(request, "kv_transfer_params", None))
+        if refused is not None:
+            self.param_errors.note(request.request_id, refused)
+        state = RequestState(request, self.namespace, self.hashes_per_chunk, self.epoch, controls)
+        self._states[request.request_id] = state
+        return state
+
+    def drop(self, state: RequestState) -> None:
+        state.move(Phase.DONE)
+        del self._states[state.request_id]
+
+    def track(self, state: RequestState, job: TransferJob) -> None:
+        self.tracker.add(job)
+        state.jobs[job.job_id] = job
+
+    def __iter__(self) -> Iterator[RequestState]:
+        return iter(list(self._states.values()))
+
+    def ids(self) -> list[str]:
+        return list(self._states)
+
+    def as_dict(self) -> dict[str, RequestState]:
+        """A read-only view for the invariant checks (do not mutate)."""
+        return self._states

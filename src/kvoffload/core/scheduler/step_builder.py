@@ -1,0 +1,134 @@
+"""The step builder: what happens between two plans, and the plan it becomes.
+
+The engine's calls between two ``build_plan`` calls contribute to the next plan:
+loads emitted at allocation, stores of preempted requests to flush, blocks handed
+out fresh (which fence in-flight stores reading them), requests that finished with
+a final store to plan, promotions lookups wished. :class:`StepBuilder` is the one
+owner of those accumulators; :meth:`build` turns them and the engine's
+:class:`StepInput` into the frozen :class:`StepPlan` and starts afresh.
+"""
+
+from __future__ import annotations
+
+from kvoffload.core.anomalies import Anomaly
+from kvoffload.core.jobs import StepPlan, TransferJob
+from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.loads import LoadPlanner
+from kvoffload.core.scheduler.request_state import Phase, RequestState
+from kvoffload.core.scheduler.stores import StorePlanner
+from kvoffload.core.scheduler.tier_moves import TierMoves
+from kvoffload.core.scheduler_types import (
+    ScheduledRequest,
+    StepInput,
+)
+
+_SCHEDULABLE = (Phase.WAITING, Phase.RUNNING, Phase.PREEMPTED_DRAINING)
+
+
+class StepBuilder:
+    def __init__(
+        self, ctx: Context, loads: LoadPlanner, stores: StorePlanner, moves: TierMoves
+    ) -> None:
+        self.config = ctx.config
+        self.requests = ctx.requests
+        self.deferral = ctx.deferral
+        self.stats = ctx.stats
+        self.anomalies = ctx.anomalies
+        self.loads = loads
+        self.stores = stores
+        self.moves = moves
+        self.step = 0
+        self.pending_loads: list[TransferJob] = []
+        self._flush: set[int] = set()
+        self._fresh_blocks: set[int] = set()
+        self._finishing: list[str] = []
+
+    # ------------------------------------------------------------ between plans
+
+    def add_load(self, job: TransferJob) -> None:
+        self.pending_loads.append(job)
+        self._fresh_blocks.update(job.block_ids or job.invalid_blocks)
+
+    def finishing(self, request_id: str) -> None:
+        """A running request finished: its final store goes into the next plan."""
+        self._finishing.append(request_id)
+
+    def preempt(self, state: RequestState) -> None:
+        """The engine freed a running request's blocks and re-queued it: its stores
+        are flushed in the next plan, and it is looked up again only once its jobs
+        (stores, or a promotion from before its admission) drained."""
+        state.block_ids.clear()
+        self._flush.update(state.store_ids())
+        self.stats.preemptions += 1
+        state.move(Phase.PREEMPTED_DRAINING if state.jobs else Phase.WAITING)
+
+    def has_pending(self) -> bool:
+        return bool(self._finishing or self.pending_loads or self.loads.wished)
+
+    def take_loads(self) -> list[TransferJob]:
+        loads, self.pending_loads = self.pending_loads, []
+        return loads
+
+    # ------------------------------------------------------------ the plan
+
+    def build(self, step: StepInput) -> StepPlan:
+        """The plan for this engine step (see :class:`StepPlan`)."""
+        self.step += 1
+        self.deferral.tick(bool(step.scheduled))
+        for request_id in step.preempted:
+            state = self.requests.get(request_id)
+            if state is not None and state.phase is Phase.RUNNING:
+                self.preempt(state)
+        # Spills first: they pin chunks whose host store just completed, so this
+        # step's new stores cannot evict them before they are written down.
+        spills = self.moves.plan_spills()
+        stores: list[TransferJob] = []
+        for sched in step.scheduled:
+            state = self.requests.get(sched.request_id)
+            if state is None or state.phase not in _SCHEDULABLE:
+                phase = "unknown" if state is None else state.phase.name
+                self.anomalies.note(
+                    Anomaly.UNTRACKED_REQUEST,
+                    f"request {sched.request_id!r} scheduled while {phase} here; not offloaded",
+                )
+                continue
+            self._scheduled(state, sched)
+            self._store(state, stores)
+        for request_id in self._finishing:
+            state = self.requests.get(request_id)
+            if state is not None and state.final_store_pending:
+                state.final_store_pending = False
+                self._store(state, stores)
+                if not state.jobs:
+                    self.requests.drop(state)
+        wished, self.loads.wished = self.loads.wished, []
+        promotions = self.moves.plan_promotions(wished)
+        flush = self.stores.flush_set(self._flush, self._fresh_blocks)
+        plan = StepPlan(
+            self.step,
+            tuple(self.take_loads()),
+            tuple(stores),
+            frozenset(flush),
+            spills=tuple(spills),
+            promotions=tuple(promotions),
+        )
+        self._flush, self._fresh_blocks, self._finishing = set(), set(), []
+        return plan
+
+    def _scheduled(self, state: RequestState, sched: ScheduledRequest) -> None:
+        """The engine runs the request this step: its blocks and computed tokens."""
+        if sched.replace:
+            state.block_ids = list(sched.block_ids)
+            held = sched.num_computed_tokens // self.config.block_size
+            self._fresh_blocks.update(sched.block_ids[held:])
+        else:
+            state.block_ids.extend(sched.block_ids)
+            self._fresh_blocks.update(sched.block_ids)
+        state.computed_tokens = sched.num_computed_tokens + sched.num_scheduled_tokens
+        self.deferral.end(state)
+        state.move(Phase.RUNNING)
+
+    def _store(self, state: RequestState, out: list[TransferJob]) -> None:
+        job = self.stores.plan(state)
+        if job is not None:
+            out.append(job)

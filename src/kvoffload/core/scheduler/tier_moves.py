@@ -1,0 +1,54 @@
+"""The tier-move family: spills (host memory to a lower tier) and promotions (a
+lower tier to host memory), planned each step and completed here.
+
+Spills are the tier planner's (they follow host stores, not requests). A promotion
+is wished by a lookup (``state.promotion``) and planned in the next plan when the
+request still waits with nothing in flight; when it cannot be planned (no room, the
+run changed) the request takes what host memory has (``no_promotion``). Mutates
+the tier planner, the wishing requests' phase and promotion fields.
+"""
+
+from __future__ import annotations
+
+from kvoffload.core.jobs import TransferJob
+from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.job_tracker import Completion
+from kvoffload.core.scheduler.request_state import Phase
+
+
+class TierMoves:
+    def __init__(self, ctx: Context) -> None:
+        self.tiers = ctx.tiers
+        self.requests = ctx.requests
+
+    def plan_spills(self) -> list[TransferJob]:
+        """This step's spills, tracked (they belong to no request)."""
+        if not self.tiers:
+            return []
+        tracker = self.requests.tracker
+        spills = self.tiers.plan_spills(tracker.new_id)
+        for job in spills:
+            tracker.add(job)
+        return spills
+
+    def plan_promotions(self, wished: list[str]) -> list[TransferJob]:
+        jobs = []
+        for request_id in wished:
+            state = self.requests.get(request_id)
+            if state is None or state.promotion is None:
+                continue
+            tier, keys = state.promotion
+            state.promotion = None
+            if state.phase is not Phase.WAITING or state.jobs:
+                continue
+            job = self.tiers.plan_promotion(request_id, tier, keys, self.requests.tracker.new_id)
+            if job is None:
+                state.no_promotion = True
+                continue
+            self.requests.track(state, job)
+            state.move(Phase.PROMOTING)
+            jobs.append(job)
+        return jobs
+
+    def complete(self, completion: Completion) -> None:
+        self.tiers.complete(completion.job, completion.result)

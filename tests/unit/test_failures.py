@@ -1,10 +1,11 @@
-"""Typed chunk failures: the old texts kept, read by kind, picklable across the
-workers' reports."""
+"""Typed chunk failures and the tier lookup's typed answer: the old texts kept, read
+by kind, picklable across the workers' reports."""
 
 from __future__ import annotations
 
 import itertools
 import pickle
+from collections.abc import Sequence
 
 import pytest
 
@@ -20,7 +21,7 @@ from kvoffload.core.failures import (
 )
 from kvoffload.core.jobs import JobResult, WorkerReport
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.tier_planning import TierPlanner
+from kvoffload.core.tier_planning import ABSENT, UNKNOWN, Found, TierPlanner
 from kvoffload.core.tiering import DirectoryTier
 
 
@@ -87,3 +88,23 @@ def test_a_whole_promotion_failure_applies_its_error_to_every_chunk(
     assert (disk.present_run([K(1), K(2)]) == 0) is forgotten
     assert disk.stats.integrity_errors == integrity and disk.stats.missing == missing
     assert disk.stats.promotion_failures == 2
+
+
+class _Undecided(DirectoryTier):
+    def present_run(self, keys: Sequence[ChunkKey]) -> int | None:
+        return None
+
+
+def test_find_below_answers_found_unknown_or_absent() -> None:
+    host = Directory(8)
+    disk = DirectoryTier(Directory(8, tier="disk"))
+    planner = TierPlanner(host, [disk], 1)
+    assert planner.find_below([K(1)]) is ABSENT
+    prepared = disk.directory.prepare_store([K(1), K(2)], admit_all=True)
+    disk.directory.complete_store(prepared.keys, success=True)
+    assert planner.find_below([K(1), K(2), K(3)]) == Found(disk, 2)
+    assert planner.find_below([K(1)], allowed=lambda name: name != "disk") is ABSENT
+    assert planner.find_below([K(3)]) is ABSENT
+    front = _Undecided(Directory(8, tier="redis"))
+    assert TierPlanner(host, [front, disk], 1).find_below([K(1)]) is UNKNOWN
+    assert disk.stats.hit_chunks == 2

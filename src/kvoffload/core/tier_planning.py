@@ -17,8 +17,10 @@ memory N times (counted in a bounded map).
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
@@ -27,7 +29,24 @@ from kvoffload.core.jobs import JobKind, JobResult, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.tiering import DirectoryTier, LowerTier
 
-UNKNOWN = "unknown"  # a tier cannot tell yet: ask again later
+
+@dataclass(frozen=True)
+class Found:
+    """:meth:`TierPlanner.find_below`: ``tier`` holds the first ``run`` (>= 1) keys."""
+
+    tier: LowerTier
+    run: int
+
+
+class Lookup(enum.Enum):
+    """:meth:`TierPlanner.find_below` without a tier to promote from."""
+
+    UNKNOWN = "unknown"  # a tier in front cannot tell yet: ask again later
+    ABSENT = "absent"  # no tier asked holds the first key
+
+
+UNKNOWN = Lookup.UNKNOWN
+ABSENT = Lookup.ABSENT
 
 
 class TierPlanner:
@@ -55,10 +74,11 @@ class TierPlanner:
 
     def find_below(
         self, keys: Sequence[ChunkKey], allowed: Callable[[str], bool] | None = None
-    ) -> tuple[LowerTier, int] | str | None:
-        """The first tier holding ``keys[0]`` and how many leading keys it holds;
-        :data:`UNKNOWN` when a tier in front cannot tell yet; None when none holds it.
-        Only tiers whose name ``allowed`` accepts are asked (default: all)."""
+    ) -> Found | Lookup:
+        """The first tier holding ``keys[0]`` and how many leading keys it holds
+        (:class:`Found`); :data:`UNKNOWN` when a tier in front cannot tell yet;
+        :data:`ABSENT` when none holds it. Only tiers whose name ``allowed`` accepts are
+        asked (default: all)."""
         for tier in self.tiers.values():
             if allowed is not None and not allowed(tier.name):
                 continue
@@ -68,8 +88,8 @@ class TierPlanner:
                 return UNKNOWN
             if run:
                 tier.stats.hit_chunks += run
-                return tier, run
-        return None
+                return Found(tier, run)
+        return ABSENT
 
     # ------------------------------------------------------------ admission
 

@@ -146,7 +146,10 @@ def move(
     results = worker.poll()
     bad = [r for r in results if not r.success or r.failed_chunks]
     if bad or len(results) != len(jobs):
-        first = (bad[0].error or str(bad[0].failed_chunks[0])) if bad else "results missing"
+        first = "results missing"
+        if bad:
+            index, failure = bad[0].failed_chunks[0] if bad[0].failed_chunks else (0, "")
+            first = str(bad[0].error or (index, str(failure)))
         raise BenchError(f"{kind.value}: {len(bad)} of {len(jobs)} jobs failed, e.g. {first}")
     return seconds
 

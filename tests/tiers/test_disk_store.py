@@ -13,6 +13,7 @@ import pytest
 
 from kvoffload.core.chunk_format import IntegrityError, IntegrityReason
 from kvoffload.core.errors import ConfigError
+from kvoffload.core.failures import integrity_failure, io_failure
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers import disk as disk_module
 from kvoffload.tiers.disk import PAYLOAD_OFFSET, DiskStore, slab_bytes
@@ -118,7 +119,7 @@ def test_a_damaged_slot_is_rejected_by_reason_and_cleared(
     assert info.value.reason is reason
     tier = DiskTierStore(s)
     failures = tier.read_many([K(4)], [2], [memoryview(bytearray(PAYLOAD))])
-    assert failures == [f"integrity:{reason.value}"]
+    assert failures == [integrity_failure(reason.value)]
     with pytest.raises(IntegrityError) as info:  # cleared where it was found
         read(s, 2, K(4))
     assert info.value.reason is IntegrityReason.MAGIC
@@ -180,7 +181,7 @@ def test_a_full_disk_fails_at_start_or_per_chunk(
     tier = DiskTierStore(s)
     monkeypatch.setattr(disk_module.os, "pwritev", no_space)  # e.g. a sparse file, thin disk
     items = [(K(7), memoryview(data(7))), (K(8), memoryview(data(8)))]
-    assert tier.write_many(items, [0, 1]) == ["io:No space left on device"] * 2
+    assert tier.write_many(items, [0, 1]) == [io_failure("No space left on device")] * 2
     monkeypatch.undo()
     assert tier.write_many(items[:1], [0]) == [None]
 

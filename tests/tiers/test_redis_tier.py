@@ -9,6 +9,7 @@ import time
 import pytest
 import redis
 
+from kvoffload.core.failures import MISSING, integrity_failure
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.redis_client import RedisSettings, key_name, make_client
@@ -46,7 +47,7 @@ def test_values_round_trip_under_namespaced_keys(redis_server: RedisServer) -> N
     assert s.write_many([(K(1), memoryview(data(1))), (K(2), memoryview(data(2)))]) == [None] * 2
     outs = [bytearray(PAYLOAD), bytearray(PAYLOAD), bytearray(PAYLOAD)]
     failures = s.read_many([K(1), K(2), K(3)], (), [memoryview(o) for o in outs])
-    assert failures == [None, None, "missing"]
+    assert failures == [None, None, MISSING]
     assert bytes(outs[0]) == data(1) and bytes(outs[1]) == data(2)
     names = sorted(n.decode() for n in redis_server.client().keys("*"))
     assert names == sorted([key_name(DIGEST, K(1), 0), key_name(DIGEST, K(2), 0)])
@@ -59,20 +60,22 @@ def test_a_garbage_value_is_a_counted_miss_and_is_deleted(redis_server: RedisSer
     raw = redis_server.client()
     raw.set(s.name(K(1)), b"garbage" * 100)
     failures = s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
-    assert failures == ["integrity:size"]
+    assert failures == [integrity_failure("size")]
     assert raw.exists(s.name(K(1))) == 0
     s.write_many([(K(1), memoryview(data(1)))])
     raw.set(s.name(K(1)), bytes(len(raw.get(s.name(K(1))))))  # right length, all zeros
-    assert s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:magic"]
+    assert s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == [integrity_failure("magic")]
     assert raw.exists(s.name(K(1))) == 0
     raw.rpush(s.name(K(1)), b"a list")  # another type under a chunk's name (deleted above)
-    assert s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:magic"]
+    assert s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == [integrity_failure("magic")]
     assert raw.exists(s.name(K(1))) == 0
     s.write_many([(K(2), memoryview(data(2)))])
     value = bytearray(raw.get(s.name(K(2))))
     value[-1] ^= 1
     raw.set(s.name(K(2)), bytes(value))
-    assert s.read_many([K(2)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:checksum"]
+    assert s.read_many([K(2)], (), [memoryview(bytearray(PAYLOAD))]) == [
+        integrity_failure("checksum")
+    ]
 
 
 def test_ranks_and_namespaces_never_read_each_other(redis_server: RedisServer) -> None:
@@ -80,10 +83,14 @@ def test_ranks_and_namespaces_never_read_each_other(redis_server: RedisServer) -
     rank0.write_many([(K(1), memoryview(data(1)))])
     raw = redis_server.client()
     raw.set(rank1.name(K(1)), raw.get(rank0.name(K(1))))  # rank 0's value under rank 1's name
-    assert rank1.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:key"]
+    assert rank1.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == [
+        integrity_failure("key")
+    ]
     other = RedisStore(rank0.client, bytes(16), 0, PAYLOAD)
     raw.set(other.name(K(1)), raw.get(rank0.name(K(1))))
-    assert other.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == ["integrity:format"]
+    assert other.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))]) == [
+        integrity_failure("format")
+    ]
 
 
 def test_the_index_asks_the_server_and_needs_every_rank(redis_server: RedisServer) -> None:
@@ -166,9 +173,9 @@ def test_one_connection_stays_in_step_over_mixed_replies(
     keys = [K(1), K(2), K(3), K(4), K(1)]
     assert s.read_many(keys, (), outs) == [
         None,
-        "integrity:size",
-        "missing",
-        "integrity:magic",
+        integrity_failure("size"),
+        MISSING,
+        integrity_failure("magic"),
         None,
     ]
     assert bytes(outs[0]) == data(1) == bytes(outs[4])

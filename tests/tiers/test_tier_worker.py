@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvoffload.core.failures import MISSING, integrity_failure
 from kvoffload.core.jobs import JobKind, JobResult, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
@@ -94,13 +95,14 @@ def test_a_bad_or_missing_chunk_fails_alone(tmp_path: Path, redis_server: RedisS
         assert isinstance(disk, DiskTierStore)
         disk.store.clear(1)  # K(1)'s slot erased
         result = run(w, job(2, JobKind.PROMOTE, tier="disk", keys=[1, 2], slots=[5, 6], at=[1, 2]))
-        assert result.success and result.failed_chunks == ((0, "integrity:magic"),)
+        assert result.success and result.failed_chunks == ((0, integrity_failure("magic")),)
         assert bytes(w.slab.slot_bytes(6)) == bytes([2]) * CHUNK
         nothing = run(w, job(3, JobKind.PROMOTE, tier="disk", keys=[1], slots=[5], at=[1]))
-        assert not nothing.success and nothing.error == "integrity:magic"
+        assert not nothing.success and nothing.error == integrity_failure("magic")
+        assert str(nothing.error) == "integrity:magic"  # the text logs show, as before
         assert run(w, job(4, JobKind.SPILL, tier="redis", keys=[3], slots=[3])).success
         result = run(w, job(5, JobKind.PROMOTE, tier="redis", keys=[9, 3], slots=[5, 6]))
-        assert result.success and result.failed_chunks == ((0, "missing"),)
+        assert result.success and result.failed_chunks == ((0, MISSING),)
     finally:
         w.shutdown()
 
@@ -112,7 +114,7 @@ def test_a_dead_tier_fails_the_whole_job_without_raising(
     try:
         redis_server.kill()
         result = run(w, job(1, JobKind.SPILL, tier="redis", keys=[1], slots=[1]))
-        assert not result.success and "ConnectionError" in result.error
+        assert not result.success and "ConnectionError" in str(result.error)
         unknown = run(w, job(2, JobKind.SPILL, tier="nfs", keys=[1], slots=[1]))
         assert not unknown.success
     finally:
@@ -131,7 +133,10 @@ def test_a_large_job_runs_in_parts_and_reports_failures_by_index(tmp_path: Path)
         result = run(
             w, job(2, JobKind.PROMOTE, tier="disk", keys=keys, slots=[3, 4, 5, 6, 7], at=slots)
         )
-        assert result.failed_chunks == ((2, "integrity:magic"), (4, "integrity:magic"))
+        assert result.failed_chunks == (
+            (2, integrity_failure("magic")),
+            (4, integrity_failure("magic")),
+        )
         assert result.success
         assert result.nbytes == 3 * CHUNK
         assert [bytes(w.slab.slot_bytes(s))[0] for s in (3, 4, 6)] == [0, 1, 3]

@@ -9,6 +9,13 @@ import pytest
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
+from kvoffload.core.failures import (
+    MISSING,
+    ChunkFailure,
+    FailureKind,
+    integrity_failure,
+    io_failure,
+)
 from kvoffload.core.jobs import JobKind, JobResult
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.tier_planning import TierPlanner
@@ -91,9 +98,13 @@ def test_a_full_tier_refuses_the_spill_and_counts_it() -> None:
 
 @pytest.mark.parametrize(
     ("reason", "forgotten"),
-    [("integrity:checksum", True), ("missing", True), ("io:Input/output error", False)],
+    [
+        (integrity_failure("checksum"), True),
+        (MISSING, True),
+        (io_failure("Input/output error"), False),
+    ],
 )
-def test_promotion_outcomes_per_chunk(reason: str, forgotten: bool) -> None:
+def test_promotion_outcomes_per_chunk(reason: ChunkFailure, forgotten: bool) -> None:
     host, disk, planner = setup()
     keys = [K(1), K(2)]
     prepared = disk.directory.prepare_store(keys, admit_all=True)
@@ -107,9 +118,9 @@ def test_promotion_outcomes_per_chunk(reason: str, forgotten: bool) -> None:
     assert disk.directory.pinned_count == 0
     assert (disk.present_run([K(2)]) == 0) is forgotten
     assert job.tier_slots == tuple(prepared.slots)  # the worker reads the chunks' slots
-    if reason.startswith("integrity:"):
-        assert disk.stats.integrity_errors == {reason: 1}
-    if reason == "missing":
+    if reason.kind is FailureKind.INTEGRITY:
+        assert disk.stats.integrity_errors == {"integrity:checksum": 1}
+    if reason.kind is FailureKind.MISSING:
         assert disk.stats.missing == 1
 
 

@@ -26,6 +26,7 @@ import enum
 from dataclasses import dataclass, field
 
 from kvoffload.core.errors import ContractViolation
+from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.keys import ChunkKey
 
 
@@ -111,16 +112,24 @@ class JobResult:
     """One worker's result of one job.
 
     ``failed_chunks`` (tier jobs only): chunks of an otherwise successful job that did
-    not make it, as (index in the job, reason), e.g. ``(1, "integrity:checksum")`` or
-    ``(0, "missing")``. ``success=False`` means no chunk made it.
+    not make it, as (index in the job, :class:`ChunkFailure`), e.g.
+    ``(1, ChunkFailure(FailureKind.INTEGRITY, "checksum"))`` (``str()``:
+    ``"integrity:checksum"``) or ``(0, MISSING)``. ``success=False`` means no chunk
+    made it.
+
+    ``error`` (failed jobs): why, as free text (``"worker is shut down: ..."``, the
+    exception of an engine copy or of a tier that failed as a whole), or, for a tier
+    job whose every chunk failed on its own, the first chunk's :class:`ChunkFailure`.
+    Text is read as :data:`FailureKind.ERROR <kvoffload.core.failures.FailureKind>`;
+    format either with ``str()``.
     """
 
     job_id: int
     success: bool
     nbytes: int = 0
     seconds: float = 0.0
-    error: str = ""
-    failed_chunks: tuple[tuple[int, str], ...] = ()
+    error: str | ChunkFailure = ""
+    failed_chunks: tuple[tuple[int, ChunkFailure], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -17,17 +17,36 @@ memory N times (counted in a bounded map).
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
+from kvoffload.core.failures import ChunkFailure, FailureKind, error_failure
 from kvoffload.core.jobs import JobKind, JobResult, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.tiering import DirectoryTier, LowerTier
 
-UNKNOWN = "unknown"  # a tier cannot tell yet: ask again later
-_FORGET = ("integrity:", "missing")  # per-chunk failures that prove the tier copy bad/gone
+
+@dataclass(frozen=True)
+class Found:
+    """:meth:`TierPlanner.find_below`: ``tier`` holds the first ``run`` (>= 1) keys."""
+
+    tier: LowerTier
+    run: int
+
+
+class Lookup(enum.Enum):
+    """:meth:`TierPlanner.find_below` without a tier to promote from."""
+
+    UNKNOWN = "unknown"  # a tier in front cannot tell yet: ask again later
+    ABSENT = "absent"  # no tier asked holds the first key
+
+
+UNKNOWN = Lookup.UNKNOWN
+ABSENT = Lookup.ABSENT
 
 
 class TierPlanner:
@@ -55,10 +74,11 @@ class TierPlanner:
 
     def find_below(
         self, keys: Sequence[ChunkKey], allowed: Callable[[str], bool] | None = None
-    ) -> tuple[LowerTier, int] | str | None:
-        """The first tier holding ``keys[0]`` and how many leading keys it holds;
-        :data:`UNKNOWN` when a tier in front cannot tell yet; None when none holds it.
-        Only tiers whose name ``allowed`` accepts are asked (default: all)."""
+    ) -> Found | Lookup:
+        """The first tier holding ``keys[0]`` and how many leading keys it holds
+        (:class:`Found`); :data:`UNKNOWN` when a tier in front cannot tell yet;
+        :data:`ABSENT` when none holds it. Only tiers whose name ``allowed`` accepts are
+        asked (default: all)."""
         for tier in self.tiers.values():
             if allowed is not None and not allowed(tier.name):
                 continue
@@ -68,8 +88,8 @@ class TierPlanner:
                 return UNKNOWN
             if run:
                 tier.stats.hit_chunks += run
-                return tier, run
-        return None
+                return Found(tier, run)
+        return ABSENT
 
     # ------------------------------------------------------------ admission
 
@@ -157,9 +177,11 @@ class TierPlanner:
     def complete(self, job: TransferJob, result: JobResult) -> None:
         """Book a spill's or a promotion's outcome (aggregated over every worker)."""
         tier = self.tiers[job.tier]
-        failed = {i: reason for i, reason in result.failed_chunks}
+        failed: dict[int, ChunkFailure] = dict(result.failed_chunks)
         if not result.success:
-            failed = {i: result.error or "failed" for i in range(len(job.keys))}
+            error = result.error
+            cause = error if isinstance(error, ChunkFailure) else error_failure(error or "failed")
+            failed = dict.fromkeys(range(len(job.keys)), cause)
         ok = [k for i, k in enumerate(job.keys) if i not in failed]
         bad = [job.keys[i] for i in failed]
         if job.kind is JobKind.SPILL:
@@ -170,15 +192,16 @@ class TierPlanner:
             self.host.complete_store(ok, success=True)
         if bad:
             self.host.complete_store(bad, success=False)
-        gone = [job.keys[i] for i, reason in failed.items() if reason.startswith(_FORGET)]
+        gone = [job.keys[i] for i, failure in failed.items() if failure.copy_gone]
         tier.release_promotion(job.keys, gone)
         tier.stats.promoted_chunks += len(ok)
         tier.stats.promotion_failures += len(bad)
-        for reason in failed.values():
-            if reason.startswith("integrity:"):
+        for failure in failed.values():
+            if failure.kind is FailureKind.INTEGRITY:
                 counts = tier.stats.integrity_errors
+                reason = str(failure)  # "integrity:<reason>", as before
                 counts[reason] = counts.get(reason, 0) + 1
-            elif reason == "missing":
+            elif failure.kind is FailureKind.MISSING:
                 tier.stats.missing += 1
 
     def reset(self) -> None:

@@ -45,6 +45,8 @@ class TierStats:
     spill_no_room: int = 0
     promoted_chunks: int = 0
     promotion_failures: int = 0
+    # promoted chunks that failed verification, by the failure's text (``str`` of an
+    # INTEGRITY ChunkFailure: "integrity:<reason>"; the metric's label is <reason>)
     integrity_errors: dict[str, int] = field(default_factory=dict)
     missing: int = 0
 

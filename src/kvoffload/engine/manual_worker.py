@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import ChunkKey
 from kvoffload.engine.block_pool import BlockPool
@@ -115,7 +116,7 @@ class ManualWorker:
         results = []
         for job_id, success in chosen.items():
             pending = self.pending.pop(job_id)
-            failed: tuple[tuple[int, str], ...] = ()
+            failed: tuple[tuple[int, ChunkFailure], ...] = ()
             if not pending.job.kind.touches_engine:
                 failed = self._run_tier(pending.job, success)
             elif not pending.ran:
@@ -161,7 +162,7 @@ class ManualWorker:
             self._verify(job, chunk, held, "load read")
             self.pool.write(block, 0, held[index * block_bytes : (index + 1) * block_bytes])
 
-    def _run_tier(self, job: TransferJob, success: bool) -> tuple[tuple[int, str], ...]:
+    def _run_tier(self, job: TransferJob, success: bool) -> tuple[tuple[int, ChunkFailure], ...]:
         """Run a spill or a promotion against the in-memory tier, slot-addressed like
         the disk tier (authoritative: a promotion whose tier slot does not hold its
         chunk is a violation, which catches a slot reused while still needed); return

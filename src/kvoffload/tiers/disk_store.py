@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvoffload.core.chunk_format import IntegrityError
+from kvoffload.core.failures import ChunkFailure, integrity_failure, io_failure
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.disk import DiskStore
 
 
 class DiskTierStore:
     """Adapts :class:`DiskStore` to ``write_many`` / ``read_many`` with a failure
-    reason per chunk (``"io:<error>"``, ``"integrity:<reason>"``); a slot found bad
+    :class:`~kvoffload.core.failures.ChunkFailure` per chunk (``IO`` with the OS
+    error, ``INTEGRITY`` with the :class:`IntegrityReason` value); a slot found bad
     is cleared where it was found. Disk chunks always carry their tier slot."""
 
     def __init__(self, store: DiskStore) -> None:
@@ -19,29 +21,29 @@ class DiskTierStore:
 
     def write_many(
         self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int]
-    ) -> list[str | None]:
-        failures: list[str | None] = []
+    ) -> list[ChunkFailure | None]:
+        failures: list[ChunkFailure | None] = []
         for (key, payload), slot in zip(items, slots, strict=True):
             try:
                 self.store.write(slot, key, payload)
             except OSError as exc:
-                failures.append(f"io:{exc.strerror or type(exc).__name__}")
+                failures.append(io_failure(exc.strerror or type(exc).__name__))
             else:
                 failures.append(None)
         return failures
 
     def read_many(
         self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
-    ) -> list[str | None]:
-        failures: list[str | None] = []
+    ) -> list[ChunkFailure | None]:
+        failures: list[ChunkFailure | None] = []
         for key, slot, out in zip(keys, slots, outs, strict=True):
             try:
                 self.store.read_into(slot, key, out)
             except IntegrityError as exc:
                 self.store.clear(slot)
-                failures.append(f"integrity:{exc.reason.value}")
+                failures.append(integrity_failure(exc.reason.value))
             except OSError as exc:
-                failures.append(f"io:{exc.strerror or type(exc).__name__}")
+                failures.append(io_failure(exc.strerror or type(exc).__name__))
             else:
                 failures.append(None)
         return failures

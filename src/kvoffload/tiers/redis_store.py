@@ -5,8 +5,8 @@
 that fails verification; ``delete_many`` drops chunks. Values are a
 :mod:`kvoffload.core.chunk_format` header and the payload. Connection errors and
 timeouts raise (the tier worker fails the whole job); a missing or bad value fails
-only its chunk (a reason string per chunk). Used from the worker's tier threads;
-redis-py clients are thread-safe.
+only its chunk (a :class:`~kvoffload.core.failures.ChunkFailure`). Used from the
+worker's tier threads; redis-py clients are thread-safe.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kvoffload.core.chunk_format import (
     encode_header,
     verify,
 )
+from kvoffload.core.failures import MISSING, ChunkFailure, integrity_failure
 from kvoffload.core.keys import ChunkKey, shard_key
 from kvoffload.tiers.redis_client import key_name, zero_copy
 from kvoffload.tiers.redis_reader import get_into, set_from
@@ -43,7 +44,7 @@ class RedisStore:
 
     def write_many(
         self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int] = ()
-    ) -> list[str | None]:
+    ) -> list[ChunkFailure | None]:
         """Store every chunk (``slots`` is for slotted tiers; Redis keys by chunk)."""
         values = [
             (
@@ -63,15 +64,15 @@ class RedisStore:
 
     def read_many(
         self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
-    ) -> list[str | None]:
-        """Per chunk: None (read and verified into its buffer), ``"missing"``, or
-        ``"integrity:<reason>"`` (the bad value is deleted). A failed chunk's buffer
-        may hold unverified bytes."""
-        failures: list[str | None] = []
+    ) -> list[ChunkFailure | None]:
+        """Per chunk: None (read and verified into its buffer), :data:`MISSING`, or an
+        ``INTEGRITY`` failure with the reason (the bad value is deleted). A failed
+        chunk's buffer may hold unverified bytes."""
+        failures: list[ChunkFailure | None] = []
         bad: list[str] = []
         for key, verdict in zip(keys, self._fetch(keys, outs), strict=True):
             if isinstance(verdict, IntegrityError):
-                failures.append(f"integrity:{verdict.reason.value}")
+                failures.append(integrity_failure(verdict.reason.value))
                 bad.append(self.name(key))
             else:
                 failures.append(verdict)
@@ -81,9 +82,9 @@ class RedisStore:
 
     def _fetch(
         self, keys: Sequence[ChunkKey], outs: Sequence[memoryview]
-    ) -> list[str | IntegrityError | None]:
-        """Each chunk into its buffer: None (verified), "missing", or the error."""
-        verdicts: list[str | IntegrityError | None] = []
+    ) -> list[ChunkFailure | IntegrityError | None]:
+        """Each chunk into its buffer: None (verified), :data:`MISSING`, or the error."""
+        verdicts: list[ChunkFailure | IntegrityError | None] = []
         if self.zero_copy:
             names = [self.name(k) for k in keys]
             headers = [memoryview(bytearray(HEADER_BYTES)) for _ in keys]
@@ -95,7 +96,7 @@ class RedisStore:
                     if answer == "type":
                         raise IntegrityError(IntegrityReason.MAGIC, "not a string value")
                     if answer == "missing":
-                        verdicts.append("missing")
+                        verdicts.append(MISSING)
                         continue
                     expected = check_header(
                         header, self.digest, shard_key(key, self.rank), self.payload_bytes
@@ -110,7 +111,7 @@ class RedisStore:
             pipe.get(self.name(key))
         for key, value, out in zip(keys, pipe.execute(raise_on_error=False), outs, strict=True):
             if value is None:
-                verdicts.append("missing")
+                verdicts.append(MISSING)
                 continue
             try:
                 if isinstance(value, Exception):

@@ -8,8 +8,11 @@ blocks: disks, networks), so a slow tier delays only its own jobs; a large job i
 split into parts of about ``part_bytes`` that run in parallel.
 
 Results follow :class:`~kvoffload.core.jobs.JobResult`: a chunk that failed inside
-a job is listed in ``failed_chunks`` with its reason; a job that failed as a whole
-(the tier raised: connection refused, timeout) has ``success=False``. Nothing here
+a job is listed in ``failed_chunks`` with its
+:class:`~kvoffload.core.failures.ChunkFailure` (a part of the job whose tier call
+raised fails each of its chunks with ``FailureKind.ERROR``); a job none of whose
+chunks made it has ``success=False`` and as ``error`` the exception's text (the tier
+raised: connection refused, timeout) or else its first chunk's failure. Nothing here
 raises into the engine. The scheduler half pins spilled slots and reserves promoted
 ones, so no other job touches them meanwhile.
 """
@@ -22,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from kvoffload.core.failures import ChunkFailure, error_failure
 from kvoffload.core.jobs import JobKind, JobResult, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.host import HostSlab
@@ -31,16 +35,16 @@ from kvoffload.transfer.results import ResultBook
 class TierStore(Protocol):
     """One rank's share of a lower tier, as the tier lane uses it. ``slots`` are the
     chunks' tier slots (slotted tiers; empty for tiers keyed by chunk). Both return
-    one failure reason per chunk (None: done) and raise only when the tier failed as
+    one :class:`ChunkFailure` per chunk (None: done) and raise only when the tier failed as
     a whole (connection refused, timeout)."""
 
     def write_many(
         self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int]
-    ) -> list[str | None]: ...
+    ) -> list[ChunkFailure | None]: ...
 
     def read_many(
         self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
-    ) -> list[str | None]: ...
+    ) -> list[ChunkFailure | None]: ...
 
 
 class TierLane(Protocol):
@@ -68,7 +72,7 @@ class _Parts:
         self.job = job
         self.begin = begin
         self.left = count
-        self.failures: dict[int, str] = {}
+        self.failures: dict[int, ChunkFailure] = {}
         self.error = ""
         self.lock = threading.Lock()
 
@@ -142,7 +146,7 @@ class TierWorker:
     def _run_part(self, parts: _Parts, lo: int, hi: int) -> None:
         job = parts.job
         store = self.stores[job.tier]
-        failures: list[str | None] = []
+        failures: list[ChunkFailure | None] = []
         error = ""
         try:
             views = [self.slab.slot_bytes(slot) for slot in job.slots[lo:hi]]
@@ -156,7 +160,8 @@ class TierWorker:
         with parts.lock:
             if error:
                 parts.error = parts.error or error
-                parts.failures.update((i, error) for i in range(lo, hi))
+                failure = error_failure(error)
+                parts.failures.update((i, failure) for i in range(lo, hi))
             else:
                 parts.failures.update(
                     (lo + i, reason) for i, reason in enumerate(failures) if reason is not None
@@ -168,7 +173,7 @@ class TierWorker:
 
     def _finish(self, parts: _Parts) -> None:
         job = parts.job
-        failed = tuple(sorted(parts.failures.items()))
+        failed = tuple(sorted(parts.failures.items(), key=lambda item: item[0]))
         done = len(job.keys) - len(failed)
         self._book.finish(
             JobResult(
@@ -176,7 +181,15 @@ class TierWorker:
                 success=done > 0 or not job.keys,
                 nbytes=done * self.slab.chunk_bytes,
                 seconds=time.perf_counter() - parts.begin,
-                error=(parts.error or (failed[0][1] if failed else "")) if not done else "",
+                error=_job_error(parts.error, failed) if not done else "",
                 failed_chunks=failed if done else (),
             )
         )
+
+
+def _job_error(text: str, failed: tuple[tuple[int, ChunkFailure], ...]) -> str | ChunkFailure:
+    """A failed job's ``error``: the text of a tier call that raised, else the first
+    chunk's failure (none: no chunk at all)."""
+    if text:
+        return text
+    return failed[0][1] if failed else ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.jobs import JobKind, JobResult, TransferJob
 
 
@@ -22,10 +23,10 @@ class _Tracked:
     job: TransferJob
     reported: set[int] = field(default_factory=set)
     success: bool = True
-    failed_chunks: dict[int, str] = field(default_factory=dict)
+    failed_chunks: dict[int, ChunkFailure] = field(default_factory=dict)
     nbytes: int = 0
     seconds: float = 0.0
-    error: str = ""
+    error: str | ChunkFailure = ""
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ class JobTracker:
         tracked.error = tracked.error or result.error
         tracked.nbytes += result.nbytes
         tracked.seconds = max(tracked.seconds, result.seconds)
-        for index, reason in result.failed_chunks:
-            tracked.failed_chunks.setdefault(index, reason)
+        for index, failure in result.failed_chunks:
+            tracked.failed_chunks.setdefault(index, failure)
         if len(tracked.reported) < self.world_size:
             return None
         del self._jobs[result.job_id]

@@ -27,7 +27,7 @@ from kvoffload.core.scheduler_types import (
     EngineRequest,
     SchedulerConfig,
 )
-from kvoffload.core.tier_planning import UNKNOWN, TierPlanner
+from kvoffload.core.tier_planning import UNKNOWN, Found, TierPlanner
 
 
 class LoadPlanner:
@@ -163,11 +163,11 @@ def next_chunks_wait(
     if not tiers:
         return None, False
     found = tiers.find_below(keys[readable:], allowed=state.controls.may_promote_from)
-    if found == UNKNOWN:
+    if found is UNKNOWN:
         return Deferral.LOOKUP, False
-    if not isinstance(found, tuple):
+    if not isinstance(found, Found):
         return None, False
-    tier, run = found
+    tier, run = found.tier, found.run
     if (readable + run) * chunk_tokens - local < chunk_tokens:
         return None, False  # less than a chunk past the engine's own hit
     new = state.promotion is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
+from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.jobs import JobKind, JobResult, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.disk import PAYLOAD_OFFSET
@@ -146,7 +147,7 @@ class TornWrites:
 
     def write_many(
         self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int]
-    ) -> list[str | None]:
+    ) -> list[ChunkFailure | None]:
         results = self.inner.write_many(items, slots)
         store = self.inner.store
         for (key, payload), slot, failure in zip(items, slots, results, strict=True):
@@ -162,7 +163,7 @@ class TornWrites:
 
     def read_many(
         self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
-    ) -> list[str | None]:
+    ) -> list[ChunkFailure | None]:
         return self.inner.read_many(keys, slots, outs)
 
     def close(self) -> None:

@@ -236,7 +236,7 @@ def test_integrity_check_catches_corruption() -> None:
     d = Directory(4)
     stored(d, [K(0)])
     d.check_integrity()
-    d._evictable += 1  # simulate a bookkeeping bug
+    d._slots.evictable += 1  # simulate a bookkeeping bug
     with pytest.raises(ContractViolation, match="evictable"):
         d.check_integrity()
 

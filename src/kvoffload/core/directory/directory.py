@@ -33,7 +33,7 @@ from kvoffload.core.directory.results import (
     LookupResult,
     PreparedStore,
 )
-from kvoffload.core.directory.slots import _LOADING, _READY, _STORING, SlotTable
+from kvoffload.core.directory.slots import _PINNED, _READY, _STORING, SlotTable
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
@@ -82,7 +82,7 @@ class Directory:
         return self._slots.readable_prefix(keys)
 
     def present_keys(self) -> list[ChunkKey]:
-        """Every key present (STORING, READY or LOADING)."""
+        """Every key present (STORING, READY or PINNED)."""
         return list(self._slots.index)
 
     def slot_of(self, key: ChunkKey) -> int | None:
@@ -119,7 +119,7 @@ class Directory:
         return sum(self._slots.pins)
 
     def __len__(self) -> int:
-        """Chunks present (STORING, READY or LOADING), discarded ones excluded."""
+        """Chunks present (STORING, READY or PINNED), discarded ones excluded."""
         return len(self._slots.index)
 
     def __contains__(self, key: object) -> bool:
@@ -160,7 +160,7 @@ class Directory:
         """Drop one pin per key (taken by ``prepare_load``). A chunk discarded while
         pinned is freed when its last pin goes."""
         table = self._slots
-        located = table.locate_all(keys, _LOADING)
+        located = table.locate_all(keys, _PINNED)
         if located is None:
             raise ContractViolation(f"{self.tier}: complete_load of a chunk that is not pinned")
         needed = Counter(slot for _, slot, _ in located)

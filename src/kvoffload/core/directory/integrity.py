@@ -37,7 +37,7 @@ def verify(t: SlotTable, policy: EvictionPolicy, admission: AdmissionFilter, tie
         if slot in owners:
             _fail(f"discarded slot {slot} is also indexed")
         owners[slot] = key
-        if t.state[slot] not in (ChunkState.STORING, ChunkState.LOADING):
+        if t.state[slot] not in (ChunkState.STORING, ChunkState.PINNED):
             _fail(f"discarded slot {slot} is {ChunkState(t.state[slot]).name}")
         if t.slot_key[slot] != key:
             _fail(f"discarded slot {slot} does not name its key")
@@ -51,7 +51,7 @@ def verify(t: SlotTable, policy: EvictionPolicy, admission: AdmissionFilter, tie
             _fail(f"slot {slot} has {pins} pins")
         if (slot in free_set) != (state is ChunkState.FREE):
             _fail(f"slot {slot} is {state.name} but free-listed={slot in free_set}")
-        if (pins > 0) != (state is ChunkState.LOADING):
+        if (pins > 0) != (state is ChunkState.PINNED):
             _fail(f"slot {slot} is {state.name} with {pins} pins")
         if state is ChunkState.FREE and t.slot_key[slot] is not None:
             _fail(f"free slot {slot} still names a key")

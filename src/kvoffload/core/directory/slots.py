@@ -27,7 +27,7 @@ from kvoffload.core.keys import ChunkKey
 _FREE = int(ChunkState.FREE)
 _STORING = int(ChunkState.STORING)
 _READY = int(ChunkState.READY)
-_LOADING = int(ChunkState.LOADING)
+_PINNED = int(ChunkState.PINNED)
 
 
 class SlotTable:
@@ -41,7 +41,7 @@ class SlotTable:
         self.pins = array("i", bytes(4 * num_slots))
         self.free = array("i", range(num_slots - 1, -1, -1))
         self.evictable = 0
-        # Chunks discarded while STORING or LOADING: out of the index (they miss),
+        # Chunks discarded while STORING or PINNED: out of the index (they miss),
         # slot still allocated until their job completes. Such a key is not stored
         # again until then, so a key is live or discarded, never both, and every
         # completion names exactly one slot.
@@ -172,10 +172,10 @@ class SlotTable:
     def pin(self, slot: int) -> None:
         """One more pin on a READY or pinned slot (the first leaves the evictable set)."""
         if self.state[slot] == _READY:
-            self.set_state(slot, ChunkState.LOADING)
+            self.set_state(slot, ChunkState.PINNED)
             self.evictable -= 1
         else:
-            check_transition(self.state[slot], ChunkState.LOADING)
+            check_transition(self.state[slot], ChunkState.PINNED)
         self.pins[slot] += 1
 
     def unpin(self, key: ChunkKey, slot: int) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.core.scheduler import stores
 from kvoffload.core.directory import Directory
+from kvoffload.core.scheduler import stores
 from kvoffload.engine.settings import StepMode
 from kvoffload.testing.explorer import (
     explore_exhaustive,

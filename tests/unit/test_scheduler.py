@@ -11,8 +11,8 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.events import EventKind
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import ChunkKey, Namespace, block_hashes
-from kvoffload.core.scheduler.request_state import Phase
 from kvoffload.core.scheduler import OffloadScheduler
+from kvoffload.core.scheduler.request_state import Phase
 from kvoffload.core.scheduler_types import (
     RETRY_LATER,
     Deferral,

@@ -136,7 +136,7 @@ def test_load_pins_are_counted_and_released(policy: str) -> None:
     slots = d.prepare_load([K(0)])
     assert slots == (d.slot_of(K(0)),)
     d.prepare_load([K(0)])
-    assert d.pins_of(K(0)) == 2 and d.state_of(K(0)) is ChunkState.LOADING
+    assert d.pins_of(K(0)) == 2 and d.state_of(K(0)) is ChunkState.PINNED
     d.complete_load([K(0)])
     assert d.prepare_store([K(5)]).evicted == (K(1),)  # K(0) is still pinned once
     d.complete_load([K(0)])
@@ -224,9 +224,9 @@ def test_illegal_transitions_raise() -> None:
     check_transition(ChunkState.STORING, ChunkState.READY)
     for current, target in [
         (ChunkState.FREE, ChunkState.READY),
-        (ChunkState.STORING, ChunkState.LOADING),
+        (ChunkState.STORING, ChunkState.PINNED),
         (ChunkState.READY, ChunkState.STORING),
-        (ChunkState.FREE, ChunkState.LOADING),
+        (ChunkState.FREE, ChunkState.PINNED),
     ]:
         with pytest.raises(IllegalTransition):
             check_transition(current, target)
@@ -236,7 +236,7 @@ def test_integrity_check_catches_corruption() -> None:
     d = Directory(4)
     stored(d, [K(0)])
     d.check_integrity()
-    d._evictable += 1  # simulate a bookkeeping bug
+    d._slots.evictable += 1  # simulate a bookkeeping bug
     with pytest.raises(ContractViolation, match="evictable"):
         d.check_integrity()
 

@@ -3,18 +3,21 @@
 ::
 
       prepare_store            complete_store(ok)        prepare_load
-  FREE ─────────────▶ STORING ──────────────────▶ READY ─────────────▶ LOADING ─┐
+  FREE ─────────────▶ STORING ──────────────────▶ READY ─────────────▶ PINNED ──┐
    ▲                     │                        │  ▲                  │  ▲     │ more pins /
    │  complete_store     │                        │  └──────────────────┘  └─────┘ unpins
    └─────(failed)────────┘                        │      complete_load (last pin)
    ▲                                              │
    └──────────────────────── evict / discard ─────┘
    ▲
-   └──── complete_load (last pin) of a chunk discarded while pinned ── LOADING
+   └──── complete_load (last pin) of a chunk discarded while pinned ── PINNED
 
-Only READY chunks are evictable. STORING chunks look up as HIT_PENDING; READY and
-LOADING chunks as HIT. Values are storage codes (kept in a bytearray per slot);
-logic never compares them by order.
+PINNED means pinned for reading: every job reading the chunk's slot (a load to the
+engine, a spill from host memory, a promotion from a lower tier) holds one pin,
+taken by ``prepare_load`` and dropped by ``complete_load``. Only READY chunks are
+evictable. STORING chunks look up as HIT_PENDING; READY and PINNED chunks as HIT.
+Values are storage codes (kept in a bytearray per slot, never persisted; names appear
+only in error messages); logic never compares them by order.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class ChunkState(enum.IntEnum):
     FREE = 0
     STORING = 1
     READY = 2
-    LOADING = 3
+    PINNED = 3
 
 
 _S = ChunkState
@@ -36,10 +39,10 @@ TRANSITIONS: dict[tuple[ChunkState, ChunkState], str] = {
     (_S.FREE, _S.STORING): "prepare_store allocates the slot",
     (_S.STORING, _S.READY): "complete_store(success=True)",
     (_S.STORING, _S.FREE): "complete_store(success=False), or a store completing after discard",
-    (_S.READY, _S.LOADING): "prepare_load pins the first time",
-    (_S.LOADING, _S.LOADING): "another pin, or an unpin that is not the last",
-    (_S.LOADING, _S.READY): "complete_load drops the last pin",
-    (_S.LOADING, _S.FREE): "complete_load drops the last pin of a discarded chunk",
+    (_S.READY, _S.PINNED): "prepare_load pins the first time",
+    (_S.PINNED, _S.PINNED): "another pin, or an unpin that is not the last",
+    (_S.PINNED, _S.READY): "complete_load drops the last pin",
+    (_S.PINNED, _S.FREE): "complete_load drops the last pin of a discarded chunk",
     (_S.READY, _S.FREE): "evicted or discarded",
 }
 _ALLOWED = frozenset((int(a), int(b)) for a, b in TRANSITIONS)

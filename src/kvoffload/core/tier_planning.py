@@ -126,7 +126,7 @@ class TierPlanner:
         jobs = []
         for name, queue in self._queues.items():
             keys = [
-                k for k in queue if self.host.state_of(k) in (ChunkState.READY, ChunkState.LOADING)
+                k for k in queue if self.host.state_of(k) in (ChunkState.READY, ChunkState.PINNED)
             ]
             queue.clear()
             if not keys:

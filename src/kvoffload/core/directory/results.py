@@ -1,4 +1,7 @@
-"""Immutable results and counters of :class:`~kvoffload.core.directory.Directory`."""
+"""Immutable results and counters of :class:`~kvoffload.core.directory.Directory`.
+
+Values only: results are frozen; :class:`DirectoryStats` is mutated only by the
+directory that owns it (callers read it)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 With ``store_threshold`` N >= 2 a chunk is admitted after N recorded lookups (one
 per request that wanted it), which keeps one-off prompts from pushing reusable
 prefixes out. Memory is bounded: at most ``max_counters`` keys are counted, the
-least recently counted forgotten first. Owned and mutated by one directory.
+least recently counted forgotten first. Owned and mutated by one directory
+(:class:`~kvoffload.core.directory.Directory`); it holds no reference to it.
 """
 
 from __future__ import annotations

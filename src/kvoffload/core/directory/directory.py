@@ -1,10 +1,11 @@
 """The chunk directory of one tier: which chunk lives in which slot, pins, eviction.
 
-Bookkeeping only; it never moves bytes. Ownership: the directory owns the slot
-table (key -> slot, per-slot state and pin count), the free list, the admission
-counters and the pending events; the eviction policy (owned by the directory)
-owns only the order of readable chunks. Callers own nothing inside it and receive
-immutable results.
+Bookkeeping only; it never moves bytes. Ownership: the directory holds, and alone
+mutates, its :class:`~kvoffload.core.directory.slots.SlotTable` (key -> slot,
+per-slot state and pins, free list), its admission filter, its counters and the
+pending events; the eviction policy (held by the directory) owns only the order of
+readable chunks. Callers own nothing inside it and receive immutable results; the
+slot table's read-only queries are offered here by delegation.
 
 Two-phase operations keep slots safe while bytes move:
 
@@ -21,31 +22,31 @@ directory is unchanged. Transfer failures are not exceptions: they arrive as
 
 from __future__ import annotations
 
-from array import array
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from kvoffload.core.admission import AdmissionFilter
-from kvoffload.core.chunk_state import ChunkState, check_transition
-from kvoffload.core.directory_types import (
+from kvoffload.core.chunk_state import ChunkState
+from kvoffload.core.directory.admission import AdmissionFilter
+from kvoffload.core.directory.integrity import verify
+from kvoffload.core.directory.results import (
     DirectoryStats,
     LookupResult,
-    LookupStatus,
     PreparedStore,
 )
+from kvoffload.core.directory.slots import _PINNED, _READY, _STORING, SlotTable
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.policies import EvictionPolicy, make_policy
-from kvoffload.core.slot_table import _LOADING, _READY, _STORING, SlotTable
 
-__all__ = ["Directory", "LookupResult", "LookupStatus", "PreparedStore"]
+__all__ = ["Directory"]
 
 
-class Directory(SlotTable):
+class Directory:
     """Slot bookkeeping for one tier with ``num_slots`` slots.
 
     ``store_threshold`` N >= 2 admits a chunk only after ``record_lookups`` saw it
-    N times (see :class:`~kvoffload.core.admission.AdmissionFilter`).
+    N times (see :class:`~kvoffload.core.directory.admission.AdmissionFilter`).
     """
 
     def __init__(
@@ -63,15 +64,73 @@ class Directory(SlotTable):
         self.admission = AdmissionFilter(store_threshold, max_admission_counters)
         self.policy = make_policy(policy, num_slots) if isinstance(policy, str) else policy
         self.stats = DirectoryStats()
-        self._init_table(num_slots)
+        self._slots = SlotTable(num_slots)
         self._events: list[CacheEvent] = []
+
+    # ------------------------------------------------------------ queries (no side effects)
+
+    @property
+    def num_slots(self) -> int:
+        return self._slots.num_slots
+
+    def lookup(self, keys: Sequence[ChunkKey]) -> LookupResult:
+        """Per-key status and the length of the leading readable run."""
+        return self._slots.lookup(keys)
+
+    def readable_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """Number of leading keys that are readable now (fast path of ``lookup``)."""
+        return self._slots.readable_prefix(keys)
+
+    def present_keys(self) -> list[ChunkKey]:
+        """Every key present (STORING, READY or PINNED)."""
+        return list(self._slots.index)
+
+    def slot_of(self, key: ChunkKey) -> int | None:
+        """The slot holding ``key`` (any state but FREE), or None."""
+        return self._slots.index.get(key)
+
+    def state_of(self, key: ChunkKey) -> ChunkState:
+        """State of ``key``'s slot; FREE when the key is not present."""
+        return self._slots.state_of(key)
+
+    def pins_of(self, key: ChunkKey) -> int:
+        return self._slots.pins_of(key)
+
+    @property
+    def used_slots(self) -> int:
+        return self._slots.num_slots - len(self._slots.free)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._slots.free)
+
+    @property
+    def evictable_count(self) -> int:
+        return self._slots.evictable
+
+    @property
+    def storing_count(self) -> int:
+        """Slots in STORING state (live or discarded)."""
+        return self._slots.storing_count()
+
+    @property
+    def pinned_count(self) -> int:
+        """Total pins held (on readable and discarded chunks)."""
+        return sum(self._slots.pins)
+
+    def __len__(self) -> int:
+        """Chunks present (STORING, READY or PINNED), discarded ones excluded."""
+        return len(self._slots.index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._slots.index
 
     # ---------------------------------------------------------------- recency and admission
 
     def touch(self, keys: Sequence[ChunkKey]) -> None:
         """Mark readable ``keys`` as used, walking backwards so ``keys[0]`` ends up
         most recent (a prefix's head outlives its tail). Absent keys are ignored."""
-        index, state, policy = self._index, self._state, self.policy
+        index, state, policy = self._slots.index, self._slots.state, self.policy
         for key in reversed(keys):
             slot = index.get(key)
             if slot is not None and state[slot] != _STORING:
@@ -81,72 +140,34 @@ class Directory(SlotTable):
         """Count one request's interest in ``keys`` toward admission (no-op when
         ``store_threshold`` is 1). Present keys are not counted."""
         if self.admission.active:
-            index = self._index
+            index = self._slots.index
             self.admission.record(k for k in keys if k not in index)
 
     # ------------------------------------------------------------------ loads
 
     def prepare_load(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
         """Pin every key (each must be a HIT) and return their slots, in order."""
-        index, state = self._index, self._state
-        slots = []
-        for key in keys:
-            slot = index.get(key)
-            if slot is None or state[slot] == _STORING:
-                raise ContractViolation(f"{self.tier}: prepare_load of a chunk that is not a hit")
-            slots.append(slot)
+        table = self._slots
+        slots = table.hit_slots(keys)
+        if slots is None:
+            raise ContractViolation(f"{self.tier}: prepare_load of a chunk that is not a hit")
         for slot in slots:
-            self._pin(slot)
+            table.pin(slot)
         self.stats.loads_prepared += 1
         return tuple(slots)
 
     def complete_load(self, keys: Sequence[ChunkKey]) -> None:
         """Drop one pin per key (taken by ``prepare_load``). A chunk discarded while
         pinned is freed when its last pin goes."""
-        located = [self._locate_pinned(key) for key in keys]
-        needed: dict[int, int] = {}
-        for _, slot in located:
-            needed[slot] = needed.get(slot, 0) + 1
-        for slot, count in needed.items():
-            if self._pins[slot] < count:
-                raise ContractViolation(f"{self.tier}: complete_load without a matching pin")
-        for key, slot in located:
-            self._unpin(key, slot)
-
-    def _locate(self, key: ChunkKey, state: int) -> tuple[int, bool] | None:
-        """(slot, live) of ``key`` if its live or discarded copy is in ``state``."""
-        slot = self._index.get(key)
-        if slot is not None:
-            return (slot, True) if self._state[slot] == state else None
-        slot = self._discarded.get(key)
-        if slot is not None and self._state[slot] == state:
-            return slot, False
-        return None
-
-    def _locate_pinned(self, key: ChunkKey) -> tuple[ChunkKey, int]:
-        found = self._locate(key, _LOADING)
-        if found is None:
+        table = self._slots
+        located = table.locate_all(keys, _PINNED)
+        if located is None:
             raise ContractViolation(f"{self.tier}: complete_load of a chunk that is not pinned")
-        return key, found[0]
-
-    def _pin(self, slot: int) -> None:
-        if self._state[slot] == _READY:
-            self._set_state(slot, ChunkState.LOADING)
-            self._evictable -= 1
-        else:
-            check_transition(self._state[slot], ChunkState.LOADING)
-        self._pins[slot] += 1
-
-    def _unpin(self, key: ChunkKey, slot: int) -> None:
-        self._pins[slot] -= 1
-        if self._pins[slot] > 0:
-            return
-        if self._index.get(key) == slot:
-            self._set_state(slot, ChunkState.READY)
-            self._evictable += 1
-        else:
-            self._free_slot(slot)
-            del self._discarded[key]
+        needed = Counter(slot for _, slot, _ in located)
+        if any(table.pins[slot] < count for slot, count in needed.items()):
+            raise ContractViolation(f"{self.tier}: complete_load without a matching pin")
+        for key, slot, _ in located:
+            table.unpin(key, slot)
 
     # ------------------------------------------------------------------ stores
 
@@ -161,7 +182,8 @@ class Directory(SlotTable):
         unpinned, not among ``keys``) cannot hold every new key, nothing changes
         and the result says ``no_room``.
         """
-        index = self._index
+        table = self._slots
+        index, discarded = table.index, table.discarded
         seen: set[ChunkKey] = set()
         new: list[ChunkKey] = []
         refused: list[ChunkKey] = []
@@ -172,7 +194,7 @@ class Directory(SlotTable):
             seen.add(key)
             if key in index:
                 present.append(key)
-            elif key in self._discarded:
+            elif key in discarded:
                 continue  # its old copy is still in flight; store it again later
             elif not admit_all and not self.admission.admits(key):
                 refused.append(key)
@@ -181,34 +203,29 @@ class Directory(SlotTable):
         self.stats.admission_refusals += len(refused)
         if not new:
             return PreparedStore(refused=tuple(refused))
-        evicted = self._make_room(len(new) - len(self._free), present)
+        evicted = self._make_room(len(new) - len(table.free), present)
         if evicted is None:
             self.stats.no_room += 1
             return PreparedStore(refused=tuple(refused), no_room=True)
         slots = []
         for key in new:
-            slot = self._free.pop()
-            self._set_state(slot, ChunkState.STORING)
-            index[key] = slot
-            self._slot_key[slot] = key
+            slots.append(table.allocate(key))
             self.admission.forget(key)
-            slots.append(slot)
         self.stats.stores_prepared += len(new)
         return PreparedStore(tuple(new), tuple(slots), evicted, tuple(refused))
 
     def _make_room(self, needed: int, protected: list[ChunkKey]) -> tuple[ChunkKey, ...] | None:
         if needed <= 0:
             return ()
-        index, state = self._index, self._state
+        table = self._slots
+        index, state = table.index, table.state
         shielded = {k for k in protected if state[index[k]] == _READY}
-        if self._evictable - len(shielded) < needed:
+        if table.evictable - len(shielded) < needed:
             return None
         victims = self.policy.evict(
             needed, lambda k: k not in shielded and state[index[k]] == _READY
         )
-        for key in victims:
-            self._free_slot(index.pop(key))
-        self._evictable -= len(victims)
+        table.drop_ready(victims)
         self.stats.evictions += len(victims)
         self._events.append(CacheEvent(EventKind.REMOVED, tuple(victims), self.tier))
         return tuple(victims)
@@ -216,27 +233,17 @@ class Directory(SlotTable):
     def complete_store(self, keys: Sequence[ChunkKey], success: bool) -> None:
         """Finish stores prepared earlier: READY on success, freed on failure. A
         store of a chunk discarded meanwhile frees its slot either way."""
-        located: list[tuple[ChunkKey, int, bool]] = []
-        for key in keys:
-            found = self._locate(key, _STORING)
-            if found is None:
-                raise ContractViolation(f"{self.tier}: complete_store of a chunk not being stored")
-            located.append((key, *found))
+        table = self._slots
+        located = table.locate_all(keys, _STORING)
+        if located is None:
+            raise ContractViolation(f"{self.tier}: complete_store of a chunk not being stored")
         if len({slot for _, slot, _ in located}) != len(located):
             raise ContractViolation(f"{self.tier}: complete_store names a chunk twice")
         stored: list[ChunkKey] = []
         for key, slot, live in reversed(located):
-            if live and success:
-                self._set_state(slot, ChunkState.READY)
+            if table.finish_store(key, slot, live, success):
                 self.policy.insert(key)
-                self._evictable += 1
                 stored.append(key)
-            elif live:
-                del self._index[key]
-                self._free_slot(slot)
-            else:
-                self._free_slot(slot)
-                del self._discarded[key]
         if success:
             self.stats.stores_completed += len(stored)
         else:
@@ -253,28 +260,23 @@ class Directory(SlotTable):
         READY chunks are freed at once; pinned or storing chunks leave the index now
         and free their slot when their job completes. Returns the keys that were
         readable (a REMOVED event names them)."""
+        table = self._slots
         removed: list[ChunkKey] = []
         for key in keys:
-            slot = self._index.pop(key, None)
-            if slot is None:
+            current = table.unlink(key)
+            if current is None:
                 continue
             self.stats.discarded += 1
-            current = self._state[slot]
             if current != _STORING:
                 removed.append(key)
                 self.policy.remove(key)
-            if current == _READY:
-                self._evictable -= 1
-                self._free_slot(slot)
-            else:
-                self._discarded[key] = slot
         if removed:
             self._events.append(CacheEvent(EventKind.REMOVED, tuple(removed), self.tier))
         return removed
 
     def reset(self) -> list[ChunkKey]:
         """Discard everything, forget policy history and admission counters."""
-        removed = self.discard(list(self._index))
+        removed = self.discard(list(self._slots.index))
         self.policy.clear()
         self.admission.clear()
         return removed
@@ -283,23 +285,13 @@ class Directory(SlotTable):
         """Adopt chunks found in storage at start-up: each key READY in its given slot,
         least recently used first. Only on an empty directory; keys and slots must be
         distinct and in range (else :class:`ContractViolation`). Emits STORED."""
-        if self._index or self._discarded:
-            raise ContractViolation(f"{self.tier}: restore into a directory in use")
-        slots = [slot for _, slot in entries]
+        problem = self._slots.adoption_problem(entries)
+        if problem is not None:
+            raise ContractViolation(f"{self.tier}: restore {problem}")
+        self._slots.adopt(entries)
         keys = [key for key, _ in entries]
-        if len(set(slots)) != len(slots) or len(set(keys)) != len(keys):
-            raise ContractViolation(f"{self.tier}: restore names a slot or a key twice")
-        if any(not 0 <= slot < self.num_slots for slot in slots):
-            raise ContractViolation(f"{self.tier}: restore slot out of range")
-        for key, slot in entries:
-            self._set_state(slot, ChunkState.STORING)
-            self._set_state(slot, ChunkState.READY)
-            self._index[key] = slot
-            self._slot_key[slot] = key
+        for key in keys:
             self.policy.insert(key)
-        used = set(slots)
-        self._free = array("i", (s for s in range(self.num_slots - 1, -1, -1) if s not in used))
-        self._evictable += len(entries)
         self.stats.stores_completed += len(entries)
         if entries:
             self._events.append(CacheEvent(EventKind.STORED, tuple(keys), self.tier))
@@ -309,21 +301,7 @@ class Directory(SlotTable):
         events, self._events = self._events, []
         return events
 
-    # ------------------------------------------------------------------ internals
-
-    def _set_state(self, slot: int, target: ChunkState) -> None:
-        check_transition(self._state[slot], target)
-        self._state[slot] = target
-
-    def _free_slot(self, slot: int) -> None:
-        self._set_state(slot, ChunkState.FREE)
-        self._pins[slot] = 0
-        self._slot_key[slot] = None
-        self._free.append(slot)
-
     def check_integrity(self) -> None:
         """Verify every internal invariant; raise ContractViolation naming the first
         broken one. O(num_slots): for tests and debug runs."""
-        from kvoffload.core.directory_integrity import verify
-
-        verify(self)
+        verify(self._slots, self.policy, self.admission, self.tier)

@@ -1,0 +1,35 @@
+"""The chunk directory of one tier, as a package.
+
+- :mod:`.directory`: :class:`Directory`, the tier's bookkeeping (two-phase loads
+  and stores, pins, atomic eviction, events); it holds and alone mutates the
+  slot table, the admission filter, its counters and events.
+- :mod:`.slots`: :class:`SlotTable`, key -> slot, per-slot state and pins, the
+  free list; queries and the slot primitives the directory calls.
+- :mod:`.admission`: :class:`AdmissionFilter`, admission by reuse.
+- :mod:`.results`: immutable results (:class:`LookupResult`, :class:`PreparedStore`)
+  and :class:`DirectoryStats`.
+- :mod:`.integrity`: every invariant, checked on demand over what the directory
+  passes in (it imports nothing from :mod:`.directory`).
+
+Import dependencies run one way: directory -> integrity -> slots -> results.
+"""
+
+from kvoffload.core.directory.admission import AdmissionFilter
+from kvoffload.core.directory.directory import Directory
+from kvoffload.core.directory.results import (
+    DirectoryStats,
+    LookupResult,
+    LookupStatus,
+    PreparedStore,
+)
+from kvoffload.core.directory.slots import SlotTable
+
+__all__ = [
+    "AdmissionFilter",
+    "Directory",
+    "DirectoryStats",
+    "LookupResult",
+    "LookupStatus",
+    "PreparedStore",
+    "SlotTable",
+]

@@ -1,0 +1,204 @@
+"""Every user option of kvoffload, declared once: name, accepted values, default,
+meaning and the check of a value (:data:`OPTIONS`).
+
+:mod:`kvoffload.core.config` validates a raw mapping against this list and the docs'
+option table is generated from it (``python -m kvoffload.docgen``), so the two cannot
+drift. Pure data and predicates; nothing here raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvoffload.core.policies import policy_names
+
+Check = Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration key: how to check it and what it means."""
+
+    name: str
+    accepted: str  # human description of the accepted values
+    default: Any
+    doc: str
+    check: Check
+    required: bool = False
+
+
+def _int_at_least(low: int) -> Check:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _positive_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _policy(v: Any) -> bool:
+    return isinstance(v, str) and v in policy_names()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "cpu_bytes",
+        "integer >= 1",
+        None,
+        "Host memory for offloaded chunks, in bytes, for all workers together.",
+        _int_at_least(1),
+        required=True,
+    ),
+    Option(
+        "chunk_tokens",
+        "positive multiple of the engine block size",
+        None,
+        "Tokens per chunk (the unit stored, loaded and evicted). Default: the engine block size.",
+        lambda v: v is None or _int_at_least(1)(v),
+    ),
+    Option(
+        "eviction",
+        " | ".join(policy_names()),
+        "lru",
+        "Eviction policy of the host tier.",
+        _policy,
+    ),
+    Option(
+        "store_threshold",
+        "integer >= 1",
+        1,
+        "Store a chunk only after this many requests looked it up (1 stores everything).",
+        _int_at_least(1),
+    ),
+    Option(
+        "copy_threads",
+        "integer >= 1",
+        1,
+        "CPU threads per worker copying KV between engine and host memory when the KV "
+        "cache is in host memory (CPU engines). 2 nearly doubles copy bandwidth but shares "
+        "cores with the model.",
+        _int_at_least(1),
+    ),
+    Option(
+        "tier_threads",
+        "integer >= 1",
+        4,
+        "Threads per worker moving chunks between host memory and the disk and Redis "
+        "tiers. More keep more disk requests and Redis round trips in flight; on a small "
+        "machine sharing cores with a local Redis server, fewer can be faster.",
+        _int_at_least(1),
+    ),
+    Option(
+        "disk_path",
+        "a directory path (created owner-only if missing)",
+        None,
+        "Enables the local-disk tier below host memory, with chunk files under this "
+        "directory. Needs disk_bytes.",
+        lambda v: v is None or (isinstance(v, str) and bool(v)),
+    ),
+    Option(
+        "disk_bytes",
+        "integer >= 1",
+        None,
+        "Capacity of the disk tier in bytes, all workers together; the least valuable "
+        "chunks are evicted (by the eviction policy) beyond it.",
+        lambda v: v is None or _int_at_least(1)(v),
+    ),
+    Option(
+        "disk_o_direct",
+        "true | false",
+        False,
+        "Read and write chunk files with O_DIRECT (bypass the page cache).",
+        lambda v: isinstance(v, bool),
+    ),
+    Option(
+        "redis_url",
+        "redis://[user:password@]host:port[/db] or rediss://... (TLS)",
+        None,
+        "Enables the shared Redis/Valkey tier. Capacity and eviction are the server's "
+        "(set maxmemory and maxmemory-policy allkeys-lru).",
+        lambda v: v is None or (isinstance(v, str) and v.startswith(("redis://", "rediss://"))),
+    ),
+    Option(
+        "redis_cluster",
+        "true | false",
+        False,
+        "redis_url names a node of a Redis Cluster.",
+        lambda v: isinstance(v, bool),
+    ),
+    Option(
+        "redis_timeout_ms",
+        "integer >= 1",
+        1000,
+        "Timeout of every Redis operation, connecting included; a slower server fails "
+        "the operation (a miss), it never stalls the engine.",
+        _int_at_least(1),
+    ),
+    Option(
+        "redis_username",
+        "string",
+        None,
+        "Redis username (overrides the URL's).",
+        lambda v: v is None or isinstance(v, str),
+    ),
+    Option(
+        "redis_password_file",
+        "a file path",
+        None,
+        "Read the Redis password from this file (its text without the final line "
+        "break; make it readable by the serving user only). The way to give a password: "
+        "it never appears in vLLM's start-up log or the process list. Overrides the URL's.",
+        lambda v: v is None or (isinstance(v, str) and bool(v)),
+    ),
+    Option(
+        "redis_password_env",
+        "an environment variable name",
+        None,
+        "Read the Redis password from this environment variable of the serving "
+        "process. Overrides the URL's.",
+        lambda v: v is None or (isinstance(v, str) and bool(v) and "=" not in v),
+    ),
+    Option(
+        "redis_password",
+        "string",
+        None,
+        "Redis password given inline (overrides the URL's). Discouraged: vLLM logs "
+        "kv_connector_extra_config at start-up and the command line is visible to ps; "
+        "kvoffload warns once. Use redis_password_file or redis_password_env.",
+        lambda v: v is None or isinstance(v, str),
+    ),
+    Option(
+        "lower_tier_admission",
+        '"write_through" or an integer N >= 1',
+        "write_through",
+        "When a chunk is written below host memory: as soon as its host store completes "
+        "(write_through), or after it was loaded from host memory N times.",
+        lambda v: v == "write_through" or _int_at_least(1)(v),
+    ),
+    Option(
+        "metrics_port",
+        "integer 1..65535",
+        None,
+        "Serve kvoffload's Prometheus metrics on http://127.0.0.1:<port>/metrics from the "
+        "scheduler process (vLLM's own /metrics carries them too when stats are on).",
+        lambda v: v is None or (_int_at_least(1)(v) and v <= 65535),
+    ),
+    Option(
+        "max_deferral_steps",
+        "integer >= 1",
+        500,
+        "A request deferred (transfers in flight, promotion, lower-tier lookup) for this "
+        "many busy engine steps (steps that ran other requests; idle steps do not count) "
+        "is admitted without a hit and recomputes.",
+        _int_at_least(1),
+    ),
+    Option(
+        "max_deferral_seconds",
+        "number > 0",
+        5.0,
+        "Same bound in seconds; whichever is reached first applies.",
+        _positive_number,
+    ),
+)

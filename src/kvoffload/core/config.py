@@ -3,8 +3,9 @@
 Every option is declared once in :data:`OPTIONS` (``config_options.py``: name,
 type, default, accepted values, meaning); :meth:`OffloadConfig.from_dict`
 validates a raw mapping (the vLLM ``kv_connector_extra_config``) against it, and
-the docs' option table is generated from the same list, so the two cannot drift. Unknown keys and invalid values raise
-:class:`~kvoffload.core.errors.ConfigError` naming the key and the accepted values.
+the docs' option table is generated from the same list, so the two cannot drift.
+Unknown keys and invalid values raise :class:`~kvoffload.core.errors.ConfigError`
+naming the key and the accepted values.
 """
 
 from __future__ import annotations

@@ -70,8 +70,4 @@ class Allocations:
         self.directory.touch(keys[: hit_tokens // self.config.chunk_tokens])
         self.directory.record_lookups(keys)
         self.deferral.end(state)
-        state.stored_chunks = 0
-        state.promotion = None
-        state.no_promotion = False
-        state.stale_kv = False  # computed (or loaded) afresh from here
-        state.block_ids = list(block_ids)
+        state.admit(block_ids)

@@ -25,12 +25,18 @@ asynchronous scheduling. Owned and mutated only by the scheduler half.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvoffload.core.errors import IllegalTransition
 from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
 from kvoffload.core.request_controls import DEFAULT, RequestControls
-from kvoffload.core.scheduler_types import Deferral, EngineRequest
+from kvoffload.core.scheduler_types import EngineRequest
+
+if TYPE_CHECKING:
+    from kvoffload.core.scheduler.deferral import Deferred
 
 
 class Phase(enum.Enum):
@@ -66,6 +72,15 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
 }
 
 
+@dataclass(frozen=True)
+class PromotionWish:
+    """A lookup's wish: promote ``keys`` (the run after the readable host prefix) from
+    lower tier ``tier`` into host memory in the next plan."""
+
+    tier: str
+    keys: tuple[ChunkKey, ...]
+
+
 class RequestState:
     """Everything the scheduler half knows about one request.
 
@@ -79,9 +94,7 @@ class RequestState:
         "block_ids",
         "computed_tokens",
         "controls",
-        "deferral_reason",
-        "deferred_since_s",
-        "deferred_since_step",
+        "deferred",
         "final_store_pending",
         "jobs",
         "keys",
@@ -112,12 +125,10 @@ class RequestState:
         self.computed_tokens = 0
         self.jobs: dict[int, TransferJob] = {}
         self.lookup_hit: tuple[int, int] | None = None  # (local tokens, external tokens)
-        self.deferred_since_step: int | None = None
-        self.deferred_since_s: float | None = None
-        self.deferral_reason: Deferral | None = None  # the last reason it was deferred
+        self.deferred: Deferred | None = None  # written only by the DeferralClock
         self.final_store_pending = False
         self.load_failed = False  # a load of this request failed: it recomputes from now on
-        self.promotion: tuple[str, tuple[ChunkKey, ...]] | None = None  # wanted: tier, keys
+        self.promotion: PromotionWish | None = None  # wished by lookup, taken by the plan
         self.no_promotion = False  # a promotion could not be planned: none until admitted
         self.stale_kv = False  # its KV predates a connector reset: never stored
 
@@ -154,7 +165,14 @@ class RequestState:
         self.promotion = None
         self.stale_kv = True
 
-    def clear_deferral(self) -> None:
-        self.deferred_since_step = None
-        self.deferred_since_s = None
-        self.deferral_reason = None
+    def admit(self, block_ids: Sequence[int]) -> None:
+        """The engine admitted the request (an allocation after a lookup) with
+        ``block_ids``, its whole allocation: a fresh store cursor, no promotion wished
+        or refused, its KV computed (or loaded) afresh from here. The caller ends the
+        deferral (:meth:`DeferralClock.end`) and moves the phase (RUNNING or
+        LOADING)."""
+        self.stored_chunks = 0
+        self.promotion = None
+        self.no_promotion = False
+        self.stale_kv = False
+        self.block_ids = list(block_ids)

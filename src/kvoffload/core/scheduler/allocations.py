@@ -39,7 +39,7 @@ class Allocations:
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests.new(request)
-        elif state.phase is Phase.FINISHED_DRAINING:
+        elif state.finished:
             return  # a reused request id (counted at lookup): not offloaded
         state.request = request
         hit, state.lookup_hit = state.lookup_hit, None

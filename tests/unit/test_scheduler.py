@@ -304,17 +304,60 @@ def test_abort_in_every_phase() -> None:
     # RUNNING with a store in flight
     run_plan = run_prefill(s, Req("r", [40 + i for i in range(8)]), [7, 8])
     s.on_aborted("r")
+    assert s.state_of("r").phase is Phase.FINISHING  # type: ignore[union-attr]
     # PREEMPTED_DRAINING
     p_plan = run_prefill(s, Req("p", [60 + i for i in range(8)]), [9, 10])
     s.build_plan(StepInput(preempted=("p",)))
     s.on_aborted("p")
     s.on_aborted("p")  # twice: no-op
+    s.on_aborted("r")  # twice: no-op
+    # its final store was planned with p's prefill: r's store is still in flight
+    assert s.state_of("r").phase is Phase.FINISHED_DRAINING  # type: ignore[union-attr]
     s.build_plan(StepInput())
     s.check_integrity()
     s.on_report(ok(load_plan.loads + run_plan.stores + p_plan.stores))
     assert s.request_ids() == []
     assert s.directory.pinned_count == 0 and s.jobs_in_flight() == []
     s.check_integrity()
+
+
+def test_a_request_finishing_while_running_waits_for_its_final_store_plan() -> None:
+    """FINISHING: finished while running, its final store not yet planned. Nothing
+    but the next plan moves it on (here to DONE: its stores were all reported)."""
+    s, _ = make()
+    req = Req("a", list(range(8)))
+    plan = run_prefill(s, req, [1, 2])
+    s.on_finished("a")
+    state = s.state_of("a")
+    assert state is not None and state.phase is Phase.FINISHING
+    assert s.has_pending_work()
+    s.on_report(ok(plan.stores))  # its jobs drained: still FINISHING
+    assert state.phase is Phase.FINISHING and s.state_of("a") is state
+    s.check_integrity()
+    assert s.lookup(Req("a", list(range(8))), 0) == 0  # a reused id: not offloaded
+    assert s.anomalies.counts[Anomaly.REUSED_REQUEST_ID] == 1
+    s.on_allocated(Req("a", list(range(8))), [3, 4], 0)  # ignored
+    s.on_preempted("a")  # ignored
+    assert state.phase is Phase.FINISHING
+    s.build_plan(StepInput())
+    assert state.phase is Phase.DONE and s.state_of("a") is None
+    assert not s.has_pending_work()
+    s.check_integrity()
+
+
+def test_a_deferral_keeps_its_start_across_reasons() -> None:
+    s, clock = make()
+    req = Req("a", list(range(12)))
+    run_prefill(s, req, [1, 2, 3])
+    clock.now = 5.0
+    assert s.lookup(req, 0) is RETRY_LATER
+    state = s.state_of("a")
+    assert state is not None and state.deferred is not None
+    first = state.deferred
+    assert (first.since_s, first.reason) == (5.0, Deferral.TRANSFER_IN_FLIGHT)
+    clock.now = 6.0
+    assert s.lookup(req, 0) is RETRY_LATER
+    assert state.deferred == first  # a frozen value: the same start, the same reason
 
 
 def test_reset_with_jobs_in_flight() -> None:

@@ -39,7 +39,7 @@ class Allocations:
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests.new(request)
-        elif state.phase is Phase.FINISHED_DRAINING:
+        elif state.finished:
             return  # a reused request id (counted at lookup): not offloaded
         state.request = request
         hit, state.lookup_hit = state.lookup_hit, None
@@ -70,8 +70,4 @@ class Allocations:
         self.directory.touch(keys[: hit_tokens // self.config.chunk_tokens])
         self.directory.record_lookups(keys)
         self.deferral.end(state)
-        state.stored_chunks = 0
-        state.promotion = None
-        state.no_promotion = False
-        state.stale_kv = False  # computed (or loaded) afresh from here
-        state.block_ids = list(block_ids)
+        state.admit(block_ids)

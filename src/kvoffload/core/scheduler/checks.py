@@ -53,7 +53,7 @@ def verify_scheduler(
             _fail(f"{request_id!r} is WAITING with jobs in flight")
         if phase is Phase.PREEMPTED_DRAINING and not state.jobs:
             _fail(f"{request_id!r} is draining with nothing in flight")
-        if phase is Phase.FINISHED_DRAINING and not (state.jobs or state.final_store_pending):
+        if phase is Phase.FINISHED_DRAINING and not state.jobs:
             _fail(f"{request_id!r} finished, drained, still tracked")
         for job_id, job in state.jobs.items():
             if tracker.get(job_id) is not job:

@@ -77,5 +77,5 @@ class Completions:
             return
         if state.phase is Phase.PREEMPTED_DRAINING:
             state.move(Phase.WAITING)
-        elif state.phase is Phase.FINISHED_DRAINING and not state.final_store_pending:
-            self.requests.drop(state)
+        elif state.phase is Phase.FINISHED_DRAINING:
+            self.requests.drop(state)  # FINISHING waits for its final store's plan

@@ -5,17 +5,30 @@ Owns the count of busy engine steps (steps that scheduled work; idle steps do no
 count), the time source and the two bounds (``max_deferral_steps``,
 ``max_deferral_seconds``). A request's deferral starts at its first *retry later*
 and ends when it is admitted; the wait is observed in the deferral histogram by the
-last reason it was deferred for. Mutates only the deferral fields of the request
-states it is given, its own counters, and ``stats.deferrals``.
+last reason it was deferred for. A request's deferral is one frozen
+:class:`Deferred` value in ``state.deferred``; the clock is its only writer (a new
+reason is a new value with the same start). Mutates only ``state.deferred`` of the
+request states it is given, its own counters, and ``stats.deferrals``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from kvoffload.core.metrics import MetricsRecorder
 from kvoffload.core.scheduler.request_state import RequestState
 from kvoffload.core.scheduler_types import Deferral, SchedulerConfig, SchedulerStats
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A request told *retry later*: since busy step ``since_step`` and time
+    ``since_s`` (its first deferral), last for ``reason``."""
+
+    since_step: int
+    since_s: float
+    reason: Deferral
 
 
 class DeferralClock:
@@ -37,24 +50,25 @@ class DeferralClock:
         self.busy_steps += busy
 
     def defer(self, state: RequestState, reason: Deferral) -> None:
-        if state.deferred_since_step is None:
-            state.deferred_since_step = self.busy_steps
-            state.deferred_since_s = self.clock()
-        state.deferral_reason = reason
+        if state.deferred is None:
+            state.deferred = Deferred(self.busy_steps, self.clock(), reason)
+        else:
+            state.deferred = replace(state.deferred, reason=reason)
         self.stats.deferrals[reason] = self.stats.deferrals.get(reason, 0) + 1
 
     def expired(self, state: RequestState) -> bool:
         """The request has waited as long as either bound allows."""
-        if state.deferred_since_step is None or state.deferred_since_s is None:
+        deferred = state.deferred
+        if deferred is None:
             return False
         return (
-            self.busy_steps - state.deferred_since_step >= self.config.max_deferral_steps
-            or self.clock() - state.deferred_since_s >= self.config.max_deferral_seconds
+            self.busy_steps - deferred.since_step >= self.config.max_deferral_steps
+            or self.clock() - deferred.since_s >= self.config.max_deferral_seconds
         )
 
     def end(self, state: RequestState) -> None:
         """The request is admitted: observe how long it was deferred, if it was."""
-        if state.deferred_since_s is not None and state.deferral_reason is not None:
-            waited = self.clock() - state.deferred_since_s
-            self.metrics.observe_deferral(state.deferral_reason.value, waited)
-        state.clear_deferral()
+        deferred = state.deferred
+        if deferred is not None:
+            self.metrics.observe_deferral(deferred.reason.value, self.clock() - deferred.since_s)
+        state.deferred = None

@@ -109,7 +109,7 @@ class OffloadScheduler:
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests.new(request)
-        elif state.phase is Phase.FINISHED_DRAINING:
+        elif state.finished:
             self.anomalies.note(
                 Anomaly.REUSED_REQUEST_ID,
                 f"request {request.request_id!r} arrived while an earlier request of that id "
@@ -152,16 +152,17 @@ class OffloadScheduler:
     def on_finished(self, request_id: str) -> None:
         """The request finished or was aborted; the engine frees its blocks now.
 
-        A running request's last full chunks are stored by the next plan (the freed
-        blocks are fenced). The state is dropped once no job is in flight."""
+        A running request is FINISHING: its last full chunks are stored by the next
+        plan (the freed blocks are fenced). Any other is FINISHED_DRAINING while jobs
+        are in flight; the state is dropped once none is. Idempotent."""
         state = self.requests.get(request_id)
-        if state is None or state.phase in (Phase.FINISHED_DRAINING, Phase.DONE):
+        if state is None or state.finished or state.phase is Phase.DONE:
             return
         if state.phase is Phase.RUNNING:
             state.computed_tokens = min(state.computed_tokens, state.request.num_computed_tokens)
-            state.final_store_pending = True
+            state.move(Phase.FINISHING)
             self.builder.finishing(request_id)
-        if state.jobs or state.final_store_pending:
+        elif state.jobs:
             state.move(Phase.FINISHED_DRAINING)
         else:
             self.requests.drop(state)
@@ -208,7 +209,7 @@ class OffloadScheduler:
 
     def has_pending_work(self) -> bool:
         """True while the engine must keep stepping for kvoffload: jobs in flight,
-        or final stores of finished requests not yet planned. An idle engine that
+        or final stores of FINISHING requests not yet planned. An idle engine that
         stopped stepping would never deliver their completions."""
         return bool(len(self._tracker) or self.builder.has_pending() or self.tiers.has_queued())
 

@@ -19,7 +19,7 @@ from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
-from kvoffload.core.scheduler.request_state import RequestState
+from kvoffload.core.scheduler.request_state import PromotionWish, RequestState
 from kvoffload.core.scheduler.stores import check_blocks
 from kvoffload.core.scheduler_types import (
     RETRY_LATER,
@@ -171,7 +171,7 @@ def next_chunks_wait(
     if (readable + run) * chunk_tokens - local < chunk_tokens:
         return None, False  # less than a chunk past the engine's own hit
     new = state.promotion is None
-    state.promotion = (tier.name, tuple(keys[readable : readable + run]))
+    state.promotion = PromotionWish(tier.name, tuple(keys[readable : readable + run]))
     return Deferral.PROMOTION, new
 
 

@@ -12,25 +12,58 @@
      │                        │  deferral bound reached: admitted, no hit  │
      │                        └──────────────────────▶ RUNNING             │
      │   preempted with nothing in flight: RUNNING ──▶ WAITING             │
-     ▼                                                                     ▼
-   finished / aborted:  ──▶ FINISHED_DRAINING (jobs in flight) ──drained──▶ DONE
-                        ──▶ DONE (nothing in flight)
+     │                                                  finished / aborted ▼
+     │                                                                 FINISHING
+     │                       its final store planned, jobs in flight       │
+     │                                    ┌────────────────────────────────┤
+     ▼                                    ▼            nothing in flight   │
+   finished / aborted ──▶ FINISHED_DRAINING ──last job reported──▶ DONE ◀──┘
+   (not running)      ──────────── nothing in flight ─────────────▶ DONE
 
-Invariant: ``jobs`` holds one load or any number of stores, never both; a request
-with any job in flight is never looked up in the directory (lookup answers retry
-later), which is what makes a preempted request's re-admission safe under
-asynchronous scheduling. Owned and mutated only by the scheduler half.
+FINISHING: the request finished (or was aborted) while running; the engine freed
+its blocks (the stores reading them are fenced) and its final store goes into the
+next plan, which moves it on (:meth:`StepBuilder.build`). Until then nothing else
+moves it: its jobs completing do not drop it, a lookup or an allocation of its id
+is an anomaly (served without offloading), it is never scheduled or preempted.
+
+Invariant: ``jobs`` holds one load or any number of stores (and at most one
+promotion), never a load and stores; a request with any job in flight is never
+looked up in the directory (lookup answers retry later), which is what makes a
+preempted request's re-admission safe under asynchronous scheduling.
+
+Owned and mutated only by the scheduler half; who writes what:
+
+- ``phase``: :meth:`RequestState.move` only, called by the façade (finish), the
+  allocations (admission), the step builder (scheduled, preempted, final store),
+  the tier moves (promotion planned), the completions and the request table (DONE);
+- ``deferred``: the :class:`DeferralClock` only (a frozen :class:`Deferred`);
+- ``promotion``: wished by the load planner, taken by the tier moves, dropped by
+  :meth:`admit` and :meth:`rekey`; ``no_promotion``: set by the load planner, the
+  tier moves and the completions, cleared by :meth:`admit`;
+- ``stored_chunks``: advanced by the store planner, reset by :meth:`admit`;
+- ``block_ids``: cleared at lookup and preemption, set by :meth:`admit` and the
+  step builder; ``computed_tokens``: the step builder (clamped at finish);
+- ``jobs``: added by :meth:`RequestTable.track`, removed by the completions;
+- ``lookup_hit``: written by lookup, taken by the allocation; ``load_failed``: the
+  load planner and the completions; ``stale_kv``: :meth:`rekey` sets it,
+  :meth:`admit` clears it.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvoffload.core.errors import IllegalTransition
 from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
 from kvoffload.core.request_controls import DEFAULT, RequestControls
-from kvoffload.core.scheduler_types import Deferral, EngineRequest
+from kvoffload.core.scheduler_types import EngineRequest
+
+if TYPE_CHECKING:
+    from kvoffload.core.scheduler.deferral import Deferred
 
 
 class Phase(enum.Enum):
@@ -39,6 +72,7 @@ class Phase(enum.Enum):
     PROMOTING = "promoting"  # waiting: its next chunks are coming up from a lower tier
     RUNNING = "running"  # admitted; store jobs may be in flight
     PREEMPTED_DRAINING = "preempted_draining"  # preempted, stores in flight: retry later
+    FINISHING = "finishing"  # finished while running: its final store not yet planned
     FINISHED_DRAINING = "finished_draining"  # finished or aborted, jobs in flight
     DONE = "done"  # terminal; the state is dropped
 
@@ -54,16 +88,26 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (_P.PREEMPTED_DRAINING, _P.RUNNING): "deferral bound reached: admitted without a hit",
     (_P.WAITING, _P.FINISHED_DRAINING): "aborted before running, stores in flight",
     (_P.LOADING, _P.FINISHED_DRAINING): "aborted while loading",
-    (_P.RUNNING, _P.FINISHED_DRAINING): "finished or aborted with jobs in flight",
     (_P.PREEMPTED_DRAINING, _P.FINISHED_DRAINING): "aborted while draining",
     (_P.WAITING, _P.PROMOTING): "a promotion of its next chunks was planned",
     (_P.PROMOTING, _P.WAITING): "the promotion was reported",
     (_P.PROMOTING, _P.RUNNING): "deferral bound reached while promoting: admitted, no hit",
     (_P.PROMOTING, _P.FINISHED_DRAINING): "aborted while promoting",
+    (_P.RUNNING, _P.FINISHING): "finished or aborted while running: final store next plan",
+    (_P.FINISHING, _P.FINISHED_DRAINING): "its final store was planned, jobs in flight",
+    (_P.FINISHING, _P.DONE): "its final store was planned, nothing in flight",
     (_P.WAITING, _P.DONE): "finished or aborted, nothing in flight",
-    (_P.RUNNING, _P.DONE): "finished or aborted, nothing in flight",
     (_P.FINISHED_DRAINING, _P.DONE): "its last job was reported",
 }
+
+
+@dataclass(frozen=True)
+class PromotionWish:
+    """A lookup's wish: promote ``keys`` (the run after the readable host prefix) from
+    lower tier ``tier`` into host memory in the next plan."""
+
+    tier: str
+    keys: tuple[ChunkKey, ...]
 
 
 class RequestState:
@@ -79,10 +123,7 @@ class RequestState:
         "block_ids",
         "computed_tokens",
         "controls",
-        "deferral_reason",
-        "deferred_since_s",
-        "deferred_since_step",
-        "final_store_pending",
+        "deferred",
         "jobs",
         "keys",
         "load_failed",
@@ -112,18 +153,20 @@ class RequestState:
         self.computed_tokens = 0
         self.jobs: dict[int, TransferJob] = {}
         self.lookup_hit: tuple[int, int] | None = None  # (local tokens, external tokens)
-        self.deferred_since_step: int | None = None
-        self.deferred_since_s: float | None = None
-        self.deferral_reason: Deferral | None = None  # the last reason it was deferred
-        self.final_store_pending = False
+        self.deferred: Deferred | None = None  # written only by the DeferralClock
         self.load_failed = False  # a load of this request failed: it recomputes from now on
-        self.promotion: tuple[str, tuple[ChunkKey, ...]] | None = None  # wanted: tier, keys
+        self.promotion: PromotionWish | None = None  # wished by lookup, taken by the plan
         self.no_promotion = False  # a promotion could not be planned: none until admitted
         self.stale_kv = False  # its KV predates a connector reset: never stored
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def finished(self) -> bool:
+        """Finished or aborted, still tracked: FINISHING or FINISHED_DRAINING."""
+        return self.phase in (Phase.FINISHING, Phase.FINISHED_DRAINING)
 
     def move(self, target: Phase) -> None:
         """Change phase; raise :class:`IllegalTransition` if the table forbids it."""
@@ -154,7 +197,14 @@ class RequestState:
         self.promotion = None
         self.stale_kv = True
 
-    def clear_deferral(self) -> None:
-        self.deferred_since_step = None
-        self.deferred_since_s = None
-        self.deferral_reason = None
+    def admit(self, block_ids: Sequence[int]) -> None:
+        """The engine admitted the request (an allocation after a lookup) with
+        ``block_ids``, its whole allocation: a fresh store cursor, no promotion wished
+        or refused, its KV computed (or loaded) afresh from here. The caller ends the
+        deferral (:meth:`DeferralClock.end`) and moves the phase (RUNNING or
+        LOADING)."""
+        self.stored_chunks = 0
+        self.promotion = None
+        self.no_promotion = False
+        self.stale_kv = False
+        self.block_ids = list(block_ids)

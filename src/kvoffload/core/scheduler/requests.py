@@ -2,7 +2,8 @@
 
 A state is created at a request's first lookup or allocation (with the controls its
 ``kv_transfer_params`` carry; a refused value is counted and warned about) and
-dropped when the request is done: finished with nothing in flight. Jobs are tracked
+dropped when the request is done: finished, its final store planned, nothing in
+flight. Jobs are tracked
 on both the state (what the request waits for) and the job tracker (completion
 counting, fences): :meth:`track` adds to both, completions remove from both.
 """

@@ -50,7 +50,8 @@ class StepBuilder:
         self._fresh_blocks.update(job.block_ids or job.invalid_blocks)
 
     def finishing(self, request_id: str) -> None:
-        """A running request finished: its final store goes into the next plan."""
+        """A running request finished (now FINISHING): its final store goes into the
+        next plan, which moves it to FINISHED_DRAINING or DONE."""
         self._finishing.append(request_id)
 
     def preempt(self, state: RequestState) -> None:
@@ -96,10 +97,11 @@ class StepBuilder:
             self._store(state, stores)
         for request_id in self._finishing:
             state = self.requests.get(request_id)
-            if state is not None and state.final_store_pending:
-                state.final_store_pending = False
+            if state is not None and state.phase is Phase.FINISHING:
                 self._store(state, stores)
-                if not state.jobs:
+                if state.jobs:
+                    state.move(Phase.FINISHED_DRAINING)
+                else:
                     self.requests.drop(state)
         wished, self.loads.wished = self.loads.wished, []
         promotions = self.moves.plan_promotions(wished)

@@ -37,11 +37,12 @@ class TierMoves:
             state = self.requests.get(request_id)
             if state is None or state.promotion is None:
                 continue
-            tier, keys = state.promotion
-            state.promotion = None
+            wish, state.promotion = state.promotion, None
             if state.phase is not Phase.WAITING or state.jobs:
                 continue
-            job = self.tiers.plan_promotion(request_id, tier, keys, self.requests.tracker.new_id)
+            job = self.tiers.plan_promotion(
+                request_id, wish.tier, wish.keys, self.requests.tracker.new_id
+            )
             if job is None:
                 state.no_promotion = True
                 continue

@@ -50,6 +50,22 @@ def test_the_command_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> Non
     assert "4 schedules (2 sync, 2 async) from seeds 1000..1001" in out and "0 failed" in out
 
 
+def test_a_schedule_that_does_not_end_is_reported_as_a_hang() -> None:
+    """A schedule outliving ``--schedule-timeout`` is a hang: its seed, a rerun line and
+    every thread's stack, exit status 3 (here: a timeout no schedule can meet)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kvoffload.testing.vllm_fuzz", "--seeds", "1", "--start", "7",
+         "--scheduler", "sync", "--schedule-timeout", "0.01", "-q"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "HUNG seed 7 (sync scheduler)" in done.stdout
+    assert "--start 7 --scheduler sync" in done.stdout and "Thread 0x" in done.stdout
+
+
 def test_a_store_reading_the_wrong_blocks_is_found_and_shrunk(
     env: Environment, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,14 +3,18 @@
 Each seed is a scenario (``scenario.py``) run on vLLM's real ``Scheduler`` and/or
 ``AsyncScheduler`` with real connectors and real copies (``runner.py``). Exit status
 0 when every schedule passed, 1 with a report of the first failure (its seed, a
-shrunk reproduction and the tail of its trace), 2 on bad arguments.
+shrunk reproduction and the tail of its trace), 2 on bad arguments, 3 when a
+schedule hung (its seed and every thread's stack are printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import os
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -34,6 +38,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="which vLLM scheduler each seed runs on (both: every seed on each)",
     )
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
+    parser.add_argument(
+        "--schedule-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="a schedule still running after S seconds is a hang: print its seed and "
+        "every thread's stack, exit 3 (default 300)",
+    )
     parser.add_argument("--keep-going", action="store_true", help="do not stop at a failure")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     args = parser.parse_args(argv)
@@ -76,6 +88,28 @@ def report(failure: Outcome, shrunk: Outcome | None, runs: int) -> str:
     return "\n".join(lines)
 
 
+def hang_watchdog(seed: int, is_async: bool, seconds: float) -> threading.Timer:
+    """A timer that, if one schedule runs longer than ``seconds`` (a hang: a wait
+    nothing will end), prints the seed and every thread's stack and exits with 3."""
+
+    def fire() -> None:
+        sched = "async" if is_async else "sync"
+        print(
+            f"HUNG seed {seed} ({sched} scheduler): no end after {seconds:g} s; "
+            f"rerun: python -m kvoffload.testing.vllm_fuzz --seeds 1 --start {seed} "
+            f"--scheduler {sched}; every thread's stack:",
+            flush=True,
+        )
+        faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
+        sys.stdout.flush()
+        os._exit(3)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from kvoffload.demos.tiny_model import ensure_model
@@ -94,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                 break
             for is_async in kinds(args.scheduler):
                 scenario = random_scenario(seed, is_async, redis=env.redis_available)
-                outcome = run_scenario(scenario, env)
+                watchdog = hang_watchdog(seed, is_async, args.schedule_timeout)
+                try:
+                    outcome = run_scenario(scenario, env)
+                finally:
+                    watchdog.cancel()
                 counts[outcome.status] += 1
                 counts["async" if is_async else "sync"] += 1
                 totals.update(outcome.stats)

@@ -34,9 +34,15 @@ class CopyGate:
         self._kind: dict[int, JobKind] = {}
 
     def submitted(self, job: TransferJob) -> None:
-        """Record ``job``'s place in its lane (call when the worker submits it)."""
+        """Record ``job``'s place in its lane (call when the worker submits it). A job
+        released or failed before it was submitted (a store this very step flushes)
+        releases the jobs before it in its lane now, as :meth:`release` would have."""
         with self._cv:
-            self._lanes[job.kind].append(job.job_id)
+            lane = self._lanes[job.kind]
+            if job.job_id in self._allowed or job.job_id in self._failing:
+                self._allowed.update(lane)
+                self._cv.notify_all()
+            lane.append(job.job_id)
             self._kind[job.job_id] = job.kind
 
     def __call__(self, job: TransferJob) -> None:

@@ -28,7 +28,9 @@ class ToVllmHandlers(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         target = logging.getLogger("vllm")
         if not target.handlers:  # vLLM has not configured its logging (yet)
-            logging.getLogger().handle(record)  # as if kvoffload's logger propagated
+            root = logging.getLogger()
+            if record.levelno >= root.getEffectiveLevel():
+                root.handle(record)  # as if kvoffload's logger propagated
             return
         if record.levelno < target.getEffectiveLevel():
             return
@@ -49,6 +51,7 @@ def attach_to_vllm_logging() -> bool:
     if not envs.VLLM_CONFIGURE_LOGGING:
         return False
     logger.addHandler(ToVllmHandlers())
-    logger.setLevel(logging.DEBUG)  # the forwarding handler applies vLLM's level
+    if logger.level == logging.NOTSET:  # an application's own choice stands
+        logger.setLevel(logging.DEBUG)  # the forwarding handler applies vLLM's level
     logger.propagate = False
     return True

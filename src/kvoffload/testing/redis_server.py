@@ -24,11 +24,7 @@ from typing import Any
 
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from kvoffload.testing.ports import free_port
 
 
 def free_cluster_port() -> int:

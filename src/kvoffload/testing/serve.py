@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from kvoffload.testing.ports import free_port
 
 #: Engine KV-cache bytes of :class:`VllmServer` unless the caller says otherwise.
 DEFAULT_KV_CACHE_BYTES = 32 << 20
@@ -118,13 +119,6 @@ def write_tokenizer(model_dir: Path, vocab_size: int) -> None:
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(str(model_dir))
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def vllm_executable() -> Path:

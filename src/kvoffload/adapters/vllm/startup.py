@@ -20,18 +20,9 @@ from typing import Any
 
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.secrets import redact_url
+from kvoffload.inspection.render import human_bytes as size
 
 logger = logging.getLogger("kvoffload")
-
-
-def size(n: int) -> str:
-    """Bytes in binary units, e.g. ``64.0 MiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def password_source(config: OffloadConfig) -> str:

@@ -145,9 +145,7 @@ class OffloadScheduler:
     def on_preempted(self, request_id: str) -> None:
         """The engine freed a running request's blocks and re-queued it (see
         :meth:`StepBuilder.preempt`). Idempotent; ignored unless it is running."""
-        state = self.requests.get(request_id)
-        if state is not None and state.phase is Phase.RUNNING:
-            self.builder.preempt(state)
+        self.builder.preempt(request_id)
 
     def on_finished(self, request_id: str) -> None:
         """The request finished or was aborted; the engine frees its blocks now.

@@ -54,10 +54,14 @@ class StepBuilder:
         next plan, which moves it to FINISHED_DRAINING or DONE."""
         self._finishing.append(request_id)
 
-    def preempt(self, state: RequestState) -> None:
+    def preempt(self, request_id: str) -> None:
         """The engine freed a running request's blocks and re-queued it: its stores
         are flushed in the next plan, and it is looked up again only once its jobs
-        (stores, or a promotion from before its admission) drained."""
+        (stores, or a promotion from before its admission) drained. Idempotent;
+        ignored unless the request is running."""
+        state = self.requests.get(request_id)
+        if state is None or state.phase is not Phase.RUNNING:
+            return
         state.block_ids.clear()
         self._flush.update(state.store_ids())
         self.stats.preemptions += 1
@@ -77,9 +81,7 @@ class StepBuilder:
         self.step += 1
         self.deferral.tick(bool(step.scheduled))
         for request_id in step.preempted:
-            state = self.requests.get(request_id)
-            if state is not None and state.phase is Phase.RUNNING:
-                self.preempt(state)
+            self.preempt(request_id)
         # Spills first: they pin chunks whose host store just completed, so this
         # step's new stores cannot evict them before they are written down.
         spills = self.moves.plan_spills()

@@ -39,10 +39,14 @@ def vllm_log() -> Iterator[Capture]:
     target = logging.getLogger("vllm")
     level = target.level
     target.setLevel(logging.INFO)  # as vLLM's logging configuration sets it
+    ours = logging.getLogger("kvoffload")
+    ours_level = ours.level
+    ours.setLevel(logging.DEBUG)  # an earlier in-process fuzzer run may have quieted it
     target.addHandler(capture)
     yield capture
     target.removeHandler(capture)
     target.setLevel(level)
+    ours.setLevel(ours_level)
 
 
 def transfer(extra: Any, **more: Any) -> dict[str, Any]:

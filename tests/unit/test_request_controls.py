@@ -75,10 +75,10 @@ def make(slots: int = 32) -> OffloadScheduler:
 def prefill(s: OffloadScheduler, req: Req, blocks: list[int]) -> int:
     """Admit ``req`` (no hit), compute its prompt, finish it; the chunks stored."""
     assert s.lookup(req, 0) == 0
-    s.on_allocated(req, blocks, 0)
+    s.on_allocated(req, (blocks,), 0)
     req.num_computed_tokens = req.num_tokens
     plan = s.build_plan(
-        StepInput((ScheduledRequest(req.request_id, 0, req.num_tokens, tuple(blocks), True),))
+        StepInput((ScheduledRequest(req.request_id, 0, req.num_tokens, (tuple(blocks),), True),))
     )
     s.on_report(ok(plan.stores))
     s.on_finished(req.request_id)

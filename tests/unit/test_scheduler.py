@@ -73,16 +73,16 @@ def alloc(s: OffloadScheduler, request_id: str, blocks: list[int], external: int
     """``on_allocated`` for a request that was looked up (its state knows it)."""
     state = s.state_of(request_id)
     assert state is not None
-    s.on_allocated(state.request, blocks, external)
+    s.on_allocated(state.request, (blocks,), external)
 
 
 def run_prefill(s: OffloadScheduler, req: Req, blocks: list[int]) -> StepPlan:
     """Admit ``req`` with no hit and compute its whole prompt in one step."""
     assert s.lookup(req, 0) == 0
-    s.on_allocated(req, blocks, 0)
+    s.on_allocated(req, (blocks,), 0)
     req.num_computed_tokens = req.num_tokens
     return s.build_plan(
-        StepInput((ScheduledRequest(req.request_id, 0, req.num_tokens, tuple(blocks), True),))
+        StepInput((ScheduledRequest(req.request_id, 0, req.num_tokens, (tuple(blocks),), True),))
     )
 
 
@@ -101,7 +101,7 @@ def test_pending_transfer_defers_prefix_lookup(monkeypatch: pytest.MonkeyPatch) 
     plan = run_prefill(s, req, [1, 2, 3])
     assert len(plan.stores) == 1
     state = s.state_of("a")
-    assert state is not None and state.block_ids == [1, 2, 3]
+    assert state is not None and state.blocks[0] == [1, 2, 3]
 
     def no_lookup(*args: object) -> None:
         raise AssertionError("the directory was consulted")
@@ -109,7 +109,7 @@ def test_pending_transfer_defers_prefix_lookup(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(s.directory, "readable_prefix", no_lookup)
     monkeypatch.setattr(s.directory, "lookup", no_lookup)
     assert s.lookup(req, 0) is RETRY_LATER
-    assert state.block_ids == []
+    assert state.blocks[0] == []
     assert s.stats.deferrals == {Deferral.TRANSFER_IN_FLIGHT: 1}
     s.check_integrity()
 
@@ -149,9 +149,9 @@ def test_stores_cover_newly_full_chunks_once_and_the_tail_at_finish() -> None:
     req = Req("a", list(range(10)))
     assert s.lookup(req, 0) == 0
     alloc(s, "a", [1, 2, 3], 0)
-    plan = s.build_plan(StepInput((ScheduledRequest("a", 0, 6, (1, 2, 3), True),)))
+    plan = s.build_plan(StepInput((ScheduledRequest("a", 0, 6, ((1, 2, 3),), True),)))
     assert [len(j.keys) for j in plan.stores] == [1] and plan.stores[0].block_ids == (1,)
-    plan2 = s.build_plan(StepInput((ScheduledRequest("a", 6, 4, (), False),)))
+    plan2 = s.build_plan(StepInput((ScheduledRequest("a", 6, 4, ((),), False),)))
     assert [j.block_ids for j in plan2.stores] == [(2,)]  # block 3 holds 2 tokens
     req.tokens += [5, 5]
     req.num_computed_tokens = 11  # the last sampled token has no KV yet
@@ -169,17 +169,17 @@ def test_final_store_of_a_finished_request_is_flushed_when_its_block_is_reused()
     req = Req("a", list(range(7)))
     s.lookup(req, 0)
     alloc(s, "a", [1, 2], 0)
-    s.build_plan(StepInput((ScheduledRequest("a", 0, 7, (1, 2), True),)))
+    s.build_plan(StepInput((ScheduledRequest("a", 0, 7, ((1, 2),), True),)))
     # Asynchronous scheduling: the step computing position 7 is planned before the
     # token is appended, so block 2's hash is unknown and its store cannot be planned.
-    s.build_plan(StepInput((ScheduledRequest("a", 7, 1, (), False),)))
+    s.build_plan(StepInput((ScheduledRequest("a", 7, 1, ((),), False),)))
     req.tokens.append(7)
     req.num_computed_tokens = 8
     s.on_finished("a")  # blocks 1-2 are freed; block 2's chunk is stored by the next plan
     b = Req("b", [50 + i for i in range(8)])
     s.lookup(b, 0)
     alloc(s, "b", [2, 7], 0)
-    plan = s.build_plan(StepInput((ScheduledRequest("b", 0, 8, (2, 7), True),)))
+    plan = s.build_plan(StepInput((ScheduledRequest("b", 0, 8, ((2, 7),), True),)))
     final = [j for j in plan.stores if j.request_id == "a"]
     assert [j.block_ids for j in final] == [(2,)]
     assert plan.flush == {final[0].job_id}  # before b's forward overwrites block 2
@@ -193,7 +193,7 @@ def test_prefix_hits_on_a_fenced_block_do_not_flush() -> None:
     b = Req("b", list(range(8)) + [9, 9, 9, 9])
     s.lookup(b, 4)  # the engine's own prefix cache holds block 1
     alloc(s, "b", [1, 5, 6], 0)
-    plan2 = s.build_plan(StepInput((ScheduledRequest("b", 4, 8, (1, 5, 6), True),)))
+    plan2 = s.build_plan(StepInput((ScheduledRequest("b", 4, 8, ((1, 5, 6),), True),)))
     assert plan2.flush == frozenset()
     s.on_report(ok(plan.stores + plan2.stores))
     s.check_integrity()
@@ -227,7 +227,7 @@ def test_deferral_is_bounded_and_then_recomputes_without_a_load(bound: str) -> N
         for _ in range(5):  # idle steps do not count
             s.build_plan(StepInput())
         assert s.lookup(req, 0) is RETRY_LATER
-        busy = StepInput((ScheduledRequest("b", 0, 4, (9,), True),))  # another request ran
+        busy = StepInput((ScheduledRequest("b", 0, 4, ((9,),), True),))  # another request ran
         for _ in range(3):
             s.build_plan(busy)
     else:
@@ -235,7 +235,7 @@ def test_deferral_is_bounded_and_then_recomputes_without_a_load(bound: str) -> N
     assert s.lookup(req, 0) == 0  # admitted: recompute, no load on top of the stores
     assert s.stats.deferral_timeouts == 1
     alloc(s, "a", [4, 5, 6], 0)
-    plan2 = s.build_plan(StepInput((ScheduledRequest("a", 0, 12, (4, 5, 6), True),)))
+    plan2 = s.build_plan(StepInput((ScheduledRequest("a", 0, 12, ((4, 5, 6),), True),)))
     assert plan2.loads == ()
     assert s.state_of("a").phase is Phase.RUNNING  # type: ignore[union-attr]
     s.on_report(ok(plan.stores + plan2.stores))
@@ -336,7 +336,7 @@ def test_a_request_finishing_while_running_waits_for_its_final_store_plan() -> N
     s.check_integrity()
     assert s.lookup(Req("a", list(range(8))), 0) == 0  # a reused id: not offloaded
     assert s.anomalies.counts[Anomaly.REUSED_REQUEST_ID] == 1
-    s.on_allocated(Req("a", list(range(8))), [3, 4], 0)  # ignored
+    s.on_allocated(Req("a", list(range(8))), ([3, 4],), 0)  # ignored
     s.on_preempted("a")  # ignored
     assert state.phase is Phase.FINISHING
     s.build_plan(StepInput())
@@ -404,7 +404,7 @@ def test_no_room_is_retried_in_a_later_step() -> None:
     plan = run_prefill(s, req, [3, 4])
     assert plan.stores == () and s.directory.stats.no_room == 1
     s.on_report(ok(hold.stores))
-    plan2 = s.build_plan(StepInput((ScheduledRequest("b", 8, 1, (), False),)))
+    plan2 = s.build_plan(StepInput((ScheduledRequest("b", 8, 1, ((),), False),)))
     assert [len(j.keys) for j in plan2.stores] == [2]  # evicts a's READY chunks now
     s.check_integrity()
 
@@ -414,12 +414,12 @@ def test_an_allocation_the_lookup_did_not_offer_is_an_anomaly_not_a_crash() -> N
     safely (nothing loaded, or the blocks reported invalid), never raised."""
     s, _ = make()
     nobody = Req("nobody", list(range(8)))
-    s.on_allocated(nobody, [1, 2], 4)  # never looked up: admitted, nothing loaded
+    s.on_allocated(nobody, ([1, 2],), 4)  # never looked up: admitted, nothing loaded
     state = s.state_of("nobody")
-    assert state is not None and state.phase is Phase.RUNNING and state.block_ids == [1, 2]
+    assert state is not None and state.phase is Phase.RUNNING and state.blocks[0] == [1, 2]
     a = Req("a", list(range(8)))
     s.lookup(a, 0)
-    s.on_allocated(a, [3, 4], 8)  # lookup offered 0
+    s.on_allocated(a, ([3, 4],), 8)  # lookup offered 0
     assert s.build_plan(StepInput()).loads == ()
     assert s.anomalies.counts == {Anomaly.EXTERNAL_TOKENS: 2}
     s.check_integrity()
@@ -430,7 +430,7 @@ def test_a_load_of_other_than_the_offered_tokens_reports_its_blocks_invalid() ->
     store_prompt(s, Req("a", list(range(12))), [1, 2, 3])
     b = Req("b", list(range(12)))
     assert s.lookup(b, 0) == 12
-    s.on_allocated(b, [4, 5, 6], 8)  # the engine takes less than offered
+    s.on_allocated(b, ([4, 5, 6],), 8)  # the engine takes less than offered
     (load,) = s.build_plan(StepInput()).loads
     assert load.keys == () and load.invalid_blocks == (4, 5)
     assert s.directory.pinned_count == 0
@@ -445,9 +445,9 @@ def test_a_store_never_reads_the_null_block_or_a_block_twice() -> None:
     s, _ = make(null_block=0)
     req = Req("a", list(range(16)))
     assert s.lookup(req, 0) == 0
-    s.on_allocated(req, [5, 0, 6, 6], 0)
+    s.on_allocated(req, ([5, 0, 6, 6],), 0)
     req.num_computed_tokens = 16
-    plan = s.build_plan(StepInput((ScheduledRequest("a", 0, 16, (5, 0, 6, 6), True),)))
+    plan = s.build_plan(StepInput((ScheduledRequest("a", 0, 16, ((5, 0, 6, 6),), True),)))
     (store,) = plan.stores
     assert store.block_ids == (5,)  # chunk 1 (null block) and after: not stored
     assert s.anomalies.counts == {Anomaly.NULL_BLOCK: 1}

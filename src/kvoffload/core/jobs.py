@@ -12,7 +12,10 @@ Chunk ``i`` of a job lives in host slot ``slots[i]`` and spans ``blocks_per_chun
 start inside its first chunk: ``skip_blocks`` (0 <= skip < k) leading blocks of
 chunk 0 are already computed by the engine and are not written, so block
 ``block_ids[m]`` receives block ``(m + skip_blocks) % k`` of chunk
-``(m + skip_blocks) // k``. Stores always have ``skip_blocks == 0``.
+``(m + skip_blocks) // k``. Stores always have ``skip_blocks == 0``. A load's
+block id may be :data:`NO_BLOCK`: that block of that chunk is not written (a hybrid
+model's load skips blocks the engine computed itself or that lie below a sliding
+window; such loads use ``skip_blocks == 0``). Stores never name it.
 
 A load may also name ``invalid_blocks``: engine blocks the engine expects this load
 to fill that kvoffload cannot supply (an anomaly, or offloading turned off after an
@@ -28,6 +31,9 @@ from dataclasses import dataclass, field
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.keys import ChunkKey
+
+NO_BLOCK = -1
+"""A load's placeholder block id: this block of the chunk is not moved."""
 
 
 class JobKind(enum.Enum):
@@ -71,6 +77,8 @@ class TransferJob:
             return
         if not 0 <= self.skip_blocks < k or (self.kind is JobKind.STORE and self.skip_blocks):
             raise ContractViolation(f"job {self.job_id}: skip_blocks {self.skip_blocks} invalid")
+        if self.kind is JobKind.STORE and NO_BLOCK in self.block_ids:
+            raise ContractViolation(f"job {self.job_id}: a store names no block")
         if len(self.block_ids) != k * len(self.slots) - self.skip_blocks:
             raise ContractViolation(
                 f"job {self.job_id}: {len(self.block_ids)} blocks for {len(self.slots)} "
@@ -83,7 +91,15 @@ class TransferJob:
         return [
             (self.slots[(m + skip) // k], (m + skip) % k, block)
             for m, block in enumerate(self.block_ids)
+            if block != NO_BLOCK
         ]
+
+    def moved_blocks(self) -> tuple[int, ...]:
+        """The engine blocks the job reads or writes (``block_ids`` without
+        :data:`NO_BLOCK`)."""
+        if NO_BLOCK not in self.block_ids:
+            return self.block_ids
+        return tuple(b for b in self.block_ids if b != NO_BLOCK)
 
 
 @dataclass(frozen=True)

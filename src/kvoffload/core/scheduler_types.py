@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvoffload.core.errors import ConfigError
+from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 
 
 class EngineRequest(Protocol):
@@ -54,17 +55,17 @@ RETRY_LATER = None
 class ScheduledRequest:
     """One request scheduled in this step.
 
-    ``block_ids``: blocks added to the request this step; when ``replace`` is true
-    (first schedule, or resumed after preemption) it is the request's whole
-    allocation, whose first ``num_computed_tokens // block_size`` blocks already
-    hold KV (prefix hits or loaded). Blocks past those are *fresh*: this step's
-    forward pass (or a load) writes them.
+    ``block_ids``: per KV cache group, the blocks added to the request this step;
+    when ``replace`` is true (first schedule, or resumed after preemption) it is the
+    request's whole allocation, whose first ``num_computed_tokens // block_size``
+    blocks already hold KV (prefix hits or loaded). Blocks past those are *fresh*:
+    this step's forward pass (or a load) writes them.
     """
 
     request_id: str
     num_computed_tokens: int
     num_scheduled_tokens: int
-    block_ids: tuple[int, ...] = ()
+    block_ids: tuple[tuple[int, ...], ...] = ()
     replace: bool = False
 
 
@@ -83,6 +84,9 @@ class SchedulerConfig:
     ``null_block``: the id of the engine's placeholder block, which never holds a
     request's KV (vLLM's block 0), or None. A chunk naming it is never stored or loaded.
 
+    ``kv_groups``: the engine's KV cache groups (:mod:`kvoffload.core.kv_groups`);
+    every request then has one block table per group.
+
     ``testing_disable_inflight_deferral`` exists only so the interleaving explorer
     can show that it finds the race this deferral prevents; never set it otherwise.
     """
@@ -94,6 +98,7 @@ class SchedulerConfig:
     max_deferral_steps: int = 500
     max_deferral_seconds: float = 5.0
     null_block: int | None = None
+    kv_groups: KVGroups = ONE_GROUP
     testing_disable_inflight_deferral: bool = False
 
     def __post_init__(self) -> None:

@@ -1,7 +1,9 @@
 """Random-weight checkpoints written locally, for tests and demos (no hub access).
 
-Llama-shaped, or Mistral-shaped with a sliding window on every layer
-(``architecture="mistral"``).
+Llama-shaped, Mistral-shaped with a sliding window on every layer
+(``architecture="mistral"``), or Gemma-3-shaped with sliding-window and
+full-attention layers mixed (``architecture="gemma3"``, a hybrid model: vLLM's
+hybrid KV cache manager gives it several KV cache groups).
 
 ``ensure_model(preset)`` returns the directory of a Hugging Face checkpoint
 (``config.json`` + ``model.safetensors``) that vLLM and transformers can load. The
@@ -32,7 +34,11 @@ _MARKER = "kvoffload-model.json"
 @dataclass(frozen=True)
 class ModelPreset:
     """Shape of a random model. ``dtype`` is the checkpoint and config dtype;
-    ``sliding_window`` (mistral only) is every layer's attention window in tokens."""
+    ``sliding_window`` is the attention window in tokens of every layer (mistral) or
+    of the ``sliding_attention`` layers (gemma3, whose ``full_every`` th layer is
+    full attention). Gemma-3-shaped weights get random norm scales as well: with
+    the library's initialisation such a tiny model repeats one token, which would
+    make comparisons of its outputs blind."""
 
     name: str
     vocab_size: int
@@ -45,8 +51,9 @@ class ModelPreset:
     tie_word_embeddings: bool
     dtype: str = "float32"
     seed: int = 0
-    architecture: str = "llama"  # "llama" | "mistral"
+    architecture: str = "llama"  # "llama" | "mistral" | "gemma3"
     sliding_window: int | None = None
+    full_every: int = 6  # gemma3: layers 6, 12, ... are full attention (5:1)
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -82,6 +89,18 @@ PRESETS: dict[str, ModelPreset] = {
 # The tiny shape as a Mistral-style model: every layer a 64-token sliding window.
 PRESETS["tiny-swa"] = replace(
     PRESETS["tiny"], name="tiny-swa", architecture="mistral", sliding_window=64
+)
+# Gemma-3-style hybrid: five 64-token sliding-window layers to one full-attention layer.
+PRESETS["tiny-gemma3"] = replace(
+    PRESETS["tiny"],
+    name="tiny-gemma3",
+    architecture="gemma3",
+    num_hidden_layers=6,
+    sliding_window=64,
+)
+# The demo's size as a Gemma-3-style hybrid (10 window layers, 2 full).
+PRESETS["demo-gemma3"] = replace(
+    PRESETS["demo"], name="demo-gemma3", architecture="gemma3", sliding_window=512
 )
 
 
@@ -145,18 +164,41 @@ def _preset(name: str) -> ModelPreset:
         raise ValueError(f"preset: unknown {name!r}; accepted: {sorted(PRESETS)}") from None
 
 
+def _architecture_args(spec: ModelPreset) -> dict[str, object]:
+    """The config arguments that set the architecture apart."""
+    if spec.architecture != "gemma3":
+        return {} if spec.sliding_window is None else {"sliding_window": spec.sliding_window}
+    layer_types = [
+        "full_attention" if (i + 1) % spec.full_every == 0 else "sliding_attention"
+        for i in range(spec.num_hidden_layers)
+    ]
+    return {
+        "sliding_window": spec.sliding_window,
+        "layer_types": layer_types,
+        "head_dim": spec.hidden_size // spec.num_attention_heads,
+        "initializer_range": 0.1,
+    }
+
+
 def _write(spec: ModelPreset, path: Path) -> None:
     """Build the seeded random model and save it into ``path`` (marker last)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+    )
 
     config_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
+        "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     }[spec.architecture]
-    window = {} if spec.sliding_window is None else {"sliding_window": spec.sliding_window}
     config = config_cls(
-        **window,
+        **_architecture_args(spec),
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -174,6 +216,11 @@ def _write(spec: ModelPreset, path: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = model_cls(config).to(dtype)  # type: ignore[no-untyped-call]
+        if spec.architecture == "gemma3":
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if "norm" in name:
+                        param.normal_(0.0, 1.0)
     model.config.dtype = spec.dtype
     model.save_pretrained(path)
     (path / _MARKER).write_text(json.dumps(asdict(spec), indent=2, sort_keys=True))

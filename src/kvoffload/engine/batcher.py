@@ -141,7 +141,7 @@ class Batcher:
         req.num_computed_tokens = local
         req.whole_allocation_next = True
         if self.scheduler is not None:
-            self.scheduler.on_allocated(req, req.block_ids, external)
+            self.scheduler.on_allocated(req, (req.block_ids,), external)  # one KV cache group
         if not external:
             return _Admission.ADMITTED
         req.status = Status.WAITING_FOR_LOAD
@@ -171,7 +171,7 @@ class Batcher:
             req.request_id,
             req.num_computed_tokens,
             n_new,
-            tuple(req.block_ids) if whole else tuple(new),
+            (tuple(req.block_ids) if whole else tuple(new),),
             replace=whole,
         )
         req.num_computed_tokens += n_new

@@ -31,9 +31,13 @@ depend on ``num_blocks``, on where the tensors live, on their names, or on
 ``blocks_per_chunk``; it becomes ``Namespace.layout``.
 
 Ownership: the layout only views the engine's tensors; the engine owns them and must
-keep them alive (and in place) as long as the layout is used. Layers that share
-memory (KV sharing between layers) are simply stored twice and loaded twice with the
-same bytes.
+keep them alive (and in place) as long as the layout is used. A layer whose tensor
+is exactly another layer's (same storage, offset, shape, strides and dtype) adds no
+page view: vLLM's hybrid KV cache manager gives one layer of every KV cache group
+the same tensor (a block belongs to one group at a time, so block ``b``'s bytes are
+the same memory whichever group holds it), and KV sharing between layers does the
+same. Such aliases are named in the digest (``alias=<layer index>``), so a layout
+with aliases never reads chunks written without them.
 """
 
 from __future__ import annotations
@@ -148,10 +152,19 @@ def register_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -
         )
     views: list[_PageView] = []
     lines = [LAYOUT_FORMAT, f"layers={len(kv_caches)}"]
-    for name, tensor in kv_caches.items():
+    seen: dict[tuple[object, ...], int] = {}
+    unique = 0
+    for index, (name, tensor) in enumerate(kv_caches.items()):
+        identity = _identity(tensor)
+        if identity is not None and identity in seen:
+            lines.append(f"alias={seen[identity]}")
+            continue
+        if identity is not None:
+            seen[identity] = index
         layer_views, line = _layer_views(name, tensor, num_blocks)
         views.extend(layer_views)
         lines.append(line)
+        unique += 1
     word = _word_dtype(views)
     groups = _merge_groups(views, word, num_blocks)
     return KVLayout(
@@ -159,9 +172,17 @@ def register_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -
         word=word,
         groups=groups,
         block_words=sum(g.record_words for g in groups),
-        num_layers=len(kv_caches),
+        num_layers=unique,
         description="\n".join(lines),
     )
+
+
+def _identity(t: object) -> tuple[object, ...] | None:
+    """What makes two layer tensors the same memory (None: not a tensor; the view
+    check reports it)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype)
 
 
 def _layer_views(name: str, t: torch.Tensor, num_blocks: int) -> tuple[list[_PageView], str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import NO_BLOCK, JobKind, TransferJob
 
 Index = npt.NDArray[np.int64]
 
@@ -68,15 +68,19 @@ def plan_job(
         raise JobRejected(
             f"job {job.job_id}: blocks_per_chunk {k}, the worker's chunks hold {blocks_per_chunk}"
         )
+    moved = job.moved_blocks()
     _check_range(job, "slot", job.slots, num_slots)
-    _check_range(job, "block id", job.block_ids, num_blocks)
-    dest = job.slots if kind is JobKind.STORE else job.block_ids
+    _check_range(job, "block id", moved, num_blocks)
+    dest = job.slots if kind is JobKind.STORE else moved
     if len(set(dest)) != len(dest):
         name = "slot" if kind is JobKind.STORE else "block id"
         raise JobRejected(f"job {job.job_id}: a {name} is written twice")
     slots = np.fromiter(job.slots, dtype=np.int64, count=len(job.slots))
     blocks = np.fromiter(job.block_ids, dtype=np.int64, count=len(job.block_ids))
     pos = np.arange(job.skip_blocks, job.skip_blocks + len(blocks), dtype=np.int64)
+    if len(moved) != len(blocks):  # NO_BLOCK entries: not moved
+        keep = blocks != NO_BLOCK
+        blocks, pos = blocks[keep], pos[keep]
     rows = slots[pos // k] * k + pos % k
     breaks = np.flatnonzero(np.diff(rows) != 1) + 1
     bounds = np.concatenate(([0], breaks, [len(rows)])).astype(np.int64)

@@ -97,3 +97,17 @@ def test_unsupported_layouts_are_config_errors(
     with pytest.raises(ConfigError, match=words) as info:
         register_kv_caches(caches, num_blocks)
     assert info.value.field == field
+
+
+def test_layers_aliasing_one_tensor_add_no_pages() -> None:
+    """vLLM's hybrid KV cache manager gives one layer of every KV cache group the
+    same tensor: its blocks are registered once, and the digest names the aliases."""
+    engine = vllm_cpu(10, layers=2)
+    first, second = engine.caches.values()
+    hybrid = {"g0.l0": first, "g1.l0": first, "g0.l1": second, "g1.l1": second}
+    layout = register_kv_caches(hybrid, 10)
+    plain = register_kv_caches(engine.caches, 10)
+    assert layout.num_layers == 2
+    assert layout.block_bytes == plain.block_bytes
+    assert "alias=0" in layout.description and "alias=2" in layout.description
+    assert layout.digest != plain.digest

@@ -95,7 +95,7 @@ def test_failing_copy_is_a_failed_result_and_others_are_intact() -> None:
     [
         (job(1, STORE, [SLOTS], [0, 1], K), f"slot {SLOTS} out of range"),
         (job(1, STORE, [0], [0, N], K), f"block id {N} out of range"),
-        (job(1, LOAD, [0], [-1, 3], K), "block id -1 out of range"),
+        (job(1, LOAD, [0], [-2, 3], K), "block id -2 out of range"),  # -1 is NO_BLOCK
         (job(1, STORE, [0, 0], [0, 1, 2, 3], K), "slot is written twice"),
         (job(1, LOAD, [0, 1], [5, 6, 7, 5], K), "block id is written twice"),
         (job(1, STORE, [0], [0, 1, 2], 3), "blocks_per_chunk 3"),

@@ -9,7 +9,9 @@ Enable with::
 
 One class, two roles: in the scheduler process it wraps kvoffload's scheduler half
 (:class:`SchedulerSide`), in each worker the worker half (:class:`WorkerSide`).
-kvoffload is a best-effort cache: ``request_finished`` never holds blocks, a
+kvoffload is ``SupportsHMA``: vLLM keeps its hybrid KV cache manager on, with one
+block table per KV cache group (full attention and sliding windows; see
+``geometry.py``). It is a best-effort cache: ``request_finished`` never holds blocks, a
 preempted request is recomputed rather than waited for, and a failed load is
 recomputed (the connector sets ``kv_load_failure_policy`` to ``recompute``).
 Invalid ``kv_connector_extra_config`` fails the engine at start-up with a
@@ -41,6 +43,7 @@ from kvoffload.adapters.vllm.compat import (
     KVConnectorWorkerMetadata,
     Request,
     SchedulerOutput,
+    SupportsHMA,
     VllmConfig,
 )
 from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
@@ -55,7 +58,7 @@ from kvoffload.core.errors import ConfigError
 logger = logging.getLogger("kvoffload")
 
 
-class KVOffloadConnector(KVConnectorBase_V1):
+class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.HOST
 
     def __init__(
@@ -115,6 +118,14 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        self._sched().request_finished(request)
+        return False, None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """vLLM's hybrid KV cache manager (HMA) calls this instead of
+        ``request_finished``: the same for every KV cache group (blocks never held)."""
         self._sched().request_finished(request)
         return False, None
 

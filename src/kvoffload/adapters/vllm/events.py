@@ -17,6 +17,10 @@ left host memory and disk; Redis evicts silently, so Redis never sends removals 
 does not keep records alive. A chunk stored by another instance and never planned
 here has no record; its events are skipped (counted in ``unknown``).
 
+Hybrid models (several KV cache groups): a chunk is one group's, and its events
+carry vLLM's ``group_idx`` and the group's kind (``full_attention`` or
+``sliding_window`` with its window), as vLLM's own events do.
+
 Memory: one record per chunk held in host memory or on disk (its hashes and token
 ids as compact arrays). Only built when vLLM's KV events are enabled.
 """
@@ -32,6 +36,7 @@ from kvoffload.adapters.vllm.compat import BlockRemoved, BlockStored, KVCacheEve
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.jobs import TransferJob
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 
 MEDIUM = {"host": "CPU", "disk": "STORAGE", "redis": "STORAGE"}
 LOCALITY = {"host": "LOCAL", "disk": "LOCAL", "redis": "REMOTE"}
@@ -43,6 +48,7 @@ class _Chunk:
     hashes: tuple[bytes, ...]
     parent: bytes | None
     tokens: array[int]
+    group: int = 0
     held: set[str] = field(default_factory=set)
 
 
@@ -50,8 +56,13 @@ class EventTranslator:
     """Owned by the scheduler side; not thread-safe (the caller serializes)."""
 
     def __init__(
-        self, hash_block_size: int, hashes_per_chunk: int, convert: Callable[[Any], Any]
+        self,
+        hash_block_size: int,
+        hashes_per_chunk: int,
+        convert: Callable[[Any], Any],
+        groups: KVGroups = ONE_GROUP,
     ) -> None:
+        self.groups = groups
         self.hash_block_size = hash_block_size
         self.hashes_per_chunk = hashes_per_chunk
         self._convert = convert  # vLLM's maybe_convert_block_hash
@@ -72,18 +83,23 @@ class EventTranslator:
             if chain is None:
                 continue
             keys, request = chain
-            index = {k: i for i, k in enumerate(keys)}
+            index = {
+                self.groups.key(k, g): (i, g)
+                for i, k in enumerate(keys)
+                for g in range(len(self.groups))
+            }
             hashes: Sequence[bytes] = getattr(request, "block_hashes", ())
             tokens: Sequence[int] = getattr(request, "all_token_ids", ())
             n, size = self.hashes_per_chunk, self.hash_block_size
             for key in job.keys:
-                i = index.get(key)
-                if i is None or key in self._chunks or len(hashes) < (i + 1) * n:
+                i, group = index.get(key, (-1, 0))
+                if i < 0 or key in self._chunks or len(hashes) < (i + 1) * n:
                     continue
                 self._chunks[key] = _Chunk(
                     tuple(hashes[i * n : (i + 1) * n]),
                     hashes[i * n - 1] if i else None,
                     array("q", tokens[i * n * size : (i + 1) * n * size]),
+                    group,
                 )
 
     def note_completed(self, jobs: Iterable[TransferJob]) -> None:
@@ -120,6 +136,7 @@ class EventTranslator:
                             lora_name=None,
                             locality=LOCALITY.get(tier),
                             ownership=f"kvoffload:{tier}",
+                            **self._group_fields(chunk.group, stored=True),
                         )
                     )
                 else:
@@ -130,6 +147,7 @@ class EventTranslator:
                             medium=MEDIUM.get(tier, "STORAGE"),
                             locality=LOCALITY.get(tier),
                             ownership=f"kvoffload:{tier}",
+                            **self._group_fields(chunk.group, stored=False),
                         )
                     )
                     if not chunk.held:
@@ -140,3 +158,17 @@ class EventTranslator:
                 del self._chunks[key]
         self._settled.clear()
         return out
+
+    def _group_fields(self, group: int, *, stored: bool) -> dict[str, Any]:
+        """vLLM's per-group event fields (none for a one-group model)."""
+        if self.groups.single:
+            return {}
+        if not stored:
+            return {"group_idx": group}
+        window = self.groups.groups[group].window
+        kind = "full_attention" if window is None else "sliding_window"
+        return {
+            "group_idx": group,
+            "kv_cache_spec_kind": kind,
+            "kv_cache_spec_sliding_window": window,
+        }

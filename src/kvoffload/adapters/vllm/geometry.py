@@ -5,6 +5,13 @@ slots and the namespace from the same inputs (``VllmConfig``, ``KVCacheConfig``,
 validated :class:`OffloadConfig`), so the slots the scheduler hands out exist in
 every worker's slab. Unsupported setups fail here, at engine start, with a
 :class:`ConfigError` that names the reason.
+
+KV cache groups (vLLM's hybrid KV cache manager): every group must be full attention
+(``FullAttentionSpec``, ``MLAAttentionSpec``) or a sliding window
+(``SlidingWindowSpec``), with one block size, one page size and one layer count
+(vLLM's uniform grouping), so a chunk of any group has the same size. Anything else
+(Mamba or linear-attention state, chunked local attention, ring buffers, groups of
+unequal size) is refused, naming the group and the model.
 """
 
 from __future__ import annotations
@@ -13,15 +20,18 @@ import hashlib
 from dataclasses import dataclass
 
 from kvoffload.adapters.vllm.compat import (
+    AttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     MLAAttentionSpec,
+    SlidingWindowSpec,
     VllmConfig,
 )
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
+from kvoffload.core.kv_groups import ONE_GROUP, KVGroup, KVGroups
 from kvoffload.core.scheduler_types import SchedulerConfig
 from kvoffload.tiers.disk import slot_bytes as disk_slot_bytes
 
@@ -37,6 +47,7 @@ class Geometry:
     num_slots: int
     namespace: Namespace
     disk_slots: int = 0  # chunks the disk tier holds (0: no disk tier)
+    kv_groups: KVGroups = ONE_GROUP
 
     @property
     def chunk_bytes(self) -> int:
@@ -55,6 +66,7 @@ class Geometry:
             hash_block_size=self.hash_block_size,
             max_deferral_steps=config.max_deferral_steps,
             max_deferral_seconds=config.max_deferral_seconds,
+            kv_groups=self.kv_groups,
         )
 
 
@@ -62,14 +74,14 @@ NULL_BLOCK = 0
 """vLLM's null block: the placeholder id in block tables (e.g. outside a sliding
 window) that never holds a request's KV."""
 
-SUPPORTED_SPECS = (FullAttentionSpec, MLAAttentionSpec)
+FULL_SPECS = (FullAttentionSpec, MLAAttentionSpec)
 """KV cache specs whose block table holds a real block for every computed token
 (vLLM's full-attention manager). Exact types: their subclasses manage blocks
-otherwise (sliding windows free blocks mid-request, rings reuse one block)."""
+otherwise (chunked local attention frees blocks, rings reuse one block)."""
 
 
 def describe_spec(spec: KVCacheSpec) -> str:
-    """The spec's type and the fields that make it unsupported, for error messages."""
+    """The spec's type and the fields that set it apart, for error messages."""
     extra = [
         f"{name}={getattr(spec, name)}"
         for name in ("sliding_window", "attention_chunk_size")
@@ -78,31 +90,50 @@ def describe_spec(spec: KVCacheSpec) -> str:
     return type(spec).__name__ + (f"({', '.join(extra)})" if extra else "")
 
 
-def check_kv_cache_groups(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
-    """Refuse (ConfigError) what kvoffload cannot serve correctly yet: more than one KV
-    cache group, or a group whose blocks are not kept for every token (sliding-window,
-    chunked-local, ring-buffer or state caches: vLLM puts its null block into their
-    block tables and frees blocks mid-request)."""
+def kv_groups_of(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> KVGroups:
+    """kvoffload's view of the engine's KV cache groups, or ConfigError for a group it
+    cannot serve (see the module docstring)."""
     groups = kv_cache_config.kv_cache_groups
-    specs = [g.kv_cache_spec for g in groups]
-    if len(groups) == 1 and type(specs[0]) in SUPPORTED_SPECS:
-        return
     model = vllm_config.model_config.model
-    raise ConfigError(
-        "kv_cache_groups",
-        f"kvoffload serves models with one full-attention KV cache group; {model} has "
-        f"{', '.join(describe_spec(spec) for spec in specs)}. Sliding-window and hybrid "
-        "models are not supported yet: serve this model without kvoffload",
-    )
+    out: list[KVGroup] = []
+    for index, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        if type(spec) in FULL_SPECS:
+            out.append(KVGroup())
+        elif type(spec) is SlidingWindowSpec:
+            out.append(KVGroup(window=spec.sliding_window + spec.extra_retained_tokens))
+        else:
+            raise ConfigError(
+                "kv_cache_groups",
+                f"kvoffload serves full-attention and sliding-window KV cache groups; "
+                f"group {index} of {model} is {describe_spec(spec)}: serve this model "
+                "without kvoffload",
+            )
+    first = groups[0]
+    shape = (first.kv_cache_spec.block_size, first.kv_cache_spec.page_size_bytes)
+    for index, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        if (spec.block_size, spec.page_size_bytes) != shape or len(group.layer_names) != len(
+            first.layer_names
+        ):
+            raise ConfigError(
+                "kv_cache_groups",
+                f"{model}: KV cache group {index} ({describe_spec(spec)}, "
+                f"{len(group.layer_names)} layers, block {spec.block_size}, page "
+                f"{spec.page_size_bytes} B) differs in size from group 0 "
+                f"({len(first.layer_names)} layers, block {shape[0]}, page {shape[1]} B); "
+                "kvoffload needs groups of one size",
+            )
+    return KVGroups(tuple(out))
 
 
 def derive_geometry(
     vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
 ) -> Geometry:
-    check_kv_cache_groups(vllm_config, kv_cache_config)
+    kv_groups = kv_groups_of(vllm_config, kv_cache_config)
     groups = kv_cache_config.kv_cache_groups
     spec = groups[0].kv_cache_spec
-    assert isinstance(spec, FullAttentionSpec)  # checked above
+    assert isinstance(spec, AttentionSpec)  # checked above
     block_size = spec.block_size
     hash_block_size = kv_cache_config.hash_block_size or block_size
     chunk_tokens = config.resolve_chunk_tokens(block_size)
@@ -125,17 +156,18 @@ def derive_geometry(
             f"invalid value {config.cpu_bytes}; accepted: at least one chunk per worker, "
             f"{chunk_bytes * world_size} bytes here ({world_size} workers x {chunk_bytes})",
         )
-    layers = sorted(groups[0].layer_names)
+    # One group: its layers; several: which layers each group's chunks hold.
+    layers = [sorted(g.layer_names) for g in groups]
     layout = hashlib.blake2b(
         repr(
             (
-                type(spec).__name__,
+                type(spec).__name__ if kv_groups.single else kv_groups.describe(),
                 block_size,
                 getattr(spec, "num_kv_heads", None),
                 getattr(spec, "head_size", None),
                 str(spec.dtype),
                 spec.page_size_bytes,
-                layers,
+                layers[0] if kv_groups.single else layers,
                 bytes_per_block,
             )
         ).encode(),
@@ -168,4 +200,5 @@ def derive_geometry(
         num_slots=num_slots,
         namespace=namespace,
         disk_slots=disk_slots,
+        kv_groups=kv_groups,
     )

@@ -54,7 +54,7 @@ class Guard:
         except Exception:  # the half may be broken: owe what we can
             loads = []
         for job in loads:
-            self.owe(job.request_id, job.block_ids or job.invalid_blocks)
+            self.owe(job.request_id, job.moved_blocks() or job.invalid_blocks)
 
     def owe(self, request_id: str, blocks: Sequence[int]) -> None:
         """vLLM waits for a load into ``blocks`` that will not happen: fail them."""

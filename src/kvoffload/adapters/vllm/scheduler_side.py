@@ -19,7 +19,7 @@ from kvoffload.adapters.vllm.compat import (
     maybe_convert_block_hash,
 )
 from kvoffload.adapters.vllm.events import EventTranslator
-from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
+from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.startup import probe_redis, scheduler_summary
@@ -31,6 +31,7 @@ from kvoffload.core.jobs import StepPlan
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.metrics_view import MetricsReading, Series, read_metrics
 from kvoffload.core.scheduler import OffloadScheduler
+from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering import LowerTier
 from kvoffload.tiers.disk_index import open_disk_tier
@@ -40,28 +41,32 @@ from kvoffload.tiers.redis_index import RedisIndex
 logger = logging.getLogger("kvoffload")
 
 
+def per_group(blocks: tuple[list[int], ...] | None) -> tuple[tuple[int, ...], ...]:
+    """vLLM's block ids per KV cache group as kvoffload's tuples (None: none)."""
+    return tuple(tuple(group) for group in blocks) if blocks else ()
+
+
 def step_input(output: SchedulerOutput) -> StepInput:
-    """kvoffload's view of one vLLM scheduling step (single KV cache group)."""
+    """kvoffload's view of one vLLM scheduling step (every KV cache group)."""
     counts = output.num_scheduled_tokens
     scheduled = [
         ScheduledRequest(
             new.req_id,
             new.num_computed_tokens,
             counts.get(new.req_id, 0),
-            tuple(new.block_ids[0]) if new.block_ids else (),
+            per_group(new.block_ids),
             replace=True,
         )
         for new in output.scheduled_new_reqs
     ]
     cached = output.scheduled_cached_reqs
     for i, request_id in enumerate(cached.req_ids):
-        blocks = cached.new_block_ids[i]
         scheduled.append(
             ScheduledRequest(
                 request_id,
                 cached.num_computed_tokens[i],
                 counts.get(request_id, 0),
-                tuple(blocks[0]) if blocks else (),
+                per_group(cached.new_block_ids[i]),
                 replace=request_id in cached.resumed_req_ids,
             )
         )
@@ -116,7 +121,7 @@ class SchedulerSide:
         if events is not None and events.enable_kv_cache_events:
             sc = self.scheduler.config
             self.events = EventTranslator(
-                sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash
+                sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash, sc.kv_groups
             )
         self.config = config
         self.guard = Guard(self.scheduler)
@@ -155,7 +160,7 @@ class SchedulerSide:
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        block_ids = blocks.get_block_ids()[0]
+        block_ids = blocks.get_block_ids()
         with self.lock:
             if not self.guard.off:
                 try:
@@ -164,7 +169,8 @@ class SchedulerSide:
                 except Exception as exc:
                     self.guard.trip("update_state_after_alloc", exc)
             if num_external_tokens:
-                self.guard.owe(request.request_id, block_ids)
+                owed = [b for b in flat(block_ids) if b != NULL_BLOCK]
+                self.guard.owe(request.request_id, owed)
 
     def build_connector_meta(self, output: SchedulerOutput) -> PlanMetadata:
         with self.lock:

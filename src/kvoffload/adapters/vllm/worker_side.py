@@ -180,7 +180,7 @@ class WorkerSide:
             loaded.add(job.request_id)
             self._invalid_blocks.update(job.invalid_blocks)
             if not result.success:
-                self._invalid_blocks.update(job.block_ids)
+                self._invalid_blocks.update(job.moved_blocks())
         return None, loaded or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:

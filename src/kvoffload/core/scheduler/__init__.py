@@ -5,9 +5,10 @@ calls, in each scheduling pass:
 
 1. ``lookup(request, num_computed_tokens)`` for waiting requests: tokens loadable past
    the engine's own prefix hit, or :data:`RETRY_LATER`;
-2. ``on_allocated(request, block_ids, num_external_tokens)`` once blocks are
-   allocated (emits one load job when ``num_external_tokens > 0``); the engine has
-   the last word: every request it allocates for is tracked, whatever lookup said;
+2. ``on_allocated(request, blocks, num_external_tokens)`` once blocks are
+   allocated (one block list per KV cache group; emits one load job when
+   ``num_external_tokens > 0``); the engine has the last word: every request it
+   allocates for is tracked, whatever lookup said;
 3. ``on_finished(request_id)`` / ``on_aborted`` when a request ends (its blocks are
    freed at once; final stores are planned from them and fenced);
 4. ``build_plan(StepInput)`` at the end of the pass: the :class:`StepPlan` for every

@@ -12,9 +12,8 @@ anomaly whose blocks are reported invalid, so the engine recomputes them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from kvoffload.core.anomalies import Anomaly
+from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.loads import LoadPlanner
 from kvoffload.core.scheduler.request_state import Phase, RequestState
@@ -33,7 +32,7 @@ class Allocations:
         self.builder = builder
 
     def on_allocated(
-        self, request: EngineRequest, block_ids: Sequence[int], num_external_tokens: int
+        self, request: EngineRequest, blocks: GroupBlocks, num_external_tokens: int
     ) -> None:
         """See the module docstring."""
         state = self.requests.get(request.request_id)
@@ -51,23 +50,21 @@ class Allocations:
                 "allocated, none offered; nothing loaded",
             )
         if hit is None and state.phase in (Phase.RUNNING, Phase.LOADING):
-            state.block_ids = list(block_ids)  # resumed after its load: same admission
+            state.blocks.replace(blocks)  # resumed after its load: same admission
             return
-        self._admit(state, local + num_external_tokens, block_ids)
+        self._admit(state, local + num_external_tokens, blocks)
         if not (num_external_tokens and offered):
             state.move(Phase.RUNNING)
             return
-        job = self.loads.plan(
-            state, local, num_external_tokens, offered=offered, block_ids=block_ids
-        )
+        job = self.loads.plan(state, local, num_external_tokens, offered=offered, blocks=blocks)
         self.builder.add_load(job)
         state.move(Phase.LOADING)
 
-    def _admit(self, state: RequestState, hit_tokens: int, block_ids: Sequence[int]) -> None:
+    def _admit(self, state: RequestState, hit_tokens: int, blocks: GroupBlocks) -> None:
         """Admission bookkeeping: recency of the hit, reuse counts, the end of any
         deferral, a fresh store cursor and the full block list."""
         keys = state.keys.extend(state.request.block_hashes)
         self.directory.touch(keys[: hit_tokens // self.config.chunk_tokens])
         self.directory.record_lookups(keys)
         self.deferral.end(state)
-        state.admit(block_ids)
+        state.admit(blocks)

@@ -14,6 +14,7 @@ from kvoffload.core.jobs import StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
 from kvoffload.core.metrics import MetricsRecorder
 from kvoffload.core.scheduler.allocations import Allocations
+from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.checks import verify_scheduler
 from kvoffload.core.scheduler.completions import Completions
 from kvoffload.core.scheduler.context import Context
@@ -65,7 +66,9 @@ class OffloadScheduler:
         self.anomalies = AnomalyLog()
         self._new_epoch = new_epoch
         self._tracker = JobTracker(config.world_size)
-        self.requests = RequestTable(namespace, config.hashes_per_chunk, self._tracker)
+        self.requests = RequestTable(
+            namespace, config.hashes_per_chunk, self._tracker, len(config.kv_groups)
+        )
         self.deferral = DeferralClock(config, self.stats, self.metrics, clock)
         ctx = Context(
             config, directory, self.tiers, self.requests, self.deferral, self.stats, self.anomalies
@@ -119,17 +122,17 @@ class OffloadScheduler:
         elif state.phase is Phase.RUNNING:
             self.on_preempted(request.request_id)  # only a preempted request is re-looked-up
         state.request = request
-        state.block_ids.clear()
+        state.blocks.clear()
         state.lookup_hit = None
         return self.loads.answer(state, request, num_computed_tokens)
 
     # -------------------------------------------------------------- allocation
 
     def on_allocated(
-        self, request: EngineRequest, block_ids: Sequence[int], num_external_tokens: int
+        self, request: EngineRequest, blocks: GroupBlocks, num_external_tokens: int
     ) -> None:
-        """The engine allocated ``block_ids`` (the request's whole allocation) and will
-        load ``num_external_tokens`` into them.
+        """The engine allocated ``blocks`` (the request's whole allocation, one block
+        list per KV cache group) and will load ``num_external_tokens`` into them.
 
         The engine has the last word: whatever lookup answered, the request is tracked
         from here with its full block list. After a lookup this is an admission: a hit
@@ -138,7 +141,7 @@ class OffloadScheduler:
         list is refreshed. Never raises on surprising input: an allocation of another
         hit than offered, or a load into the null block or a block named twice, is an
         anomaly whose blocks are reported invalid, so the engine recomputes them."""
-        self.allocations.on_allocated(request, block_ids, num_external_tokens)
+        self.allocations.on_allocated(request, blocks, num_external_tokens)
 
     # ------------------------------------------------------------ end of a request
 

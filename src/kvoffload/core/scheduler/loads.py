@@ -10,14 +10,16 @@ their docstrings name).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import NO_BLOCK, JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.group_chunks import Entry, load_entries, readable_chunks
 from kvoffload.core.scheduler.job_tracker import Completion
 from kvoffload.core.scheduler.request_state import PromotionWish, RequestState
 from kvoffload.core.scheduler.stores import check_blocks
@@ -73,16 +75,21 @@ class LoadPlanner:
         if state.load_failed or not keys:
             state.lookup_hit = local_only
             return 0
-        readable = self.directory.readable_prefix(keys)
+        groups = self.config.kv_groups
+        readable = readable_chunks(
+            self.directory, groups, keys, num_computed_tokens // chunk, chunk
+        )
         if readable < len(keys) and readable * chunk >= num_computed_tokens:
+            ahead = [groups.key(key, g) for key in keys[readable:] for g in range(len(groups))]
             reason, wished = next_chunks_wait(
                 state,
-                keys,
+                ahead,
                 readable,
                 num_computed_tokens,
                 directory=self.directory,
                 tiers=self.tiers,
                 chunk_tokens=chunk,
+                per_chunk=len(groups),
             )
             if wished:
                 self.wished.append(state.request_id)
@@ -106,7 +113,7 @@ class LoadPlanner:
         external: int,
         *,
         offered: int,
-        block_ids: Sequence[int],
+        blocks: GroupBlocks,
     ) -> TransferJob:
         """The load of an admitted hit, tracked on the request (see
         :func:`plan_load_job`)."""
@@ -115,7 +122,7 @@ class LoadPlanner:
             local,
             external,
             offered=offered,
-            block_ids=block_ids,
+            blocks=blocks,
             config=self.config,
             directory=self.directory,
             new_id=self.requests.tracker.new_id,
@@ -144,34 +151,37 @@ class LoadPlanner:
 
 def next_chunks_wait(
     state: RequestState,
-    keys: list[ChunkKey],
+    ahead: list[ChunkKey],
     readable: int,
     local: int,
     *,
     directory: Directory,
     tiers: TierPlanner,
     chunk_tokens: int,
+    per_chunk: int = 1,
 ) -> tuple[Deferral | None, bool]:
-    """Whether the chunks after the readable prefix are worth waiting for: a host
-    store of the next one is in flight, or a lower tier holds the next ones (their
-    promotion is then wished in ``state.promotion``, for the next plan). Returns the
-    reason to wait (None: do not) and whether the promotion wish is new."""
+    """Whether the chunks after the readable prefix (``readable`` chunks) are worth
+    waiting for: a host store of the next one is in flight, or a lower tier holds the
+    next ones (their promotion is then wished in ``state.promotion``, for the next
+    plan). ``ahead`` are the keys after the prefix, ``per_chunk`` per chunk (one per
+    KV cache group). Returns the reason to wait (None: do not) and whether the
+    promotion wish is new."""
     if state.no_promotion:
         return None, False
-    if directory.state_of(keys[readable]) is ChunkState.STORING:
+    if any(directory.state_of(key) is ChunkState.STORING for key in ahead[:per_chunk]):
         return Deferral.PENDING, False
     if not tiers:
         return None, False
-    found = tiers.find_below(keys[readable:], allowed=state.controls.may_promote_from)
+    found = tiers.find_below(ahead, allowed=state.controls.may_promote_from)
     if found is UNKNOWN:
         return Deferral.LOOKUP, False
     if not isinstance(found, Found):
         return None, False
-    tier, run = found.tier, found.run
+    tier, run = found.tier, found.run // per_chunk
     if (readable + run) * chunk_tokens - local < chunk_tokens:
         return None, False  # less than a chunk past the engine's own hit
     new = state.promotion is None
-    state.promotion = PromotionWish(tier.name, tuple(keys[readable : readable + run]))
+    state.promotion = PromotionWish(tier.name, tuple(ahead[: run * per_chunk]))
     return Deferral.PROMOTION, new
 
 
@@ -181,7 +191,7 @@ def plan_load_job(
     external: int,
     *,
     offered: int,
-    block_ids: Sequence[int],
+    blocks: GroupBlocks,
     config: SchedulerConfig,
     directory: Directory,
     new_id: Callable[[], int],
@@ -193,13 +203,18 @@ def plan_load_job(
     asked for another hit than ``offered`` or the blocks name the null block or a
     block twice."""
     chunk, block_size = config.chunk_tokens, config.block_size
-    first_block = local // block_size
-    blocks = tuple(block_ids[first_block : first_block - (-external // block_size)])
+    entries: list[Entry] = []
+    if config.kv_groups.single and not config.kv_groups.windowed:
+        first_block = local // block_size
+        moved = tuple(blocks[0][first_block : first_block - (-external // block_size)])
+    else:
+        entries = load_entries(state.blocks, state.keys.keys, local, local + external, config)
+        moved = tuple(b for e in entries for b in e.blocks if b != NO_BLOCK)
     problem: tuple[Anomaly, str] | None
     if external != offered:
         problem = (Anomaly.EXTERNAL_TOKENS, f"{external} external tokens, {offered} offered")
     else:
-        problem = check_blocks(blocks, config.null_block)
+        problem = check_blocks(moved, config.null_block)
     if problem is not None:
         kind, detail = problem
         anomalies.note(kind, f"load for request {state.request_id!r}: {detail}; recomputed")
@@ -212,7 +227,18 @@ def plan_load_job(
             slots=(),
             block_ids=(),
             blocks_per_chunk=config.blocks_per_chunk,
-            invalid_blocks=blocks,
+            invalid_blocks=moved,
+        )
+    if entries:
+        keys = [e.key for e in entries]
+        return TransferJob(
+            job_id=new_id(),
+            kind=JobKind.LOAD,
+            request_id=state.request_id,
+            keys=tuple(keys),
+            slots=directory.prepare_load(keys),
+            block_ids=tuple(b for e in entries for b in e.blocks),
+            blocks_per_chunk=config.blocks_per_chunk,
         )
     keys = state.keys.keys[local // chunk : (local + external) // chunk]
     return TransferJob(
@@ -221,7 +247,7 @@ def plan_load_job(
         request_id=state.request_id,
         keys=tuple(keys),
         slots=directory.prepare_load(keys),
-        block_ids=blocks,
+        block_ids=moved,
         blocks_per_chunk=config.blocks_per_chunk,
         skip_blocks=(local % chunk) // block_size,
     )

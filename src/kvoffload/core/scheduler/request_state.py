@@ -41,8 +41,9 @@ Owned and mutated only by the scheduler half; who writes what:
   :meth:`admit` and :meth:`rekey`; ``no_promotion``: set by the load planner, the
   tier moves and the completions, cleared by :meth:`admit`;
 - ``stored_chunks``: advanced by the store planner, reset by :meth:`admit`;
-- ``block_ids``: cleared at lookup and preemption, set by :meth:`admit` and the
-  step builder; ``computed_tokens``: the step builder (clamped at finish);
+- ``blocks`` (one table per KV cache group): cleared at lookup and preemption, set
+  by :meth:`admit` and the step builder; ``computed_tokens`` and
+  ``scheduled_from``: the step builder (``computed_tokens`` clamped at finish);
 - ``jobs``: added by :meth:`RequestTable.track`, removed by the completions;
 - ``lookup_hit``: written by lookup, taken by the allocation; ``load_failed``: the
   load planner and the completions; ``stale_kv``: :meth:`rekey` sets it,
@@ -52,7 +53,6 @@ Owned and mutated only by the scheduler half; who writes what:
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,6 +60,7 @@ from kvoffload.core.errors import IllegalTransition
 from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
 from kvoffload.core.request_controls import DEFAULT, RequestControls
+from kvoffload.core.scheduler.block_tables import BlockTables, GroupBlocks
 from kvoffload.core.scheduler_types import EngineRequest
 
 if TYPE_CHECKING:
@@ -113,14 +114,17 @@ class PromotionWish:
 class RequestState:
     """Everything the scheduler half knows about one request.
 
-    ``block_ids`` mirrors the engine's current allocation (cleared at preemption
-    and at every lookup). ``stored_chunks`` is the store cursor: chunks before it
-    were offered for storing in this admission. ``computed_tokens`` counts tokens
-    whose KV exists once the last scheduled step ran.
+    ``blocks`` mirrors the engine's current allocation, one table per KV cache
+    group (cleared at preemption and at every lookup). ``stored_chunks`` is the
+    store cursor: chunks before it were offered for storing in this admission.
+    ``computed_tokens`` counts tokens whose KV exists once the last scheduled step
+    ran; ``scheduled_from`` the tokens the engine counted computed when it last
+    scheduled the request (a window group's blocks below its window for that count
+    may have been freed).
     """
 
     __slots__ = (
-        "block_ids",
+        "blocks",
         "computed_tokens",
         "controls",
         "deferred",
@@ -132,6 +136,7 @@ class RequestState:
         "phase",
         "promotion",
         "request",
+        "scheduled_from",
         "stale_kv",
         "stored_chunks",
     )
@@ -143,14 +148,17 @@ class RequestState:
         hashes_per_chunk: int,
         epoch: bytes = b"",
         controls: RequestControls = DEFAULT,
+        *,
+        groups: int = 1,
     ):
         self.request = request
         self.controls = controls  # what the request lets kvoffload do (request_controls.py)
         self.phase = Phase.WAITING
         self.keys = KeyChain(namespace, hashes_per_chunk, epoch)
-        self.block_ids: list[int] = []
+        self.blocks = BlockTables(groups)
         self.stored_chunks = 0
         self.computed_tokens = 0
+        self.scheduled_from = 0
         self.jobs: dict[int, TransferJob] = {}
         self.lookup_hit: tuple[int, int] | None = None  # (local tokens, external tokens)
         self.deferred: Deferred | None = None  # written only by the DeferralClock
@@ -197,14 +205,14 @@ class RequestState:
         self.promotion = None
         self.stale_kv = True
 
-    def admit(self, block_ids: Sequence[int]) -> None:
+    def admit(self, blocks: GroupBlocks) -> None:
         """The engine admitted the request (an allocation after a lookup) with
-        ``block_ids``, its whole allocation: a fresh store cursor, no promotion wished
-        or refused, its KV computed (or loaded) afresh from here. The caller ends the
-        deferral (:meth:`DeferralClock.end`) and moves the phase (RUNNING or
+        ``blocks``, its whole allocation (per KV cache group): a fresh store cursor,
+        no promotion wished or refused, its KV computed (or loaded) afresh from here.
+        The caller ends the deferral (:meth:`DeferralClock.end`) and moves the phase (RUNNING or
         LOADING)."""
         self.stored_chunks = 0
         self.promotion = None
         self.no_promotion = False
         self.stale_kv = False
-        self.block_ids = list(block_ids)
+        self.blocks.replace(blocks)

@@ -22,8 +22,11 @@ from kvoffload.core.scheduler_types import EngineRequest
 
 
 class RequestTable:
-    def __init__(self, namespace: Namespace, hashes_per_chunk: int, tracker: JobTracker) -> None:
+    def __init__(
+        self, namespace: Namespace, hashes_per_chunk: int, tracker: JobTracker, groups: int = 1
+    ) -> None:
         self.namespace = namespace
+        self.groups = groups  # KV cache groups: one block table each
         self.hashes_per_chunk = hashes_per_chunk
         self.tracker = tracker
         self.param_errors = ParamErrorLog()
@@ -37,7 +40,9 @@ class RequestTable:
         controls, refused = parse_controls(getattr(request, "kv_transfer_params", None))
         if refused is not None:
             self.param_errors.note(request.request_id, refused)
-        state = RequestState(request, self.namespace, self.hashes_per_chunk, self.epoch, controls)
+        state = RequestState(
+            request, self.namespace, self.hashes_per_chunk, self.epoch, controls, groups=self.groups
+        )
         self._states[request.request_id] = state
         return state
 

@@ -47,7 +47,7 @@ class StepBuilder:
 
     def add_load(self, job: TransferJob) -> None:
         self.pending_loads.append(job)
-        self._fresh_blocks.update(job.block_ids or job.invalid_blocks)
+        self._fresh_blocks.update(job.moved_blocks() or job.invalid_blocks)
 
     def finishing(self, request_id: str) -> None:
         """A running request finished (now FINISHING): its final store goes into the
@@ -62,7 +62,7 @@ class StepBuilder:
         state = self.requests.get(request_id)
         if state is None or state.phase is not Phase.RUNNING:
             return
-        state.block_ids.clear()
+        state.blocks.clear()
         self._flush.update(state.store_ids())
         self.stats.preemptions += 1
         state.move(Phase.PREEMPTED_DRAINING if state.jobs else Phase.WAITING)
@@ -107,7 +107,8 @@ class StepBuilder:
                     self.requests.drop(state)
         wished, self.loads.wished = self.loads.wished, []
         promotions = self.moves.plan_promotions(wished)
-        flush = self.stores.flush_set(self._flush, self._fresh_blocks)
+        planned = {job.job_id for job in stores}
+        flush = self.stores.flush_set(self._flush, self._fresh_blocks, planned)
         plan = StepPlan(
             self.step,
             tuple(self.take_loads()),
@@ -122,13 +123,16 @@ class StepBuilder:
     def _scheduled(self, state: RequestState, sched: ScheduledRequest) -> None:
         """The engine runs the request this step: its blocks and computed tokens."""
         if sched.replace:
-            state.block_ids = list(sched.block_ids)
+            state.blocks.replace(sched.block_ids)
             held = sched.num_computed_tokens // self.config.block_size
-            self._fresh_blocks.update(sched.block_ids[held:])
+            for table in sched.block_ids:
+                self._fresh_blocks.update(table[held:])
         else:
-            state.block_ids.extend(sched.block_ids)
-            self._fresh_blocks.update(sched.block_ids)
+            state.blocks.extend(sched.block_ids)
+            for table in sched.block_ids:
+                self._fresh_blocks.update(table)
         state.computed_tokens = sched.num_computed_tokens + sched.num_scheduled_tokens
+        state.scheduled_from = sched.num_computed_tokens
         self.deferral.end(state)
         state.move(Phase.RUNNING)
 

@@ -17,6 +17,7 @@ from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.group_chunks import Entry, store_entries
 from kvoffload.core.scheduler.job_tracker import Completion, JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import SchedulerConfig
@@ -44,11 +45,14 @@ class StorePlanner:
         self.stats.stored_chunks += len(job.keys)
         return job
 
-    def flush_set(self, preempted: set[int], fresh_blocks: set[int]) -> set[int]:
+    def flush_set(self, preempted: set[int], fresh_blocks: set[int], planned: set[int]) -> set[int]:
         """The in-flight stores this step's workers must finish first: those of
-        preempted requests and those fenced by ``fresh_blocks``."""
+        preempted requests and those fenced by ``fresh_blocks`` (``planned``: the
+        stores this step planned)."""
         tracker = self.requests.tracker
-        flush = preempted | fenced_stores(tracker, self.requests.as_dict(), fresh_blocks)
+        states = self.requests.as_dict()
+        mine = planned if self.config.kv_groups.windowed else None
+        flush = preempted | fenced_stores(tracker, states, fresh_blocks, mine)
         if flush:
             flush &= {job.job_id for job in tracker.jobs() if job.kind is JobKind.STORE}
         self.stats.flushes += len(flush)
@@ -75,17 +79,22 @@ def check_blocks(blocks: Sequence[int], null_block: int | None) -> tuple[Anomaly
 
 
 def _storable_end(
-    state: RequestState, start: int, end: int, config: SchedulerConfig, anomalies: AnomalyLog
+    state: RequestState,
+    entries: list[Entry],
+    *,
+    start: int,
+    end: int,
+    config: SchedulerConfig,
+    anomalies: AnomalyLog,
 ) -> int:
-    """``end``, or the first chunk in ``[start, end)`` that names the null block or a
-    block named twice in that range (such a chunk is never stored)."""
-    k = config.blocks_per_chunk
-    blocks = state.block_ids[start * k : end * k]
+    """``end``, or the first chunk in ``[start, end)`` whose ``entries`` name the null
+    block or a block named twice in that range (such a chunk is never stored)."""
+    blocks = [b for e in entries for b in e.blocks]
     if check_blocks(blocks, config.null_block) is None:
         return end
     seen: set[int] = set()
     for i in range(start, end):
-        chunk_blocks = state.block_ids[i * k : (i + 1) * k]
+        chunk_blocks = [b for e in entries if e.chunk == i for b in e.blocks]
         problem = check_blocks(chunk_blocks, config.null_block)
         if problem is None and seen.isdisjoint(chunk_blocks):
             seen.update(chunk_blocks)
@@ -119,35 +128,41 @@ def plan_store_job(
     hashes = state.request.block_hashes
     keys = state.keys.extend(hashes)
     tokens = min(state.computed_tokens, len(hashes) * config.hash_tokens)
-    end = min(tokens // chunk, len(keys), len(state.block_ids) // k)
+    end = min(tokens // chunk, len(keys), state.blocks.num_blocks() // k)
     cap = state.controls.store_chunks(chunk)
     if cap is not None:
         end = min(end, cap)  # the request's store / max_store_tokens
     start = state.stored_chunks
     if end <= start:
         return None
-    usable = _storable_end(state, start, end, config, anomalies)
+    entries = store_entries(
+        state.blocks, keys, start, end, scheduled_from=state.scheduled_from, config=config
+    )
+    usable = _storable_end(state, entries, start=start, end=end, config=config, anomalies=anomalies)
     bad = usable if usable < end else None  # never stored: the cursor skips it
     end = usable
     if end <= start:
         if bad is not None:
             state.stored_chunks = bad + 1
         return None
-    prepared = directory.prepare_store(keys[start:end])
+    entries = [e for e in entries if e.chunk < end]
+    prepared = directory.prepare_store([e.key for e in entries])
     room = directory.free_slots + directory.evictable_count
     while prepared.no_room and room > 0:
         # Not everything fits: store the leading chunks that do (a prefix is what a
         # later request can use); the rest is offered again next step.
-        end = start + min(room, end - start - 1)
+        cut = min(room, len(entries) - 1)
+        end = entries[cut].chunk if cut > 0 else start
+        entries = [e for e in entries if e.chunk < end]
         room //= 2
-        prepared = directory.prepare_store(keys[start:end])
+        prepared = directory.prepare_store([e.key for e in entries])
     if prepared.no_room:
         return None
     state.stored_chunks = end + 1 if end == bad else end
     if not prepared.keys:
         return None
-    position = {key: start + i for i, key in enumerate(keys[start:end])}
-    blocks = tuple(b for key in prepared.keys for b in state.block_ids[position[key] * k :][:k])
+    source = {e.key: e.blocks for e in entries}
+    blocks = tuple(b for key in prepared.keys for b in source[key])
     return TransferJob(
         job_id=new_id(),
         kind=JobKind.STORE,
@@ -160,21 +175,28 @@ def plan_store_job(
 
 
 def fenced_stores(
-    tracker: JobTracker, states: dict[str, RequestState], fresh_blocks: set[int]
+    tracker: JobTracker,
+    states: dict[str, RequestState],
+    fresh_blocks: set[int],
+    planned: set[int] | None = None,
 ) -> set[int]:
     """In-flight store jobs that must finish before this step writes ``fresh_blocks``.
 
     A store is fenced when it reads a block handed out fresh this step to anyone but
     the store's own running request: that request's fresh blocks are exactly what
-    its stores capture, after this step's forward pass writes them."""
+    its stores capture, after this step's forward pass writes them. With window
+    groups (``planned`` given: the stores planned this step) a running request can
+    be handed again a block its window freed, which an older store of its own still
+    reads: only this step's stores are exempt then."""
     fenced: set[int] = set()
     for job_id in tracker.fenced(fresh_blocks):
         job = tracker.get(job_id)
         if job is None:
             continue
         owner = states.get(job.request_id)
-        if owner is not None and owner.phase is Phase.RUNNING:
-            held = set(owner.block_ids)
+        mine = planned is None or job_id in planned
+        if owner is not None and owner.phase is Phase.RUNNING and mine:
+            held = owner.blocks.all_blocks()
             if all(b in held for b in job.block_ids if b in fresh_blocks):
                 continue
         fenced.add(job_id)

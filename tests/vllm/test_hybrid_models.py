@@ -1,0 +1,147 @@
+"""Hybrid and sliding-window models on a real vLLM engine, with the hybrid KV cache
+manager (HMA) on: a Gemma-3-style model (five 64-token window layers to one full
+layer: six KV cache groups) and a Mistral-style model (every layer a 64-token
+window: one sliding-window group). Float32 greedy outputs equal an engine without
+offloading, and after the engine's own prefix cache is reset kvoffload serves the
+prefixes (sync and really async scheduling; host memory, and a disk tier)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llm_support import BLOCK, generate, half, quiescent, settle, tier, tokens
+
+MODES = [False, True]
+PAGE = 2 * 2 * BLOCK * 32 * 4  # one layer's block: K and V, 2 heads of 32, float32
+
+
+@pytest.fixture(scope="module")
+def gemma3_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kvoffload.demos.tiny_model import ensure_model
+
+    return ensure_model("tiny-gemma3", tmp_path_factory.mktemp("models"))
+
+
+@contextmanager
+def engine(
+    model: Path, extra: dict[str, Any] | None, *, async_scheduling: bool, blocks: int = 160
+) -> Iterator[Any]:
+    """An engine whose KV cache holds ``blocks`` blocks of one layer (the block pool
+    every KV cache group shares); kvoffload configured by ``extra`` (None: none)."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    from kvoffload.testing.vllm_cpu import (
+        cpu_llm_args,
+        engine_mode,
+        keep_async_scheduling,
+        kvoffload_transfer,
+    )
+    from vllm import LLM
+
+    if async_scheduling:
+        keep_async_scheduling()
+    llm = LLM(
+        **cpu_llm_args(str(model), BLOCK, blocks * PAGE * layers_per_group(model)),
+        max_num_seqs=4,
+        kv_transfer_config=kvoffload_transfer(extra),
+        async_scheduling=async_scheduling,
+    )
+    try:
+        mode = engine_mode(llm)
+        want = ("AsyncScheduler", 2) if async_scheduling else ("Scheduler", 1)
+        assert (mode.scheduler, mode.batch_queue) == want, f"engine runs {mode}, wanted {want}"
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        cleanup_dist_env_and_memory()
+        import gc
+
+        gc.collect()
+
+
+def layers_per_group(model: Path) -> int:
+    """With HMA every group of these models holds one layer's share of a tensor per
+    group layer: tiny-gemma3 one layer per group, tiny-swa both layers in one."""
+    return 1 if "gemma3" in model.name else 2
+
+
+def group_kinds(llm: Any) -> list[str]:
+    core = llm.llm_engine.engine_core.engine_core
+    assert core.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    groups = core.scheduler.kv_cache_config.kv_cache_groups
+    return [type(g.kv_cache_spec).__name__ for g in groups]
+
+
+def prompts(seed: int) -> list[list[int]]:
+    """Prompts sharing long prefixes (several windows long), and their repeats."""
+    rng = random.Random(seed)
+    shared = [[rng.randrange(3, 1000) for _ in range(6 * BLOCK)] for _ in range(2)]
+    tails = [[rng.randrange(3, 1000) for _ in range(rng.randint(5, 70))] for _ in range(4)]
+    return [shared[i % 2] + tails[i] for i in range(4)]
+
+
+def run_twice(llm: Any, batch: list[list[int]]) -> tuple[list[list[int]], list[Any]]:
+    """The batch, then (the engine's prefix cache reset) the batch again; the second
+    run's outputs."""
+    first = tokens(generate(llm, batch, max_tokens=24))
+    settle(llm)
+    llm.reset_prefix_cache()
+    again = generate(llm, batch, max_tokens=24)
+    settle(llm)
+    return first, again
+
+
+EXPECTED = {
+    "tiny-gemma3": ["SlidingWindowSpec"] * 5 + ["FullAttentionSpec"],
+    "tiny-swa": ["SlidingWindowSpec"],
+}
+
+
+@pytest.mark.parametrize("async_scheduling", MODES, ids=["sync", "async"])
+@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-swa"])
+def test_hybrid_and_window_models_keep_hma_and_are_served_after_a_reset(
+    gemma3_model: Path, tiny_swa_model: Path, preset: str, async_scheduling: bool
+) -> None:
+    model = gemma3_model if preset == "tiny-gemma3" else tiny_swa_model
+    batch = prompts(1)
+    with engine(model, None, async_scheduling=async_scheduling) as llm:
+        assert group_kinds(llm) == EXPECTED[preset]
+        plain = tokens(generate(llm, batch, max_tokens=24))
+    assert len({tuple(t) for t in plain}) > 1 and all(len(set(t)) > 3 for t in plain)
+    with engine(model, {"cpu_bytes": 32 << 20}, async_scheduling=async_scheduling) as llm:
+        assert group_kinds(llm) == EXPECTED[preset]
+        first, again = run_twice(llm, batch)
+        stats = half(llm).stats
+        assert first == plain
+        assert tokens(again) == plain
+        # Every prompt's shared prefix came from kvoffload (the engine forgot it).
+        assert all(o.num_cached_tokens >= 6 * BLOCK for o in again)
+        assert stats.loads >= len(batch) and stats.load_failures == 0
+        quiescent(llm)
+
+
+@pytest.mark.parametrize("async_scheduling", MODES, ids=["sync", "async"])
+def test_a_hybrid_model_is_served_from_disk(
+    gemma3_model: Path, tmp_path: Path, async_scheduling: bool
+) -> None:
+    """Host memory holds a few chunks; the rest of the prefixes come from disk."""
+    batch = prompts(2)
+    with engine(gemma3_model, None, async_scheduling=async_scheduling) as llm:
+        plain = tokens(generate(llm, batch, max_tokens=24))
+    extra = {
+        "cpu_bytes": 24 * PAGE,
+        "disk_path": str(tmp_path / "disk"),
+        "disk_bytes": 2048 * (PAGE + 4096),
+    }
+    with engine(gemma3_model, extra, async_scheduling=async_scheduling) as llm:
+        first, again = run_twice(llm, batch)
+        assert first == plain and tokens(again) == plain
+        assert all(o.num_cached_tokens >= 6 * BLOCK for o in again)
+        assert tier(llm, "disk").stats.promoted_chunks > 0
+        quiescent(llm)

@@ -29,10 +29,12 @@ def gemma3_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextmanager
 def engine(
-    model: Path, extra: dict[str, Any] | None, *, async_scheduling: bool, blocks: int = 160
+    model: Path, extra: dict[str, Any] | None, *, async_scheduling: bool, blocks: int = 320
 ) -> Iterator[Any]:
-    """An engine whose KV cache holds ``blocks`` blocks of one layer (the block pool
-    every KV cache group shares); kvoffload configured by ``extra`` (None: none)."""
+    """An engine whose block pool (shared by every KV cache group) holds ``blocks``
+    blocks (vLLM sizes a window group for a whole prefill chunk, so a six-group model
+    needs about six blocks per 32 tokens of its longest request); kvoffload
+    configured by ``extra`` (None: none)."""
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     from kvoffload.testing.vllm_cpu import (
@@ -130,18 +132,71 @@ def test_hybrid_and_window_models_keep_hma_and_are_served_after_a_reset(
 def test_a_hybrid_model_is_served_from_disk(
     gemma3_model: Path, tmp_path: Path, async_scheduling: bool
 ) -> None:
-    """Host memory holds a few chunks; the rest of the prefixes come from disk."""
+    """Host memory holds 32 chunks (a prompt's hit needs about 25 over six groups,
+    the batch stores over 100): after the engine's prefix cache is reset each prompt,
+    asked alone, is served from host memory and the disk tier."""
     batch = prompts(2)
     with engine(gemma3_model, None, async_scheduling=async_scheduling) as llm:
         plain = tokens(generate(llm, batch, max_tokens=24))
     extra = {
-        "cpu_bytes": 24 * PAGE,
+        "cpu_bytes": 32 * PAGE,
         "disk_path": str(tmp_path / "disk"),
         "disk_bytes": 2048 * (PAGE + 4096),
     }
     with engine(gemma3_model, extra, async_scheduling=async_scheduling) as llm:
-        first, again = run_twice(llm, batch)
-        assert first == plain and tokens(again) == plain
+        assert tokens(generate(llm, batch, max_tokens=24)) == plain
+        settle(llm)
+        again = []
+        for prompt in batch:
+            llm.reset_prefix_cache()
+            again.extend(generate(llm, [prompt], max_tokens=24))
+            settle(llm)
+        assert tokens(again) == plain
         assert all(o.num_cached_tokens >= 6 * BLOCK for o in again)
         assert tier(llm, "disk").stats.promoted_chunks > 0
         quiescent(llm)
+
+
+def test_the_window_groups_loaded_kv_is_really_used(
+    gemma3_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Garbage in only the window groups' host chunks shows in the output: their KV
+    is loaded and read, not recomputed (and the clean reload matches)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    from kvoffload.core.scheduler import group_chunks, loads
+
+    planned: list[group_chunks.Entry] = []
+
+    def record(*args: Any, **kwargs: Any) -> list[group_chunks.Entry]:
+        entries = group_chunks.load_entries(*args, **kwargs)
+        planned.extend(entries)
+        return entries
+
+    monkeypatch.setattr(loads, "load_entries", record)
+    prompt = prompts(3)[0]
+    with engine(gemma3_model, {"cpu_bytes": 32 << 20}, async_scheduling=False) as llm:
+        clean = generate(llm, [prompt], max_tokens=16, logprobs=1)[0]
+        settle(llm)
+        llm.reset_prefix_cache()
+        reloaded = generate(llm, [prompt], max_tokens=16, logprobs=1)[0]
+        settle(llm)
+        groups = half(llm).config.kv_groups
+        window = [e for e in planned if not groups.groups[e.group].full]
+        assert window and len(window) < len(planned)  # both kinds were loaded
+        slab = get_kv_transfer_group().worker_side.worker.slab
+        for entry in window:
+            slot = half(llm).directory.slot_of(entry.key)
+            assert slot is not None
+            slab.slot_tensor(slot).fill_(7)
+        llm.reset_prefix_cache()
+        corrupted = generate(llm, [prompt], max_tokens=16, logprobs=1)[0]
+        assert reloaded.num_cached_tokens >= 6 * BLOCK
+        assert corrupted.num_cached_tokens == reloaded.num_cached_tokens
+
+    def first_logprob(out: Any) -> float:
+        step = out.outputs[0].logprobs[0]
+        return float(step[out.outputs[0].token_ids[0]].logprob)
+
+    assert first_logprob(reloaded) == pytest.approx(first_logprob(clean), abs=1e-5)
+    assert first_logprob(corrupted) != pytest.approx(first_logprob(clean), abs=1e-3)

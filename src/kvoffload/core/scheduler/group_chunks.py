@@ -130,3 +130,25 @@ def store_entries(
                     continue
             out.append(Entry(c, g, groups.key(keys[c], g), blocks))
     return out
+
+
+def wanted_entries(
+    directory: Directory,
+    groups: KVGroups,
+    keys: Sequence[ChunkKey],
+    *,
+    readable: int,
+    hit: int,
+    chunk: int,
+) -> list[Entry]:
+    """The entries of chunks ``[readable, hit)`` a hit of ``hit`` chunks needs that
+    ``directory`` cannot serve yet (what a promotion would bring up), in chunk order."""
+    out = []
+    for c in range(readable, hit):
+        for g in range(len(groups)):
+            if c < groups.first_needed_chunk(g, hit * chunk, chunk):
+                continue
+            key = groups.key(keys[c], g)
+            if directory.readable_prefix([key]) == 0:
+                out.append(Entry(c, g, key, ()))
+    return out

@@ -19,7 +19,12 @@ from kvoffload.core.jobs import NO_BLOCK, JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
-from kvoffload.core.scheduler.group_chunks import Entry, load_entries, readable_chunks
+from kvoffload.core.scheduler.group_chunks import (
+    Entry,
+    load_entries,
+    readable_chunks,
+    wanted_entries,
+)
 from kvoffload.core.scheduler.job_tracker import Completion
 from kvoffload.core.scheduler.request_state import PromotionWish, RequestState
 from kvoffload.core.scheduler.stores import check_blocks
@@ -29,7 +34,7 @@ from kvoffload.core.scheduler_types import (
     EngineRequest,
     SchedulerConfig,
 )
-from kvoffload.core.tier_planning import UNKNOWN, Found, TierPlanner
+from kvoffload.core.tier_planning import UNKNOWN, Found, Lookup, TierPlanner
 
 
 class LoadPlanner:
@@ -80,16 +85,14 @@ class LoadPlanner:
             self.directory, groups, keys, num_computed_tokens // chunk, chunk
         )
         if readable < len(keys) and readable * chunk >= num_computed_tokens:
-            ahead = [groups.key(key, g) for key in keys[readable:] for g in range(len(groups))]
             reason, wished = next_chunks_wait(
                 state,
-                ahead,
+                keys,
                 readable,
                 num_computed_tokens,
                 directory=self.directory,
                 tiers=self.tiers,
-                chunk_tokens=chunk,
-                per_chunk=len(groups),
+                config=self.config,
             )
             if wished:
                 self.wished.append(state.request_id)
@@ -151,38 +154,76 @@ class LoadPlanner:
 
 def next_chunks_wait(
     state: RequestState,
-    ahead: list[ChunkKey],
+    keys: list[ChunkKey],
     readable: int,
     local: int,
     *,
     directory: Directory,
     tiers: TierPlanner,
-    chunk_tokens: int,
-    per_chunk: int = 1,
+    config: SchedulerConfig,
 ) -> tuple[Deferral | None, bool]:
-    """Whether the chunks after the readable prefix (``readable`` chunks) are worth
-    waiting for: a host store of the next one is in flight, or a lower tier holds the
-    next ones (their promotion is then wished in ``state.promotion``, for the next
-    plan). ``ahead`` are the keys after the prefix, ``per_chunk`` per chunk (one per
-    KV cache group). Returns the reason to wait (None: do not) and whether the
-    promotion wish is new."""
+    """Whether the chunks after the readable prefix (``readable`` chunks of ``keys``)
+    are worth waiting for: a host store of the next one is in flight, or a lower tier
+    holds the next ones (their promotion is then wished in ``state.promotion``, for the
+    next plan). Returns the reason to wait (None: do not) and whether the promotion
+    wish is new."""
     if state.no_promotion:
         return None, False
-    if any(directory.state_of(key) is ChunkState.STORING for key in ahead[:per_chunk]):
+    chunk, groups = config.chunk_tokens, config.kv_groups
+    if any(
+        directory.state_of(groups.key(keys[readable], g)) is ChunkState.STORING
+        for g in range(len(groups))
+    ):
         return Deferral.PENDING, False
     if not tiers:
         return None, False
-    found = tiers.find_below(ahead, allowed=state.controls.may_promote_from)
+    found = _run_below(state, keys, readable, directory=directory, tiers=tiers, config=config)
     if found is UNKNOWN:
         return Deferral.LOOKUP, False
-    if not isinstance(found, Found):
+    if not isinstance(found, tuple):
         return None, False
-    tier, run = found.tier, found.run // per_chunk
-    if (readable + run) * chunk_tokens - local < chunk_tokens:
+    tier, hit, wanted = found
+    if hit * chunk - local < chunk:
         return None, False  # less than a chunk past the engine's own hit
     new = state.promotion is None
-    state.promotion = PromotionWish(tier.name, tuple(ahead[: run * per_chunk]))
+    state.promotion = PromotionWish(tier, tuple(wanted))
     return Deferral.PROMOTION, new
+
+
+def _run_below(
+    state: RequestState,
+    keys: list[ChunkKey],
+    readable: int,
+    *,
+    directory: Directory,
+    tiers: TierPlanner,
+    config: SchedulerConfig,
+) -> tuple[str, int, list[ChunkKey]] | Lookup | None:
+    """(tier, the hit in chunks a promotion from it makes, the keys to promote), or
+    :data:`UNKNOWN` / None. One group: the run of chain keys the first tier holds. Several:
+    the entries a hit needs beyond host memory, the hit shrunk to the first entry no
+    tier in front holds (a few rounds at most)."""
+    allowed = state.controls.may_promote_from
+    chunk, groups = config.chunk_tokens, config.kv_groups
+    if groups.single and not groups.windowed:
+        found = tiers.find_below(keys[readable:], allowed=allowed)
+        if not isinstance(found, Found):
+            return found if found is UNKNOWN else None
+        return found.tier.name, readable + found.run, keys[readable : readable + found.run]
+    hit = len(keys)
+    for _ in range(4):
+        wanted = wanted_entries(directory, groups, keys, readable=readable, hit=hit, chunk=chunk)
+        if not wanted:
+            return None
+        found = tiers.find_below([e.key for e in wanted], allowed=allowed)
+        if not isinstance(found, Found):
+            return found if found is UNKNOWN else None
+        if found.run == len(wanted):
+            return found.tier.name, hit, [e.key for e in wanted]
+        hit = wanted[found.run].chunk
+        if hit <= readable:
+            return None
+    return None
 
 
 def plan_load_job(

@@ -43,12 +43,13 @@ def test_full_groups_bound_the_hit_and_windows_need_only_their_window() -> None:
 def test_the_hit_shrinks_to_a_fixed_point() -> None:
     two_windows = KVGroups((KVGroup(window=8), KVGroup(window=5), KVGroup()))
     present = {(c, 2) for c in range(10)}
-    present |= {(c, 0) for c in (3, 4, 8)} | {(c, 1) for c in (4, 8, 9)}
+    present |= {(c, 0) for c in (1, 2, 7, 8)} | {(c, 1) for c in (2, 3, 9)}
     d = Directory(64)
     keys = [two_windows.key(KEYS[c], g) for c, g in sorted(present)]
     d.complete_store(d.prepare_store(keys, admit_all=True).keys, True)
-    # 10: group 0 lacks 9. 9: group 0 has 7? no. ... 5: group 0 has 3, 4; group 1 has 4.
-    assert readable_chunks(d, two_windows, KEYS, 0, 4) == 5
+    # Group 0 (two chunks) first agrees at 9 (7, 8); group 1 (one chunk) only at 4
+    # (3); group 0 again at 3 (1, 2), where group 1 (2) agrees too.
+    assert readable_chunks(d, two_windows, KEYS, 0, 4) == 3
 
 
 def test_chunks_the_engine_computed_need_not_be_readable() -> None:

@@ -28,6 +28,7 @@ from kvoffload.core.errors import UsageError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import SchedulerConfig
+from kvoffload.core.step_runner import StepRunner
 from kvoffload.core.tiering import DirectoryTier
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.settings import EngineConfig
@@ -162,7 +163,7 @@ class _Simulation:
         self.engine = SimEngine(
             engine_config,
             self.scheduler,
-            self.worker,
+            StepRunner(self.worker) if self.worker is not None else None,
             self.pool,
             meter=meter,
             decode_stride=c.decode_stride,

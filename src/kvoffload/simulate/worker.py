@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
 from kvoffload.simulate.cost import CostModel
-from kvoffload.simulate.engine import StepMeter
+from kvoffload.simulate.request import StepMeter
 
 _NOTHING = WorkerReport(0, ())
 

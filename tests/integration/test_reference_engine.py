@@ -7,6 +7,7 @@ import pytest
 from kvoffload.core.directory import Directory
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import SchedulerConfig
+from kvoffload.core.step_runner import StepRunner
 from kvoffload.engine.engine import ReferenceEngine
 from kvoffload.engine.manual_worker import ManualWorker
 from kvoffload.engine.model import reference_outputs
@@ -34,7 +35,7 @@ def engine(mode: StepMode, offload: bool, num_blocks: int = 12, caching: bool = 
 
     pool = BlockPool(num_blocks, 4)
     scheduler = OffloadScheduler(SchedulerConfig(block_size=4), Directory(64), NAMESPACE)
-    return ReferenceEngine(config, scheduler, ManualWorker(pool, 64), pool)
+    return ReferenceEngine(config, scheduler, StepRunner(ManualWorker(pool, 64)), pool)
 
 
 def run_to_end(e: ReferenceEngine, limit: int = 500) -> None:

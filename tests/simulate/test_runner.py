@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 from sim_helpers import CHUNK, CHUNK_BYTES, config, seg, simulate
@@ -12,11 +13,13 @@ from kvoffload.engine.batcher import Batcher
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.request import Request, Status
 from kvoffload.engine.settings import EngineConfig
+from kvoffload.engine.strategies import QueueScan, RegisterFull
+from kvoffload.simulate.batching import RegisterNew, TrackedHolders
 from kvoffload.simulate.chat import ChatTrace
 from kvoffload.simulate.content import ContentHasher
 from kvoffload.simulate.cost import CostModel
-from kvoffload.simulate.engine import SimBatcher, SimRequest, StepMeter
 from kvoffload.simulate.report import SimResult, format_report
+from kvoffload.simulate.request import SimRequest
 from kvoffload.simulate.runner import SimConfig, _Simulation, run_simulation
 from kvoffload.simulate.trace import TraceRequest
 from kvoffload.workload.chat import ChatWorkload
@@ -154,28 +157,15 @@ def test_bad_settings_name_the_option(overrides: dict[str, object], message: str
     assert "\n" not in str(caught.value)
 
 
-class _PlainBatcher(Batcher):
-    """The reference engine's batch former, reporting only what the driver reads."""
-
-    def __init__(self, sim: _Simulation) -> None:
-        e = sim.engine
-        super().__init__(e.config, e.pool, sim.scheduler)
-        self.meter = e.meter
-
-    def schedule(self) -> tuple[list[tuple[object, Request]], tuple[str, ...]]:  # type: ignore[override]
-        out, preempted = super().schedule()
-        self.meter.scheduled = len(out)
-        return out, preempted  # type: ignore[return-value]
-
-
 def test_the_fast_batch_former_decides_exactly_like_the_reference() -> None:
     settings = config(engine_tokens=768, disk_bytes=32 * CHUNK_BYTES, cpu_bytes=24 * CHUNK_BYTES)
     workload = chat(users=30, concurrent=30, rate=500.0)
 
     def run(plain: bool) -> tuple[object, ...]:
         sim = _Simulation(settings)
-        if plain:
-            sim.engine.batcher = _PlainBatcher(sim)
+        if plain:  # the reference engine's batch former and strategies
+            e = sim.engine
+            e.batcher = Batcher(e.config, e.pool, sim.scheduler)
         r = sim.run(workload.requests(), None)
         assert sim.scheduler is not None
         s = sim.scheduler.stats
@@ -183,7 +173,8 @@ def test_the_fast_batch_former_decides_exactly_like_the_reference() -> None:
                 s.stored_chunks, r.decode_tokens, r.computed_prefill_tokens, r.tiers)  # fmt: skip
 
     fast = run(plain=False)
-    assert fast[1] > 10  # preemptions: the holder scans mattered
+    preemptions = fast[1]
+    assert isinstance(preemptions, int) and preemptions > 10  # the holder scans mattered
     assert fast == run(plain=True)
 
 
@@ -202,26 +193,27 @@ def test_fast_paths_agree_with_the_reference_on_every_call() -> None:
     preemptions, loads and concurrent identical prefixes."""
     seen = {"holders": 0, "several_holders": 0, "cache": 0}
 
-    class Checked(SimBatcher):
-        def _idle_holders(self) -> list[Request]:
-            mine = super()._idle_holders()
-            assert mine == Batcher._idle_holders(self)
+    class CheckedHolders(TrackedHolders):
+        def idle(self, waiting: Sequence[Request]) -> list[Request]:
+            mine = super().idle(waiting)
+            assert mine == QueueScan().idle(waiting)
             seen["holders"] += bool(mine)
             seen["several_holders"] += len(mine) > 1
             return mine
 
-        def _loads_in_flight(self) -> bool:
-            mine = super()._loads_in_flight()
-            assert mine == Batcher._loads_in_flight(self)
+        def loading(self, waiting: Sequence[Request]) -> bool:
+            mine = super().loading(waiting)
+            assert mine == QueueScan().loading(waiting)
             return mine
 
-        def cache_computed(self, req: Request) -> None:
+    class CheckedRegistration(RegisterNew):
+        def register(self, req: Request) -> None:
             pool = self.pool
             before = (dict(pool.cached), list(pool.hash_of))
-            Batcher.cache_computed(self, req)
+            RegisterFull(pool, self.block_size).register(req)
             reference = (dict(pool.cached), list(pool.hash_of))
             pool.cached, pool.hash_of = before
-            super().cache_computed(req)
+            super().register(req)
             assert (pool.cached, pool.hash_of) == reference
             seen["cache"] += 1
 
@@ -229,9 +221,9 @@ def test_fast_paths_agree_with_the_reference_on_every_call() -> None:
     shape = ChatWorkload(users=40, turns=3, system_tokens=80, output_tokens=24)
     workload = ChatTrace(dataclasses.replace(shape, user_tokens=(8, 60)), 40, 2000.0, 2)
     sim = _Simulation(settings)
-    sim.engine.batcher = sim.engine.sim_batcher = Checked(
-        sim.engine.config, sim.engine.pool, sim.scheduler, sim.engine.meter
-    )
+    batcher = sim.engine.batcher
+    batcher.holders = CheckedHolders()
+    batcher.registration = CheckedRegistration(batcher.pool, settings.block_size)
     result = sim.run(workload.requests(), None)
     assert result.preemptions > 0 and result.avoided_tokens > 0
     assert seen["holders"] > 0 and seen["several_holders"] > 0 and seen["cache"] > 0
@@ -244,18 +236,18 @@ def test_a_block_skipped_as_a_duplicate_is_registered_once_the_original_is_gone(
     hasher = ContentHasher(16)
     engine = EngineConfig(num_blocks=6, block_size=16)
     pool = BlockPool(6, 16)
-    batcher = SimBatcher(engine, pool, None, StepMeter())
+    registration = RegisterNew(pool, engine.block_size)
     first, second = (SimRequest(f"r{i}", seg(0, ("sys", 32)), i, hasher) for i in (0, 1))
     for req in (first, second):
         req.block_ids = pool.allocate(2) or []
         req.num_computed_tokens = 32
         req.status = Status.RUNNING
-        batcher.cache_computed(req)
+        registration.register(req)
     assert sorted(pool.cached.values()) == first.block_ids  # the second one was a duplicate
     pool.release(first.block_ids)
     assert pool.allocate(4) is not None  # takes the first request's blocks: hashes evicted
     assert pool.cached == {}
-    batcher.cache_computed(second)
+    registration.register(second)
     assert sorted(pool.cached.values()) == sorted(second.block_ids)
 
 
@@ -264,11 +256,12 @@ def test_holders_come_in_queue_order() -> None:
     newest holder but the first in the queue: the scan answers in queue order."""
     hasher = ContentHasher(16)
     pool = BlockPool(8, 16)
-    batcher = SimBatcher(EngineConfig(num_blocks=8, block_size=16), pool, None, StepMeter())
+    holders = TrackedHolders()
     older, newer = (SimRequest(f"r{i}", seg(0, (f"p{i}", 40)), i, hasher) for i in (0, 1))
     for req in (older, newer):
         req.block_ids = pool.allocate(2) or []
-        req.status = Status.WAITING
-        batcher._holding.append(req)
-    batcher.waiting[:] = [newer, older]
-    assert batcher._idle_holders() == Batcher._idle_holders(batcher) == [newer, older]
+        req.status = Status.WAITING_FOR_LOAD
+        holders.admitted(req)
+        req.status = Status.WAITING  # its load landed
+    waiting = [newer, older]
+    assert holders.idle(waiting) == QueueScan().idle(waiting) == [newer, older]

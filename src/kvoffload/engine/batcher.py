@@ -8,17 +8,23 @@ Waiting requests follow only if nothing was preempted: those already holding
 blocks first, then the queue in order, each looked up in kvoffload's scheduler
 half and allocated its local prefix hit plus either the blocks its load fills or
 those of its first scheduled tokens. Owned by one engine.
+
+Which waiting requests hold blocks, and how computed blocks enter the prefix cache,
+are strategies (:mod:`kvoffload.engine.strategies`) given to the constructor, with
+the reference behaviour as default; ``on_admitted`` observes every admission.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import RETRY_LATER, ScheduledRequest
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.request import Request, Status
 from kvoffload.engine.settings import EngineConfig
+from kvoffload.engine.strategies import Holders, QueueScan, RegisterFull, Registration
 
 
 class _Admission(enum.Enum):
@@ -29,12 +35,25 @@ class _Admission(enum.Enum):
 
 
 class Batcher:
+    """See the module docstring. Owns the queues; mutates the requests it schedules
+    and the block pool; the strategies are its own (one batcher each)."""
+
     def __init__(
-        self, config: EngineConfig, pool: BlockPool, scheduler: OffloadScheduler | None
+        self,
+        config: EngineConfig,
+        pool: BlockPool,
+        scheduler: OffloadScheduler | None,
+        *,
+        holders: Holders | None = None,
+        registration: Registration | None = None,
+        on_admitted: Callable[[Request], None] | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
         self.scheduler = scheduler
+        self.holders: Holders = holders or QueueScan()
+        self.registration: Registration = registration or RegisterFull(pool, config.block_size)
+        self.on_admitted = on_admitted  # called after each admission by a lookup
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.preemptions = 0
@@ -50,12 +69,12 @@ class Batcher:
             if n_new <= 0:
                 continue
             need = self._blocks_for(req.num_computed_tokens + n_new) - len(req.block_ids)
-            for holder in self._idle_holders():
+            for holder in self.holders.idle(self.waiting):
                 if self.pool.num_free >= need:
                     break
                 self._preempt(holder)
                 preempted.append(holder.request_id)
-            if self.pool.num_free < need and self._loads_in_flight():
+            if self.pool.num_free < need and self.holders.loading(self.waiting):
                 continue  # a load holds the blocks: wait for it rather than thrash
             while self.pool.num_free < need and req in self.running:
                 victim = self.running[-1]
@@ -70,7 +89,7 @@ class Batcher:
             return out, tuple(preempted)
         # Waiting requests that hold blocks (their load landed) go first, or a request
         # ahead of them that needs those blocks would wait forever.
-        holders = self._idle_holders()
+        holders = self.holders.idle(self.waiting)
         for req in holders + [r for r in self.waiting if r not in holders]:
             if len(self.running) >= self.config.max_running or budget == 0:
                 break
@@ -79,7 +98,7 @@ class Batcher:
                     continue
                 self._land_load(req)
             elif not req.block_ids:  # new or preempted: look it up
-                admission = self._admit(req, budget)
+                admission = self._look_up(req, budget)
                 if admission is _Admission.DEFERRED or admission is _Admission.LOADING:
                     continue
                 if admission is _Admission.NO_BLOCKS:
@@ -88,7 +107,7 @@ class Batcher:
             need = self._blocks_for(req.num_computed_tokens + n_new) - len(req.block_ids)
             if req in holders and self.pool.num_free < need:
                 # Holders must not wait on each other: the later ones give way.
-                for other in reversed(self._idle_holders()):
+                for other in reversed(self.holders.idle(self.waiting)):
                     if self.pool.num_free >= need:
                         break
                     if other is not req:
@@ -106,16 +125,14 @@ class Batcher:
             budget -= n_new
         return out, tuple(preempted)
 
-    def _idle_holders(self) -> list[Request]:
-        """Waiting requests holding blocks whose load has been reported."""
-        return [
-            r
-            for r in self.waiting
-            if r.block_ids and (r.status is not Status.WAITING_FOR_LOAD or r.load_ok is not None)
-        ]
-
-    def _loads_in_flight(self) -> bool:
-        return any(r.status is Status.WAITING_FOR_LOAD and r.load_ok is None for r in self.waiting)
+    def _look_up(self, req: Request, budget: int) -> _Admission:
+        """:meth:`_admit`, then tell the holders and ``on_admitted`` of an admission."""
+        admission = self._admit(req, budget)
+        if admission is _Admission.ADMITTED or admission is _Admission.LOADING:
+            self.holders.admitted(req)
+            if self.on_admitted is not None:
+                self.on_admitted(req)
+        return admission
 
     def _admit(self, req: Request, budget: int) -> _Admission:
         """Look a new (or preempted) request up; allocate its local hit, and either
@@ -205,7 +222,4 @@ class Batcher:
 
     def cache_computed(self, req: Request) -> None:
         """Register the request's full computed blocks in the prefix cache."""
-        if req.status is Status.WAITING_FOR_LOAD or req.done:
-            return
-        full = min(req.num_computed_tokens // self.config.block_size, len(req.block_hashes))
-        self.pool.cache(req.block_ids[:full], req.block_hashes[:full])
+        self.registration.register(req)

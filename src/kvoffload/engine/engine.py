@@ -12,21 +12,28 @@ preempted request can be re-admitted before its flushed stores are acknowledged.
 It calls the scheduler half as the vLLM adapter does: ``lookup`` and
 ``on_allocated`` while scheduling, ``build_plan`` once per step, ``on_finished`` /
 ``on_aborted`` before freeing a request's blocks, ``on_report`` when applying.
+
+The forward pass and the batch former are given to the constructor (a
+:class:`~kvoffload.engine.strategies.Model`, a
+:class:`~kvoffload.engine.batcher.Batcher` with its strategies); the defaults are the
+deterministic model and the reference batcher. ``on_finished`` observes every
+finished request; with ``keep_finished=False`` finished requests leave ``requests``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvoffload.core.jobs import JobKind, StepPlan, WorkerReport
 from kvoffload.core.scheduler import OffloadScheduler
-from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
+from kvoffload.core.scheduler_types import StepInput
 from kvoffload.engine.batcher import Batcher
 from kvoffload.engine.block_pool import BlockPool
-from kvoffload.engine.model import KV_BYTES, SEED, kv_next, sample
 from kvoffload.engine.request import Request, Status
 from kvoffload.engine.settings import EngineConfig, StepMode
+from kvoffload.engine.strategies import DeterministicModel, Model, Sampled
 
 
 class EngineWorker(Protocol):
@@ -48,12 +55,15 @@ class EngineWorker(Protocol):
 @dataclass
 class _Batch:
     step: int
-    sampled: list[tuple[Request, int, int]] = field(default_factory=list)  # req, gen, token
+    sampled: list[Sampled] = field(default_factory=list)
     reports: list[WorkerReport] = field(default_factory=list)
 
 
 class ReferenceEngine:
-    """See the module docstring. Owns its requests, block pool and queues."""
+    """See the module docstring. Owns its requests, block pool, batcher (queues) and
+    model; drives the scheduler half and the worker it is given. Raises ValueError
+    for a scheduler half without a worker (or the reverse), or a batcher over
+    another pool or scheduler half."""
 
     def __init__(
         self,
@@ -61,6 +71,11 @@ class ReferenceEngine:
         scheduler: OffloadScheduler | None = None,
         worker: EngineWorker | None = None,
         pool: BlockPool | None = None,
+        *,
+        model: Model | None = None,
+        batcher: Batcher | None = None,
+        on_finished: Callable[[Request], None] | None = None,
+        keep_finished: bool = True,
     ) -> None:
         if (scheduler is None) != (worker is None):
             raise ValueError("give both a scheduler half and a worker, or neither")
@@ -69,7 +84,14 @@ class ReferenceEngine:
         self.worker = worker
         self.pool = pool or BlockPool(config.num_blocks, config.block_size)
         self.pool.caching = config.enable_prefix_caching
-        self.batcher = Batcher(config, self.pool, scheduler)
+        if batcher is not None and (
+            batcher.pool is not self.pool or batcher.scheduler is not scheduler
+        ):
+            raise ValueError("the batcher must use the engine's block pool and scheduler half")
+        self.batcher = batcher or Batcher(config, self.pool, scheduler)
+        self.model: Model = model or DeterministicModel(self.pool, config.block_size, config.vocab)
+        self.on_finished = on_finished  # called after a request finished, blocks freed
+        self.keep_finished = keep_finished
         self.requests: dict[str, Request] = {}
         self.steps = 0
         self._in_flight: _Batch | None = None
@@ -93,9 +115,14 @@ class ReferenceEngine:
         self, request_id: str, prompt: list[int], max_tokens: int, salt: str | None = None
     ) -> Request:
         req = Request(request_id, prompt, max_tokens, self.config.block_size, salt)
-        self.requests[request_id] = req
-        self.waiting.append(req)
+        self.add(req)
         return req
+
+    def add(self, req: Request) -> None:
+        """Queue ``req``, built by the caller (of the engine's block size, with a new
+        id); the engine owns it from now on."""
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
 
     def abort(self, request_id: str) -> None:
         """Abort between steps. A request waiting for its load keeps its blocks until
@@ -154,7 +181,7 @@ class ReferenceEngine:
                 self._load_jobs[job.job_id] = job.request_id
             self.worker.begin_step(plan)
         for sched, req in scheduled:
-            self._forward(req, sched, batch)
+            self.model.forward(req, sched, batch.sampled)
         if self.worker is not None:
             self.worker.end_forward()
             batch.reports = self.worker.collect()
@@ -162,43 +189,10 @@ class ReferenceEngine:
             self.batcher.cache_computed(req)
         return batch
 
-    # ---------------------------------------------------------------- forward
-
-    def _forward(self, req: Request, sched: ScheduledRequest, batch: _Batch) -> None:
-        """Compute KV for the scheduled positions, reading the chain's previous link
-        from the blocks; sample from every context position read from the blocks."""
-        bs = self.config.block_size
-        tokens = req.known_tokens
-        start, end = (
-            sched.num_computed_tokens,
-            sched.num_computed_tokens + sched.num_scheduled_tokens,
-        )
-        prev = self.pool.read_tokens(req.block_ids, start)[-KV_BYTES:] if start else SEED
-        pos = start
-        while pos < end:
-            block, offset = req.block_ids[pos // bs], pos % bs
-            take = min(bs - offset, end - pos)
-            chunk = bytearray()
-            for token in tokens[pos : pos + take]:
-                prev = kv_next(prev, token)
-                chunk += prev
-            self.pool.write(block, offset, bytes(chunk))
-            pos += take
-        if end == len(tokens) and req.wants_more():
-            token = sample(self.pool.read_tokens(req.block_ids, end), self.config.vocab)
-            req.pending.append(token)
-            batch.sampled.append((req, req.generation, token))
-
     # ---------------------------------------------------------------- outputs
 
     def _apply(self, batch: _Batch) -> None:
-        for req, generation, token in batch.sampled:
-            if generation != req.generation or req.status is not Status.RUNNING:
-                continue
-            req.pending.pop(0)
-            req.output.append(token)
-            if len(req.output) >= req.max_tokens:
-                self._finish(req)
+        self.model.apply(batch.sampled, self._finish)
         if self.scheduler is None:
             return
         for report in batch.reports:
@@ -222,3 +216,7 @@ class ReferenceEngine:
         if self.scheduler is not None:
             self.scheduler.on_finished(req.request_id)
         self.batcher.free_blocks(req)
+        if not self.keep_finished:
+            del self.requests[req.request_id]
+        if self.on_finished is not None:
+            self.on_finished(req)

@@ -1,7 +1,10 @@
 """A worker whose jobs run and complete only when the caller says so.
 
-It keeps the host tier in memory (one bytes object per slot) and copies real bytes
-between it and the engine's block pool. When a job runs is decided by a
+:class:`ManualWorker` is a :class:`~kvoffload.core.step_runner.StepBackend`: the
+engine drives it through a :class:`~kvoffload.core.step_runner.StepRunner` (which
+submits a step's stores after its forward pass, flushed ones before). It keeps the
+host tier in memory (one bytes object per slot) and copies real bytes between it and
+the engine's block pool. When a job runs is decided by a
 *completion policy* (``step, runnable jobs -> {job id: success}``), except that a
 flushed store runs at once, before the forward pass. A store may run only after the
 forward pass of the step that planned it (it captures that step's KV), a load any
@@ -37,10 +40,12 @@ class InvariantViolation(AssertionError):
 
 @dataclass
 class PendingJob:
+    """A job planned and not reported yet; mutated by its worker only."""
+
     job: TransferJob
     planned_step: int
-    ran: bool = False
-    runnable: bool = False
+    ran: bool = False  # its copy ran (a flush, or the policy picked it)
+    runnable: bool = False  # submitted: the policy may pick it
 
 
 CompletionPolicy = Callable[[int, Sequence[PendingJob]], dict[int, bool]]
@@ -53,7 +58,8 @@ def complete_everything(step: int, jobs: Sequence[PendingJob]) -> dict[int, bool
 
 
 class ManualWorker:
-    """See the module docstring. Owns the in-memory host tier and the pending jobs."""
+    """See the module docstring. Owns the in-memory host and lower tiers and the
+    pending jobs; writes the engine's block pool (loads) and hooks its writes."""
 
     def __init__(
         self,
@@ -80,13 +86,15 @@ class ManualWorker:
         self.copies = 0
         pool.on_write = self._check_write
 
-    # ------------------------------------------------------------ engine calls
+    # ------------------------------------------------------------ backend calls
 
-    def begin_step(self, plan: StepPlan) -> None:
+    def begin(self, plan: StepPlan) -> None:
+        """Take every job of ``plan`` as pending (stores, loads, spills, promotions)
+        and check its loads; from now on the step is in its forward pass (the flush
+        that follows runs only stores, which read blocks and write none)."""
         self.step = plan.step
         for job in (*plan.stores, *plan.loads, *plan.spills, *plan.promotions):
-            runnable = job.kind is not JobKind.STORE
-            self.pending[job.job_id] = PendingJob(job, plan.step, runnable=runnable)
+            self.pending[job.job_id] = PendingJob(job, plan.step)
             self.unacknowledged[job.job_id] = job
         for load in plan.loads:
             stores = [
@@ -99,18 +107,26 @@ class ManualWorker:
                     f"step {plan.step}: load job {load.job_id} for {load.request_id!r} issued "
                     f"while its store jobs {stores} are unacknowledged"
                 )
-        for job_id in sorted(plan.flush):
+        self.in_forward = True
+
+    def submit(self, job: TransferJob) -> None:
+        """The job may complete from now on (a store is submitted after the forward
+        pass of its step, unless flushed: a flushed store has run by then)."""
+        self.pending[job.job_id].runnable = True
+
+    def wait(self, job_ids: frozenset[int]) -> None:
+        """The flush: run every named job not run yet, successfully, in id order."""
+        for job_id in sorted(job_ids):
             pending = self.pending.get(job_id)
             if pending is not None and not pending.ran:
                 self._run(pending, success=True)
-        self.in_forward = True
 
     def end_forward(self) -> None:
         self.in_forward = False
-        for pending in self.pending.values():
-            pending.runnable = True
 
-    def collect(self) -> list[WorkerReport]:
+    def poll(self) -> list[WorkerReport]:
+        """Complete what the policy picks of the runnable jobs (running each one not
+        run yet, with the policy's success); the same report for every rank."""
         runnable = [p for p in self.pending.values() if p.runnable]
         chosen = self.policy(self.step, runnable) if runnable else {}
         results = []

@@ -31,10 +31,12 @@ from kvoffload.core.scheduler_types import SchedulerConfig
 from kvoffload.core.tiering import DirectoryTier
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.settings import EngineConfig
+from kvoffload.simulate.batching import Admissions
 from kvoffload.simulate.content import ContentHasher
 from kvoffload.simulate.cost import CostModel
-from kvoffload.simulate.engine import SimEngine, SimRequest, StepMeter
+from kvoffload.simulate.engine import sim_engine
 from kvoffload.simulate.report import SimResult, TierResult
+from kvoffload.simulate.request import SimRequest, StepMeter
 from kvoffload.simulate.trace import TraceRequest
 from kvoffload.simulate.worker import SimClock, SimWorker
 
@@ -156,16 +158,18 @@ class _Simulation:
                 spill_after_hits=0 if admission == "write_through" else int(admission),
                 clock=lambda: self.clock.now,
             )
-        meter = StepMeter()
+        self.meter = meter = StepMeter()
         if self.scheduler is not None:
             self.worker = SimWorker(c.cost, c.chunk_bytes, self.clock, meter)
-        self.engine = SimEngine(
+        self.admissions = Admissions()
+        self.engine = sim_engine(
             engine_config,
             self.scheduler,
             self.worker,
             self.pool,
             meter=meter,
             decode_stride=c.decode_stride,
+            admissions=self.admissions,
         )
         self.result = SimResult(c.settings(), c.cost, c.chunk_bytes)
         self.ttfts: list[float] = []
@@ -183,7 +187,7 @@ class _Simulation:
         self, requests: Iterable[TraceRequest], progress: Callable[[int], None] | None
     ) -> SimResult:
         started = time.perf_counter()
-        engine, clock, meter, worker = self.engine, self.clock, self.engine.meter, self.worker
+        engine, clock, meter, worker = self.engine, self.clock, self.meter, self.worker
         source = iter(requests)
         upcoming = next(source, None)
         backlog: deque[SimRequest] = deque()
@@ -222,7 +226,7 @@ class _Simulation:
         return self.result
 
     def _account(self, progress: Callable[[int], None] | None) -> None:
-        meter, r = self.engine.meter, self.result
+        meter, r = self.meter, self.result
         r.computed_prefill_tokens += meter.prefill
         r.decode_tokens += meter.decode
         for req in meter.first_tokens:
@@ -246,8 +250,8 @@ class _Simulation:
 
     def _finish(self) -> None:
         r, e = self.result, self.engine
-        r.readmissions = e.sim_batcher.readmissions
-        r.readmission_hit_tokens = e.sim_batcher.readmission_external
+        r.readmissions = self.admissions.readmissions
+        r.readmission_hit_tokens = self.admissions.readmission_external
         r.preemptions = e.preemptions
         r.engine_steps = e.steps
         r.simulated_s = self.clock.now

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
 from kvoffload.simulate.cost import CostModel
-from kvoffload.simulate.engine import StepMeter
+from kvoffload.simulate.request import StepMeter
 
 _NOTHING = WorkerReport(0, ())
 
@@ -55,9 +56,11 @@ class Traffic:
 
 
 class SimWorker:
-    """An ``EngineWorker`` (see :mod:`kvoffload.simulate.engine`) over simulated lanes.
+    """A :class:`~kvoffload.core.step_runner.StepBackend` over simulated lanes (the
+    engine drives it through a :class:`~kvoffload.core.step_runner.StepRunner`).
 
-    Owns the lanes and the jobs in flight; reads the shared clock and meter."""
+    Owns the lanes and the jobs in flight; reads the shared clock and meter, and
+    sets the clock's flush stall and step end."""
 
     def __init__(
         self, cost: CostModel, chunk_bytes: int, clock: SimClock, meter: StepMeter
@@ -69,7 +72,7 @@ class SimWorker:
         self.free_at: dict[str, float] = {}
         self.finish_of: dict[int, float] = {}
         self._heap: list[tuple[float, int, TransferJob]] = []
-        self._after_forward: list[TransferJob] = []
+        self._after_forward = False  # jobs submitted now start at the step's end
         self.traffic = Traffic()
         self.completed_last_step = 0
 
@@ -92,29 +95,30 @@ class SimWorker:
         heapq.heappush(self._heap, (finish, job.job_id, job))
         return finish
 
-    # ------------------------------------------------------------ engine calls
+    # ------------------------------------------------------------ backend calls
 
-    def begin_step(self, plan: StepPlan) -> None:
+    def begin(self, plan: StepPlan) -> None:
+        self._after_forward = False
+        self.clock.stall_s = 0.0
+
+    def submit(self, job: TransferJob) -> None:
+        """Queue ``job`` on its lane from the step's start (before the forward pass)
+        or its end (after it)."""
+        self._start(job, self.clock.step_end if self._after_forward else self.clock.now)
+
+    def wait(self, job_ids: frozenset[int]) -> None:
+        """The forward pass starts once the named jobs finished: the clock's stall."""
         now = self.clock.now
-        ready = now
-        for job in plan.stores:
-            if job.job_id in plan.flush:  # reads blocks this step overwrites: first
-                ready = max(ready, self._start(job, now))
-            else:
-                self._after_forward.append(job)
-        for job_id in plan.flush:
-            ready = max(ready, self.finish_of.get(job_id, now))
-        self.clock.stall_s = ready - now
-        for job in (*plan.loads, *plan.spills, *plan.promotions):
-            self._start(job, now)
+        ready = max((self.finish_of.get(job_id, now) for job_id in job_ids), default=now)
+        self.clock.stall_s = max(ready, now) - now
 
     def end_forward(self) -> None:
-        end = self.clock.end_step(self.meter, self.cost)
-        for job in self._after_forward:
-            self._start(job, end)
-        self._after_forward.clear()
+        """Cost the forward pass (the step ends); later jobs start at its end."""
+        self.clock.end_step(self.meter, self.cost)
+        self._after_forward = True
 
-    def collect(self) -> list[WorkerReport]:
+    def poll(self) -> list[WorkerReport]:
+        """Report the jobs finished by the step's end, in finishing order."""
         end = self.clock.step_end
         if not self._heap or self._heap[0][0] > end:
             self.completed_last_step = 0
@@ -133,7 +137,7 @@ class SimWorker:
         self.completed_last_step = len(results)
         return [WorkerReport(0, tuple(results))]
 
-    def applied(self, reports: list[WorkerReport]) -> None:
+    def applied(self, reports: Sequence[WorkerReport]) -> None:
         """Nothing to do: the simulated jobs hold no state past their report."""
 
     def next_finish(self) -> float | None:

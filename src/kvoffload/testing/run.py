@@ -17,6 +17,7 @@ from kvoffload.core.jobs import StepPlan, WorkerReport
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import EngineRequest, SchedulerConfig, StepInput
+from kvoffload.core.step_runner import StepRunner
 from kvoffload.core.tiering import DirectoryTier
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.engine import ReferenceEngine
@@ -122,7 +123,7 @@ def run_schedule(
             enable_prefix_caching=scenario.prefix_caching,
         ),
         scheduler,
-        worker,
+        StepRunner(worker),
         pool,
     )
     worker.expected = Oracle(engine, NAMESPACE, scenario.blocks_per_chunk, epochs).expected
@@ -202,7 +203,7 @@ def _check_outputs(engine: ReferenceEngine, scenario: Scenario) -> None:
 
 
 def _install_tracer(scheduler: OffloadScheduler, worker: ManualWorker, log: list[str]) -> None:
-    build_plan, collect, lookup = scheduler.build_plan, worker.collect, scheduler.lookup
+    build_plan, poll, lookup = scheduler.build_plan, worker.poll, scheduler.lookup
 
     def traced_lookup(request: EngineRequest, num_computed_tokens: int) -> int | None:
         answer = lookup(request, num_computed_tokens)
@@ -235,8 +236,8 @@ def _install_tracer(scheduler: OffloadScheduler, worker: ManualWorker, log: list
             log.append(f"    flush {sorted(plan.flush)}")
         return plan
 
-    def traced_collect() -> list[WorkerReport]:
-        reports = collect()
+    def traced_poll() -> list[WorkerReport]:
+        reports = poll()
         done = [f"{r.job_id}{'' if r.success else ' FAILED'}" for r in reports[0].results]
         if done:
             log.append(f"    worker reports {', '.join(done)}")
@@ -244,4 +245,4 @@ def _install_tracer(scheduler: OffloadScheduler, worker: ManualWorker, log: list
 
     scheduler.build_plan = traced_plan  # type: ignore[method-assign]
     scheduler.lookup = traced_lookup  # type: ignore[method-assign]
-    worker.collect = traced_collect  # type: ignore[method-assign]
+    worker.poll = traced_poll  # type: ignore[method-assign]

@@ -1,14 +1,17 @@
-"""The connector's worker role: runs each step's plan on kvoffload's worker half.
+"""The connector's worker role: vLLM's calls onto kvoffload's step runner.
 
-Per step, in vLLM's call order: ``handle_preemptions`` (before the forward pass)
-submits the plan's flushed stores and waits for every flushed job;
-``start_load_kv`` submits the loads (their blocks belong to requests that do not
-run this step); ``wait_for_save`` (after the forward pass) submits the remaining
-stores, which capture what this step computed; ``get_finished`` polls the results:
-finished loads are reported by request id, failed loads' blocks (and the invalid
-blocks a load names) are reported as invalid (so vLLM recomputes them), and every
-result goes back to the scheduler half in the worker metadata. Nothing here raises
-for a failed copy.
+The plan of each step runs on a :class:`~kvoffload.core.step_runner.StepRunner` over
+a :class:`~kvoffload.transfer.step_backend.TransferBackend` (the copy worker and the
+tier lane, opened with the KV caches). vLLM's calls, in its order, map onto it:
+``handle_preemptions`` (before the forward pass) flushes (the runner's first part of
+a step); ``start_load_kv`` (before or, for asynchronous loads, right after the
+forward pass is launched) begins the step: the loads and tier jobs; ``wait_for_save``
+(after the forward pass) ends the forward pass: the remaining stores, which capture
+what this step computed; ``get_finished`` collects: finished loads are reported by
+request id, failed loads' blocks (and the invalid blocks a load names) as invalid
+(so vLLM recomputes them), and every result goes back to the scheduler half in the
+worker metadata. Before ``register_kv_caches`` every per-step call is a no-op.
+Nothing here raises for a failed copy.
 """
 
 from __future__ import annotations
@@ -26,40 +29,51 @@ from kvoffload.adapters.vllm.scheduler_side import redis_settings
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import JobResult, WorkerReport
+from kvoffload.core.step_runner import StepRunner
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_store import DiskTierStore
 from kvoffload.tiers.redis_client import make_client
 from kvoffload.tiers.redis_store import RedisStore
 from kvoffload.transfer import CopyHook, TransferWorker
 from kvoffload.transfer.cpu_kernel import NATIVE
+from kvoffload.transfer.step_backend import TransferBackend
 from kvoffload.transfer.tier_worker import TierLane, TierStore, TierWorker
 
 logger = logging.getLogger("kvoffload")
 
 
 class WorkerSide:
-    """Owns one worker's transfer worker and host slab."""
+    """One worker's connector role. Owns the step runner and, through its backend,
+    the transfer worker (with the host slab) and the tier lane; ``copy_hook``,
+    ``rank_override`` are set by tests and harnesses before ``register_kv_caches``."""
 
     def __init__(
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
     ) -> None:
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
         self.config = config
-        self.worker: TransferWorker | None = None
-        self.tiers: TierLane | None = None  # opened with the KV caches
         self.copy_hook: CopyHook | None = None  # tests: hold or fail copies
         self.rank_override: int | None = None  # harnesses running several ranks in one process
         self.rank = 0
-        self._plan: StepPlan | None = None
-        self._submitted: set[int] = set()
-        self._flushed_step = -1
-        self._jobs: dict[int, TransferJob] = {}
-        self._results: list[JobResult] = []
-        self._instant: list[JobResult] = []  # loads of invalid blocks only: done at once
+        self.runner: StepRunner[TransferBackend] | None = None  # from register_kv_caches on
+        self._results: list[JobResult] = []  # polled, not yet sent to the scheduler half
         self._invalid_blocks: set[int] = set()
 
+    @property
+    def worker(self) -> TransferWorker | None:
+        """The transfer worker (None before ``register_kv_caches``)."""
+        return self.runner.backend.worker if self.runner is not None else None
+
+    @property
+    def tiers(self) -> TierLane | None:
+        """The tier lane (None before ``register_kv_caches`` or without a tier)."""
+        return self.runner.backend.tiers if self.runner is not None else None
+
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        """Open the transfer worker over ``kv_caches`` and the configured tiers, and
+        the step runner over them. Raises ConfigError for a KV layout whose chunks
+        are not the size the KV cache config implies (nothing is left open then)."""
         if self.rank_override is not None:
             self.rank = self.rank_override
         else:
@@ -67,6 +81,17 @@ class WorkerSide:
                 self.rank = tensor_parallel_rank()
             except (AssertionError, RuntimeError):
                 self.rank = 0  # no distributed environment: a single worker
+        worker = self._open_worker(kv_caches)
+        try:
+            tiers = self._open_tiers(worker)
+        except BaseException:
+            worker.shutdown()
+            raise
+        backend = TransferBackend(worker, tiers, wait_for_loads=self.copy_hook is None)
+        self.runner = StepRunner(backend)
+        logger.info("%s", self._summary(worker, tiers))
+
+    def _open_worker(self, kv_caches: Mapping[str, torch.Tensor]) -> TransferWorker:
         g = self.geometry
         worker = TransferWorker.for_kv_caches(
             kv_caches,
@@ -84,11 +109,9 @@ class WorkerSide:
                 f"the registered KV tensors hold {worker.layout.chunk_bytes(g.blocks_per_chunk)} "
                 f"bytes per chunk, the KV cache config {g.chunk_bytes}: unsupported layout",
             )
-        self.worker = worker
-        self.tiers = self._open_tiers(worker)
-        logger.info("%s", self._summary(worker))
+        return worker
 
-    def _summary(self, worker: TransferWorker) -> str:
+    def _summary(self, worker: TransferWorker, tiers: TierWorker | None) -> str:
         layout = worker.layout
         if layout.device.type == "cuda":
             copy_path = "CUDA copy engine"
@@ -100,8 +123,7 @@ class WorkerSide:
                 "kvoffload: the compiled copy kernel is missing (built at install time "
                 "with a C compiler); copies use numpy and are slower"
             )
-        tiers = sorted(self.tiers.stores) if isinstance(self.tiers, TierWorker) else []
-        disk = self.tiers.stores.get("disk") if isinstance(self.tiers, TierWorker) else None
+        disk = tiers.stores.get("disk") if tiers is not None else None
         refused = isinstance(disk, DiskTierStore) and not disk.store.o_direct
         if self.config.disk_o_direct and refused:
             logger.warning(
@@ -117,7 +139,7 @@ class WorkerSide:
             slab_bytes=worker.slab.num_slots * worker.slab.chunk_bytes,
             slots=worker.slab.num_slots,
             copy_path=copy_path,
-            tiers=tiers,
+            tiers=sorted(tiers.stores) if tiers is not None else [],
         )
 
     def _open_tiers(self, worker: TransferWorker) -> TierWorker | None:
@@ -142,46 +164,31 @@ class WorkerSide:
     # ------------------------------------------------------------ per step
 
     def handle_preemptions(self, metadata: PlanMetadata) -> None:
-        self._begin(metadata.plan)
+        """Before the forward pass: the step's flush (its first call: idempotent)."""
+        if self.runner is not None:
+            self.runner.flush(metadata.plan)
 
     def start_load_kv(self, metadata: PlanMetadata) -> None:
-        plan = self._begin(metadata.plan)
-        for job in plan.loads:
-            self._submit(job)
-        for job in (*plan.spills, *plan.promotions):
-            if job.job_id not in self._submitted:
-                self._submitted.add(job.job_id)
-                if self.tiers is not None:
-                    self.tiers.submit(job)
-                else:  # no tier configured on this worker: report the job failed
-                    self._results.append(JobResult(job.job_id, False, error="no such tier"))
+        """Submit the step's loads, spills and promotions (after the flush)."""
+        if self.runner is not None:
+            self.runner.begin_step(metadata.plan)
 
     def wait_for_save(self, metadata: PlanMetadata) -> None:
-        plan = self._begin(metadata.plan)
-        for job in plan.stores:
-            self._submit(job)
+        """After the forward pass: submit the step's remaining stores."""
+        if self.runner is not None:
+            self.runner.flush(metadata.plan)
+            self.runner.end_forward()
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
-        if self.worker is None:
+        """Collect results: (None, ids of the requests whose load finished or failed,
+        None when there are none). The results wait for the worker metadata."""
+        if self.runner is None:
             return None, None
-        if self._plan is not None and self._plan.loads and self.copy_hook is None:
-            # This step's loads take a millisecond or so: report them now rather than
-            # a step later (a request waiting for its load gains a whole step).
-            self.worker.wait(job.job_id for job in self._plan.loads)
-        loaded: set[str] = set()
-        if self.tiers is not None:
-            self._results.extend(self.tiers.poll())
-        instant, self._instant = self._instant, []
-        for result in (*self.worker.poll(), *instant):
-            job = self._jobs.pop(result.job_id, None)
-            self._results.append(result)
-            if job is None or job.kind is not JobKind.LOAD:
-                continue
-            loaded.add(job.request_id)
-            self._invalid_blocks.update(job.invalid_blocks)
-            if not result.success:
-                self._invalid_blocks.update(job.moved_blocks())
-        return None, loaded or None
+        for report in self.runner.collect():
+            self._results.extend(report.results)
+        backend = self.runner.backend
+        self._invalid_blocks.update(backend.take_invalid_blocks())
+        return None, backend.take_loaded() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         invalid, self._invalid_blocks = self._invalid_blocks, set()
@@ -194,35 +201,8 @@ class WorkerSide:
         return ReportMetadata((WorkerReport(self.rank, results),))
 
     def shutdown(self) -> None:
+        """Shut the tier lane and the transfer worker down (never raises)."""
         if self.tiers is not None:
             self.tiers.shutdown()
         if self.worker is not None:
             self.worker.shutdown(timeout=10.0)
-
-    # ------------------------------------------------------------ internals
-
-    def _begin(self, plan: StepPlan) -> StepPlan:
-        """First call of a step: flush (submit this plan's flushed stores, then wait
-        for every flushed job) before anything of this step runs."""
-        if plan.step != self._flushed_step:
-            self._flushed_step = plan.step
-            self._plan = plan
-            self._submitted = set()  # jobs are only ever submitted from their own plan
-            for job in plan.stores:
-                if job.job_id in plan.flush:
-                    self._submit(job)
-            if plan.flush and self.worker is not None:
-                self.worker.wait(plan.flush)
-        return plan
-
-    def _submit(self, job: TransferJob) -> None:
-        if job.job_id in self._submitted or self.worker is None:
-            return
-        self._submitted.add(job.job_id)
-        self._jobs[job.job_id] = job
-        if not job.slots:  # a load of invalid blocks only: nothing to copy
-            self._instant.append(JobResult(job.job_id, True))
-        elif job.kind is JobKind.STORE:
-            self.worker.submit_store(job)
-        else:
-            self.worker.submit_load(job)

@@ -49,10 +49,11 @@ def make_rank(
     side.copy_hook = gate
     side.rank_override = rank
     connector.register_kv_caches({name: kv[i] for i, name in enumerate(LAYERS)})
-    copier = side.worker
-    assert copier is not None
-    tiers = GatedTiers(side.tiers) if side.tiers is not None else None
-    side.tiers = tiers
+    assert side.runner is not None
+    backend = side.runner.backend
+    copier = backend.worker
+    tiers = GatedTiers(backend.tiers) if backend.tiers is not None else None
+    backend.tiers = tiers
     entry = Rank(rank, connector, side, copier, gate, tiers)
     store, load = copier.submit_store, copier.submit_load
 

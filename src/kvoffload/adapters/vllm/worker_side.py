@@ -26,7 +26,7 @@ from kvoffload.adapters.vllm.scheduler_side import redis_settings
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, StepPlan, WorkerReport
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_store import DiskTierStore
 from kvoffload.tiers.redis_client import make_client
@@ -54,7 +54,7 @@ class WorkerSide:
         self._plan: StepPlan | None = None
         self._submitted: set[int] = set()
         self._flushed_step = -1
-        self._jobs: dict[int, TransferJob] = {}
+        self._jobs: dict[int, EngineJob] = {}
         self._results: list[JobResult] = []
         self._instant: list[JobResult] = []  # loads of invalid blocks only: done at once
         self._invalid_blocks: set[int] = set()
@@ -148,13 +148,13 @@ class WorkerSide:
         plan = self._begin(metadata.plan)
         for job in plan.loads:
             self._submit(job)
-        for job in (*plan.spills, *plan.promotions):
-            if job.job_id not in self._submitted:
-                self._submitted.add(job.job_id)
+        for tier_job in (*plan.spills, *plan.promotions):
+            if tier_job.job_id not in self._submitted:
+                self._submitted.add(tier_job.job_id)
                 if self.tiers is not None:
-                    self.tiers.submit(job)
+                    self.tiers.submit(tier_job)
                 else:  # no tier configured on this worker: report the job failed
-                    self._results.append(JobResult(job.job_id, False, error="no such tier"))
+                    self._results.append(JobResult(tier_job.job_id, False, error="no such tier"))
 
     def wait_for_save(self, metadata: PlanMetadata) -> None:
         plan = self._begin(metadata.plan)
@@ -215,7 +215,7 @@ class WorkerSide:
                 self.worker.wait(plan.flush)
         return plan
 
-    def _submit(self, job: TransferJob) -> None:
+    def _submit(self, job: EngineJob) -> None:
         if job.job_id in self._submitted or self.worker is None:
             return
         self._submitted.add(job.job_id)

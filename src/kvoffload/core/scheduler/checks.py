@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, TierJob, TransferJob
 from kvoffload.core.scheduler.request_state import Phase
 
 if TYPE_CHECKING:
@@ -71,15 +72,19 @@ def verify_scheduler(
         _fail(f"{directory.storing_count} slots storing, in-flight jobs account for {storing}")
     for tier in tiers.directory_tiers() if tiers is not None else ():
         tier.directory.check_integrity()
-        mine = [j for j in jobs if j.tier == tier.name]
+        mine = [j for j in jobs if isinstance(j, TierJob) and j.tier == tier.name]
         if tier.directory.pinned_count != _keys_of(mine, JobKind.PROMOTE):
             _fail(f"tier {tier.name}: pins do not match its in-flight promotions")
         if tier.directory.storing_count != _keys_of(mine, JobKind.SPILL):
             _fail(f"tier {tier.name}: storing slots do not match its in-flight spills")
-    fences = sum(len(set(job.block_ids)) for job in tracker.jobs() if job.kind is JobKind.STORE)
+    fences = sum(
+        len(set(job.block_ids))
+        for job in jobs
+        if isinstance(job, EngineJob) and job.kind is JobKind.STORE
+    )
     if tracker.fence_count() != fences:
         _fail(f"{tracker.fence_count()} fences, in-flight stores read {fences} blocks")
 
 
-def _keys_of(jobs: list[TransferJob], *kinds: JobKind) -> int:
+def _keys_of(jobs: Sequence[TransferJob], *kinds: JobKind) -> int:
     return sum(len(job.keys) for job in jobs if job.kind in kinds)

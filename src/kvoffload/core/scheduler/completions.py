@@ -8,7 +8,7 @@ the transfer histograms.
 
 from __future__ import annotations
 
-from kvoffload.core.jobs import JobKind, WorkerReport
+from kvoffload.core.jobs import JobKind, TierJob, WorkerReport
 from kvoffload.core.metrics import MetricsRecorder
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
@@ -37,7 +37,7 @@ class Completions:
         for result in report.results:
             job = tracker.job(result.job_id)
             if job is not None:
-                tier = job.tier or "host"
+                tier = job.tier if isinstance(job, TierJob) else "host"
                 self.metrics.observe_transfer(job.kind.value, tier, result.nbytes, result.seconds)
             completion = tracker.record(report.rank, result)
             if completion is None:
@@ -50,13 +50,13 @@ class Completions:
 
     def _complete(self, completion: Completion) -> None:
         job = completion.job
-        if not job.kind.touches_engine:
-            self.moves.complete(completion)
+        if isinstance(job, TierJob):
+            self.moves.complete(job, completion.result)
         elif job.kind is JobKind.STORE:
             self.stores.complete(completion)
         else:
             self.loads.complete(completion)
-        state = self.requests.get(job.request_id)
+        state = None if job.request_id is None else self.requests.get(job.request_id)
         if state is not None:
             self._release(state, completion)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from kvoffload.core.anomalies import Anomaly, AnomalyLog, ParamErrorLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
-from kvoffload.core.jobs import StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
 from kvoffload.core.metrics import MetricsRecorder
 from kvoffload.core.scheduler.allocations import Allocations
@@ -57,9 +57,7 @@ class OffloadScheduler:
         self.config = config
         self.directory = directory
         self.namespace = namespace
-        self.tiers = TierPlanner(
-            directory, lower_tiers, config.blocks_per_chunk, spill_after_hits=spill_after_hits
-        )
+        self.tiers = TierPlanner(directory, lower_tiers, spill_after_hits=spill_after_hits)
         self.stats = SchedulerStats()
         self.metrics = MetricsRecorder()
         self.anomalies = AnomalyLog()
@@ -215,7 +213,7 @@ class OffloadScheduler:
         """A job id never handed out before (for jobs the engine adapter makes itself)."""
         return self._tracker.new_id()
 
-    def take_unplanned_loads(self) -> list[TransferJob]:
+    def take_unplanned_loads(self) -> list[EngineJob]:
         """Loads emitted by ``on_allocated`` and not yet shipped in a plan (the adapter
         takes them when it stops offloading after an internal error)."""
         return self.builder.take_loads()

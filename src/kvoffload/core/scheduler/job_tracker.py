@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvoffload.core.failures import ChunkFailure
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TransferJob
 
 
 @dataclass
@@ -61,7 +61,7 @@ class JobTracker:
 
     def add(self, job: TransferJob) -> None:
         self._jobs[job.job_id] = _Tracked(job)
-        if job.kind is JobKind.STORE:
+        if isinstance(job, EngineJob) and job.kind is JobKind.STORE:
             for block in set(job.block_ids):
                 self._fences.setdefault(block, set()).add(job.job_id)
 
@@ -83,7 +83,7 @@ class JobTracker:
             return None
         del self._jobs[result.job_id]
         job = tracked.job
-        if job.kind is JobKind.STORE:
+        if isinstance(job, EngineJob) and job.kind is JobKind.STORE:
             for block in set(job.block_ids):
                 waiting = self._fences.get(block)
                 if waiting is None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
@@ -107,7 +107,7 @@ class LoadPlanner:
         *,
         offered: int,
         block_ids: Sequence[int],
-    ) -> TransferJob:
+    ) -> EngineJob:
         """The load of an admitted hit, tracked on the request (see
         :func:`plan_load_job`)."""
         job = plan_load_job(
@@ -186,7 +186,7 @@ def plan_load_job(
     directory: Directory,
     new_id: Callable[[], int],
     anomalies: AnomalyLog,
-) -> TransferJob:
+) -> EngineJob:
     """The load of ``external`` tokens past ``local`` into the request's blocks, its
     chunks pinned in ``directory``; a load of only invalid blocks (the engine
     recomputes them; counted as an anomaly, ``state.load_failed`` set) when the engine
@@ -204,7 +204,7 @@ def plan_load_job(
         kind, detail = problem
         anomalies.note(kind, f"load for request {state.request_id!r}: {detail}; recomputed")
         state.load_failed = True
-        return TransferJob(
+        return EngineJob(
             job_id=new_id(),
             kind=JobKind.LOAD,
             request_id=state.request_id,
@@ -215,7 +215,7 @@ def plan_load_job(
             invalid_blocks=blocks,
         )
     keys = state.keys.keys[local // chunk : (local + external) // chunk]
-    return TransferJob(
+    return EngineJob(
         job_id=new_id(),
         kind=JobKind.LOAD,
         request_id=state.request_id,

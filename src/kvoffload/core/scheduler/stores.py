@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion, JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
@@ -33,7 +33,7 @@ class StorePlanner:
         self.stats = ctx.stats
         self.anomalies = ctx.anomalies
 
-    def plan(self, state: RequestState) -> TransferJob | None:
+    def plan(self, state: RequestState) -> EngineJob | None:
         """The request's next store job, tracked on it, or None."""
         tracker = self.requests.tracker
         job = plan_store_job(state, self.directory, tracker.new_id, self.config, self.anomalies)
@@ -102,7 +102,7 @@ def plan_store_job(
     new_id: Callable[[], int],
     config: SchedulerConfig,
     anomalies: AnomalyLog,
-) -> TransferJob | None:
+) -> EngineJob | None:
     """A store job for the request's chunks that became full since its store cursor.
 
     Full means: every token of the chunk has a block hash (tokens known) and KV
@@ -148,7 +148,7 @@ def plan_store_job(
         return None
     position = {key: start + i for i, key in enumerate(keys[start:end])}
     blocks = tuple(b for key in prepared.keys for b in state.block_ids[position[key] * k :][:k])
-    return TransferJob(
+    return EngineJob(
         job_id=new_id(),
         kind=JobKind.STORE,
         request_id=state.request_id,
@@ -170,8 +170,8 @@ def fenced_stores(
     fenced: set[int] = set()
     for job_id in tracker.fenced(fresh_blocks):
         job = tracker.get(job_id)
-        if job is None:
-            continue
+        if not isinstance(job, EngineJob):
+            continue  # gone (fences name only stores)
         owner = states.get(job.request_id)
         if owner is not None and owner.phase is Phase.RUNNING:
             held = set(owner.block_ids)

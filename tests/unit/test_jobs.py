@@ -1,4 +1,5 @@
-"""The two job families validate their own invariants at construction."""
+"""The two job families validate their own invariants at construction; the job
+tracker, their one owner, answers what each request has in flight."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.jobs import EngineJob, JobKind, TierJob
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.scheduler.job_tracker import JobTracker
 
 KEY, KEY2 = ChunkKey(b"\x01" * 16), ChunkKey(b"\x02" * 16)
 
@@ -75,3 +77,24 @@ def test_a_tier_job_checks_its_slots(
 ) -> None:
     with pytest.raises(ContractViolation, match=words):
         TierJob(1, JobKind.SPILL, keys, slots, tier, tier_slots)
+
+
+def test_the_tracker_answers_what_a_request_has_in_flight() -> None:
+    tracker = JobTracker(2)
+    store = EngineJob(1, JobKind.STORE, "a", (KEY,), (0,), (7,), 1)
+    promotion = TierJob(2, JobKind.PROMOTE, (KEY2,), (1,), "disk", request_id="a")
+    spill = TierJob(3, JobKind.SPILL, (KEY,), (0,), "disk")
+    load = EngineJob(4, JobKind.LOAD, "b", (KEY,), (0,), (8,), 1)
+    for job in (store, promotion, spill, load):
+        tracker.add(job)
+    assert tracker.jobs_of("a") == (store, promotion) and tracker.store_ids("a") == [1]
+    assert tracker.has_promotion("a") and not tracker.has_load("a")
+    assert tracker.has_load("b") and not tracker.has_jobs("c") and tracker.jobs_of("c") == ()
+    assert tracker.record(0, JobResult(1, True)) is None  # one of two workers
+    assert tracker.jobs_of("a") == (store, promotion)
+    assert tracker.record(1, JobResult(1, True)) is not None
+    assert tracker.jobs_of("a") == (promotion,) and tracker.store_ids("a") == []
+    for rank in (0, 1):
+        tracker.record(rank, JobResult(2, False))
+        tracker.record(rank, JobResult(3, True))  # a spill: in no request's index
+    assert not tracker.has_jobs("a") and tracker.has_jobs("b") and len(tracker) == 1

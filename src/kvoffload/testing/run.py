@@ -206,8 +206,7 @@ def _install_tracer(scheduler: OffloadScheduler, worker: ManualWorker, log: list
 
     def traced_lookup(request: EngineRequest, num_computed_tokens: int) -> int | None:
         answer = lookup(request, num_computed_tokens)
-        state = scheduler.state_of(request.request_id)
-        jobs = sorted(state.jobs) if state is not None else []
+        jobs = sorted(job.job_id for job in scheduler.jobs_of(request.request_id))
         log.append(
             f"  lookup {request.request_id} (local hit {num_computed_tokens}, jobs in flight "
             f"{jobs}) -> {'retry later' if answer is None else answer}"

@@ -2,8 +2,8 @@
 in the planner of its family, then on the request that waited for it.
 
 Unknown and repeated results are ignored and counted (``stale_completions``).
-Mutates the planners' state (directories, tiers), the requests' phases and jobs,
-the transfer histograms.
+Mutates the planners' state (directories, tiers), the job tracker (the completed job
+leaves it), the requests' phases, the transfer histograms.
 """
 
 from __future__ import annotations
@@ -62,8 +62,7 @@ class Completions:
 
     def _release(self, state: RequestState, completion: Completion) -> None:
         """The request side of a completed job: the phase it waited in moves on."""
-        job = completion.job
-        del state.jobs[job.job_id]
+        job = completion.job  # already gone from the tracker
         if job.kind is JobKind.LOAD:
             state.load_failed |= not completion.success
             if state.phase is Phase.LOADING:
@@ -73,7 +72,7 @@ class Completions:
                 state.no_promotion = True  # take what arrived; no retry loop on a bad tier
             if state.phase is Phase.PROMOTING:
                 state.move(Phase.WAITING)
-        if state.jobs:
+        if self.requests.tracker.has_jobs(state.request_id):
             return
         if state.phase is Phase.PREEMPTED_DRAINING:
             state.move(Phase.WAITING)

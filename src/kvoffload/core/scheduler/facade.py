@@ -158,7 +158,7 @@ class OffloadScheduler:
             state.computed_tokens = min(state.computed_tokens, state.request.num_computed_tokens)
             state.move(Phase.FINISHING)
             self.builder.finishing(request_id)
-        elif state.jobs:
+        elif self._tracker.has_jobs(request_id):
             state.move(Phase.FINISHED_DRAINING)
         else:
             self.requests.drop(state)
@@ -220,6 +220,10 @@ class OffloadScheduler:
 
     def jobs_in_flight(self) -> list[TransferJob]:
         return self._tracker.jobs()
+
+    def jobs_of(self, request_id: str) -> tuple[TransferJob, ...]:
+        """The request's jobs in flight (see :meth:`JobTracker.jobs_of`)."""
+        return self._tracker.jobs_of(request_id)
 
     def state_of(self, request_id: str) -> RequestState | None:
         return self.requests.get(request_id)

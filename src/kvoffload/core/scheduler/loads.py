@@ -56,9 +56,10 @@ class LoadPlanner:
             # stored once computed, unless it said otherwise).
             state.lookup_hit = local_only
             return 0
-        if state.jobs and not self.config.testing_disable_inflight_deferral:
-            if state.has_load() or not self.deferral.expired(state):
-                promoting = state.has_promotion()
+        tracker, request_id = self.requests.tracker, state.request_id
+        if tracker.has_jobs(request_id) and not self.config.testing_disable_inflight_deferral:
+            if tracker.has_load(request_id) or not self.deferral.expired(state):
+                promoting = tracker.has_promotion(request_id)
                 busy = Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT
                 self.deferral.defer(state, busy)
                 return RETRY_LATER
@@ -108,8 +109,7 @@ class LoadPlanner:
         offered: int,
         block_ids: Sequence[int],
     ) -> EngineJob:
-        """The load of an admitted hit, tracked on the request (see
-        :func:`plan_load_job`)."""
+        """The load of an admitted hit, tracked (see :func:`plan_load_job`)."""
         job = plan_load_job(
             state,
             local,
@@ -121,7 +121,7 @@ class LoadPlanner:
             new_id=self.requests.tracker.new_id,
             anomalies=self.anomalies,
         )
-        self.requests.track(state, job)
+        self.requests.tracker.add(job)
         if job.keys:
             self.stats.loads += 1
             self.stats.loaded_chunks += len(job.keys)

@@ -63,9 +63,11 @@ class StepBuilder:
         if state is None or state.phase is not Phase.RUNNING:
             return
         state.block_ids.clear()
-        self._flush.update(state.store_ids())
+        tracker = self.requests.tracker
+        self._flush.update(tracker.store_ids(request_id))
         self.stats.preemptions += 1
-        state.move(Phase.PREEMPTED_DRAINING if state.jobs else Phase.WAITING)
+        busy = tracker.has_jobs(request_id)
+        state.move(Phase.PREEMPTED_DRAINING if busy else Phase.WAITING)
 
     def has_pending(self) -> bool:
         return bool(self._finishing or self.pending_loads or self.loads.wished)
@@ -101,7 +103,7 @@ class StepBuilder:
             state = self.requests.get(request_id)
             if state is not None and state.phase is Phase.FINISHING:
                 self._store(state, stores)
-                if state.jobs:
+                if self.requests.tracker.has_jobs(request_id):
                     state.move(Phase.FINISHED_DRAINING)
                 else:
                     self.requests.drop(state)

@@ -34,12 +34,15 @@ class StorePlanner:
         self.anomalies = ctx.anomalies
 
     def plan(self, state: RequestState) -> EngineJob | None:
-        """The request's next store job, tracked on it, or None."""
+        """The request's next store job, tracked, or None (always None while a load
+        of the request is in flight)."""
         tracker = self.requests.tracker
+        if tracker.has_load(state.request_id):
+            return None
         job = plan_store_job(state, self.directory, tracker.new_id, self.config, self.anomalies)
         if job is None:
             return None
-        self.requests.track(state, job)
+        tracker.add(job)
         self.stats.stores += 1
         self.stats.stored_chunks += len(job.keys)
         return job
@@ -109,11 +112,12 @@ def plan_store_job(
     (``computed_tokens``), and the request holds the chunk's blocks. Prepares the
     store in ``directory`` and advances ``state.stored_chunks``. When not all fit, the
     leading chunks that fit are stored; when none fits, nothing changes (the chunks
-    are offered again next step) and it returns None. Never for a request with a load
-    in flight, nor for one whose KV predates a connector reset. A chunk naming the
+    are offered again next step) and it returns None. Never for a request whose KV
+    predates a connector reset (nor, by its caller, for one with a load in flight:
+    :meth:`StorePlanner.plan`). A chunk naming the
     engine's null block or a block named twice is never stored (counted as an
     anomaly): the chunks before it are, then the cursor skips it."""
-    if state.has_load() or state.stale_kv:
+    if state.stale_kv:
         return None
     k, chunk = config.blocks_per_chunk, config.chunk_tokens
     hashes = state.request.block_hashes

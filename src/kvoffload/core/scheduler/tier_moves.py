@@ -37,7 +37,7 @@ class TierMoves:
             if state is None or state.promotion is None:
                 continue
             wish, state.promotion = state.promotion, None
-            if state.phase is not Phase.WAITING or state.jobs:
+            if state.phase is not Phase.WAITING or self.requests.tracker.has_jobs(request_id):
                 continue
             job = self.tiers.plan_promotion(
                 request_id, wish.tier, wish.keys, self.requests.tracker.new_id
@@ -45,7 +45,7 @@ class TierMoves:
             if job is None:
                 state.no_promotion = True
                 continue
-            self.requests.track(state, job)
+            self.requests.tracker.add(job)
             state.move(Phase.PROMOTING)
             jobs.append(job)
         return jobs

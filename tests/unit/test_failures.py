@@ -62,7 +62,7 @@ def test_results_with_failures_cross_processes() -> None:
 def promotion_setup() -> tuple[Directory, DirectoryTier, TierPlanner]:
     host = Directory(8)
     disk = DirectoryTier(Directory(8, tier="disk"))
-    planner = TierPlanner(host, [disk], 1)
+    planner = TierPlanner(host, [disk])
     prepared = disk.directory.prepare_store([K(1), K(2)], admit_all=True)
     disk.directory.complete_store(prepared.keys, success=True)
     return host, disk, planner
@@ -98,7 +98,7 @@ class _Undecided(DirectoryTier):
 def test_find_below_answers_found_unknown_or_absent() -> None:
     host = Directory(8)
     disk = DirectoryTier(Directory(8, tier="disk"))
-    planner = TierPlanner(host, [disk], 1)
+    planner = TierPlanner(host, [disk])
     assert planner.find_below([K(1)]) is ABSENT
     prepared = disk.directory.prepare_store([K(1), K(2)], admit_all=True)
     disk.directory.complete_store(prepared.keys, success=True)
@@ -106,5 +106,5 @@ def test_find_below_answers_found_unknown_or_absent() -> None:
     assert planner.find_below([K(1)], allowed=lambda name: name != "disk") is ABSENT
     assert planner.find_below([K(3)]) is ABSENT
     front = _Undecided(Directory(8, tier="redis"))
-    assert TierPlanner(host, [front, disk], 1).find_below([K(1)]) is UNKNOWN
+    assert TierPlanner(host, [front, disk]).find_below([K(1)]) is UNKNOWN
     assert disk.stats.hit_chunks == 2

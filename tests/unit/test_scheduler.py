@@ -9,7 +9,7 @@ import pytest
 from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import EventKind
-from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import ChunkKey, Namespace, block_hashes
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler.request_state import Phase
@@ -266,7 +266,7 @@ def test_a_failed_load_unpins_and_lets_the_request_run() -> None:
     alloc(s, "b", [3, 4], 8)
     plan = s.build_plan(StepInput())
     (done,) = s.on_report(failed(plan.loads))
-    assert not done.success and done.job.block_ids == (3, 4)
+    assert not done.success and done.job == plan.loads[0] and plan.loads[0].block_ids == (3, 4)
     assert s.stats.load_failures == 1 and s.directory.pinned_count == 0
     assert s.state_of("b").phase is Phase.RUNNING  # type: ignore[union-attr]
     # The chunks may be torn: discarded for everyone, and b recomputes from now on.
@@ -461,7 +461,7 @@ def test_a_store_naming_a_block_twice_completes_without_raising() -> None:
     from kvoffload.core.scheduler.job_tracker import JobTracker
 
     tracker = JobTracker(1)
-    job = TransferJob(1, JobKind.STORE, "a", (KEY, KEY2), (0, 1), (7, 7), 1)
+    job = EngineJob(1, JobKind.STORE, "a", (KEY, KEY2), (0, 1), (7, 7), 1)
     tracker.add(job)
     assert tracker.fence_count() == 1
     done = tracker.record(0, JobResult(1, True))

@@ -31,7 +31,7 @@ def setup(
 ) -> tuple[Directory, DirectoryTier, TierPlanner]:
     host = Directory(8)
     disk = DirectoryTier(Directory(disk_slots, tier="disk"))
-    return host, disk, TierPlanner(host, [disk], 1, spill_after_hits=spill_after_hits)
+    return host, disk, TierPlanner(host, [disk], spill_after_hits=spill_after_hits)
 
 
 def stored(host: Directory, keys: list[ChunkKey]) -> None:
@@ -72,7 +72,7 @@ def test_after_n_hits_a_chunk_spills_on_its_nth_host_load_only() -> None:
 def test_hit_counters_are_bounded() -> None:
     host = Directory(8)
     planner = TierPlanner(
-        host, [DirectoryTier(Directory(8, tier="disk"))], 1, spill_after_hits=2, max_counters=3
+        host, [DirectoryTier(Directory(8, tier="disk"))], spill_after_hits=2, max_counters=3
     )
     planner.note_loaded([K(i) for i in range(10)])
     assert len(planner._hits) == 3

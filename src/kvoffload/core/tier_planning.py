@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
 from kvoffload.core.failures import ChunkFailure, FailureKind, error_failure
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.tiering import DirectoryTier, LowerTier
 
@@ -54,14 +54,12 @@ class TierPlanner:
         self,
         host: Directory,
         tiers: Sequence[LowerTier],
-        blocks_per_chunk: int,
         *,
         spill_after_hits: int = 0,
         max_counters: int = 65536,
     ) -> None:
         self.host = host
         self.tiers = {tier.name: tier for tier in tiers}
-        self.blocks_per_chunk = blocks_per_chunk
         self.spill_after_hits = spill_after_hits
         self._max_counters = max_counters
         self._queues: dict[str, dict[ChunkKey, None]] = {name: {} for name in self.tiers}
@@ -122,7 +120,9 @@ class TierPlanner:
 
     # ------------------------------------------------------------ jobs
 
-    def plan_spills(self, new_id: Callable[[], int]) -> list[TransferJob]:
+    def plan_spills(self, new_id: Callable[[], int]) -> list[TierJob]:
+        """Spills of the queued chunks still in host memory (pinned there until
+        reported), one per tier with room; they serve no request. Empties the queues."""
         jobs = []
         for name, queue in self._queues.items():
             keys = [
@@ -136,14 +136,11 @@ class TierPlanner:
             if booking is None or not booking.keys:
                 continue
             jobs.append(
-                TransferJob(
+                TierJob(
                     job_id=new_id(),
                     kind=JobKind.SPILL,
-                    request_id="",
                     keys=booking.keys,
                     slots=self.host.prepare_load(booking.keys),
-                    block_ids=(),
-                    blocks_per_chunk=self.blocks_per_chunk,
                     tier=name,
                     tier_slots=booking.slots,
                 )
@@ -152,9 +149,9 @@ class TierPlanner:
 
     def plan_promotion(
         self, request_id: str, tier_name: str, keys: Sequence[ChunkKey], new_id: Callable[[], int]
-    ) -> TransferJob | None:
-        """A promotion of the ``keys`` missing from host memory, or None (no room,
-        or nothing left to promote)."""
+    ) -> TierJob | None:
+        """A promotion (for ``request_id``) of the ``keys`` missing from host memory,
+        or None (no room, or nothing left to promote)."""
         tier = self.tiers[tier_name]
         if tier.present_run(keys) != len(keys):
             return None  # changed since the lookup
@@ -162,19 +159,17 @@ class TierPlanner:
         if prepared.no_room or not prepared.keys:
             return None
         tier_slots = tier.book_promotion(prepared.keys)
-        return TransferJob(
+        return TierJob(
             job_id=new_id(),
             kind=JobKind.PROMOTE,
-            request_id=request_id,
             keys=prepared.keys,
             slots=prepared.slots,
-            block_ids=(),
-            blocks_per_chunk=self.blocks_per_chunk,
             tier=tier_name,
             tier_slots=tier_slots,
+            request_id=request_id,
         )
 
-    def complete(self, job: TransferJob, result: JobResult) -> None:
+    def complete(self, job: TierJob, result: JobResult) -> None:
         """Book a spill's or a promotion's outcome (aggregated over every worker)."""
         tier = self.tiers[job.tier]
         failed: dict[int, ChunkFailure] = dict(result.failed_chunks)

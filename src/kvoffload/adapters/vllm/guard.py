@@ -21,7 +21,7 @@ import logging
 import traceback
 from collections.abc import Sequence
 
-from kvoffload.core.jobs import JobKind, StepPlan, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, StepPlan
 from kvoffload.core.scheduler import OffloadScheduler
 
 logger = logging.getLogger("kvoffload")
@@ -64,7 +64,7 @@ class Guard:
         """The plan while off: the owed loads, as loads of invalid blocks."""
         self._steps += 1
         loads = tuple(
-            TransferJob(
+            EngineJob(
                 job_id=self.scheduler.new_job_id(),
                 kind=JobKind.LOAD,
                 request_id=request_id,

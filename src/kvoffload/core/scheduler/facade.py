@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from kvoffload.core.anomalies import Anomaly, AnomalyLog, ParamErrorLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
-from kvoffload.core.jobs import StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
 from kvoffload.core.metrics import MetricsRecorder
 from kvoffload.core.scheduler.allocations import Allocations
@@ -57,9 +57,7 @@ class OffloadScheduler:
         self.config = config
         self.directory = directory
         self.namespace = namespace
-        self.tiers = TierPlanner(
-            directory, lower_tiers, config.blocks_per_chunk, spill_after_hits=spill_after_hits
-        )
+        self.tiers = TierPlanner(directory, lower_tiers, spill_after_hits=spill_after_hits)
         self.stats = SchedulerStats()
         self.metrics = MetricsRecorder()
         self.anomalies = AnomalyLog()
@@ -160,7 +158,7 @@ class OffloadScheduler:
             state.computed_tokens = min(state.computed_tokens, state.request.num_computed_tokens)
             state.move(Phase.FINISHING)
             self.builder.finishing(request_id)
-        elif state.jobs:
+        elif self._tracker.has_jobs(request_id):
             state.move(Phase.FINISHED_DRAINING)
         else:
             self.requests.drop(state)
@@ -215,13 +213,17 @@ class OffloadScheduler:
         """A job id never handed out before (for jobs the engine adapter makes itself)."""
         return self._tracker.new_id()
 
-    def take_unplanned_loads(self) -> list[TransferJob]:
+    def take_unplanned_loads(self) -> list[EngineJob]:
         """Loads emitted by ``on_allocated`` and not yet shipped in a plan (the adapter
         takes them when it stops offloading after an internal error)."""
         return self.builder.take_loads()
 
     def jobs_in_flight(self) -> list[TransferJob]:
         return self._tracker.jobs()
+
+    def jobs_of(self, request_id: str) -> tuple[TransferJob, ...]:
+        """The request's jobs in flight (see :meth:`JobTracker.jobs_of`)."""
+        return self._tracker.jobs_of(request_id)
 
     def state_of(self, request_id: str) -> RequestState | None:
         return self.requests.get(request_id)

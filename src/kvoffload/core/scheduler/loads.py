@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
@@ -56,9 +56,10 @@ class LoadPlanner:
             # stored once computed, unless it said otherwise).
             state.lookup_hit = local_only
             return 0
-        if state.jobs and not self.config.testing_disable_inflight_deferral:
-            if state.has_load() or not self.deferral.expired(state):
-                promoting = state.has_promotion()
+        tracker, request_id = self.requests.tracker, state.request_id
+        if tracker.has_jobs(request_id) and not self.config.testing_disable_inflight_deferral:
+            if tracker.has_load(request_id) or not self.deferral.expired(state):
+                promoting = tracker.has_promotion(request_id)
                 busy = Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT
                 self.deferral.defer(state, busy)
                 return RETRY_LATER
@@ -107,9 +108,8 @@ class LoadPlanner:
         *,
         offered: int,
         block_ids: Sequence[int],
-    ) -> TransferJob:
-        """The load of an admitted hit, tracked on the request (see
-        :func:`plan_load_job`)."""
+    ) -> EngineJob:
+        """The load of an admitted hit, tracked (see :func:`plan_load_job`)."""
         job = plan_load_job(
             state,
             local,
@@ -121,7 +121,7 @@ class LoadPlanner:
             new_id=self.requests.tracker.new_id,
             anomalies=self.anomalies,
         )
-        self.requests.track(state, job)
+        self.requests.tracker.add(job)
         if job.keys:
             self.stats.loads += 1
             self.stats.loaded_chunks += len(job.keys)
@@ -186,7 +186,7 @@ def plan_load_job(
     directory: Directory,
     new_id: Callable[[], int],
     anomalies: AnomalyLog,
-) -> TransferJob:
+) -> EngineJob:
     """The load of ``external`` tokens past ``local`` into the request's blocks, its
     chunks pinned in ``directory``; a load of only invalid blocks (the engine
     recomputes them; counted as an anomaly, ``state.load_failed`` set) when the engine
@@ -204,7 +204,7 @@ def plan_load_job(
         kind, detail = problem
         anomalies.note(kind, f"load for request {state.request_id!r}: {detail}; recomputed")
         state.load_failed = True
-        return TransferJob(
+        return EngineJob(
             job_id=new_id(),
             kind=JobKind.LOAD,
             request_id=state.request_id,
@@ -215,7 +215,7 @@ def plan_load_job(
             invalid_blocks=blocks,
         )
     keys = state.keys.keys[local // chunk : (local + external) // chunk]
-    return TransferJob(
+    return EngineJob(
         job_id=new_id(),
         kind=JobKind.LOAD,
         request_id=state.request_id,

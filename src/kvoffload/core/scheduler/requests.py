@@ -3,9 +3,9 @@
 A state is created at a request's first lookup or allocation (with the controls its
 ``kv_transfer_params`` carry; a refused value is counted and warned about) and
 dropped when the request is done: finished, its final store planned, nothing in
-flight. Jobs are tracked
-on both the state (what the request waits for) and the job tracker (completion
-counting, fences): :meth:`track` adds to both, completions remove from both.
+flight. The jobs a request waits for are not kept here: the job tracker
+(:attr:`RequestTable.tracker`) is their one owner and answers, by request id, what a
+request has in flight.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvoffload.core.anomalies import ParamErrorLog
-from kvoffload.core.jobs import TransferJob
 from kvoffload.core.keys import Namespace
 from kvoffload.core.request_controls import parse_controls
 from kvoffload.core.scheduler.job_tracker import JobTracker
@@ -42,12 +41,10 @@ class RequestTable:
         return state
 
     def drop(self, state: RequestState) -> None:
+        """The request is done (DONE); callers drop it only once it has no job in
+        flight."""
         state.move(Phase.DONE)
         del self._states[state.request_id]
-
-    def track(self, state: RequestState, job: TransferJob) -> None:
-        self.tracker.add(job)
-        state.jobs[job.job_id] = job
 
     def __iter__(self) -> Iterator[RequestState]:
         return iter(list(self._states.values()))

@@ -13,13 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvoffload.core.metrics import Histogram, Labels, labels
+from kvoffload.core.metrics import Series, labels
+from kvoffload.core.recorder import Histogram
 from kvoffload.core.tiering import DirectoryTier
 
 if TYPE_CHECKING:
     from kvoffload.core.scheduler import OffloadScheduler
-
-Series = tuple[str, Labels]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
 from kvoffload.core.jobs import StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
-from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.scheduler.allocations import Allocations
 from kvoffload.core.scheduler.checks import verify_scheduler
 from kvoffload.core.scheduler.completions import Completions

@@ -9,7 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_support import BLOCK, CHUNK_BYTES, PROMPTS, engine, generate, half, quiescent, settle
+from llm_support import (
+    BLOCK,
+    CHUNK_BYTES,
+    PROMPTS,
+    counted,
+    engine,
+    generate,
+    half,
+    quiescent,
+    settle,
+)
 
 MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
 
@@ -151,11 +161,12 @@ def test_a_connector_reset_leaves_nothing_readable_in_host_memory_or_on_disk(
         late = [(17 * i) % 983 + 7 for i in range(8 * BLOCK + 24)]
         generate(llm, [late], max_tokens=9)  # chunk 9 fills in its last step: stored after
         assert llm.reset_prefix_cache(reset_connector=True)
-        stored = half(llm).stats.stored_chunks
+        stored = counted(llm, "transferred_chunks_total", direction="store", tier="host")
         found = half(llm).tiers.tiers["disk"].stats.hit_chunks
         generate(llm, [other])
         settle(llm)
-        assert half(llm).stats.stored_chunks - stored == 8  # other's chunks, nothing older
+        now = counted(llm, "transferred_chunks_total", direction="store", tier="host")
+        assert now - stored == 8  # other's chunks, nothing older
         llm.reset_prefix_cache()
         assert generate(llm, [prompt])[0].num_cached_tokens == 0
         settle(llm)

@@ -38,31 +38,13 @@ def read_metrics(
 ) -> MetricsReading:
     """``chunk_bytes``: one chunk's bytes, all workers together."""
     out = MetricsReading()
-    c = out.counters
-    s = scheduler.stats
+    c = out.counters = {series: float(n) for series, n in scheduler.metrics.counters.items()}
     host = scheduler.directory
     chunk_tokens = scheduler.config.chunk_tokens
 
     def count(name: str, value: float, **pairs: str) -> None:
         c[(name, labels(**pairs))] = float(value)
 
-    count("lookups_total", s.lookups, tier="host")
-    count("hit_tokens_total", s.lookup_hit_tokens, tier="host")
-    for deferral, n in s.deferrals.items():
-        count("deferrals_total", n, reason=deferral.value)
-    count("deferral_timeouts_total", s.deferral_timeouts)
-    count("transferred_chunks_total", s.loaded_chunks, direction="load", tier="host")
-    count("transferred_chunks_total", s.stored_chunks, direction="store", tier="host")
-    count("failed_chunks_total", s.failed_load_chunks, direction="load", tier="host")
-    count("failed_chunks_total", s.failed_store_chunks, direction="store", tier="host")
-    count("preemptions_total", s.preemptions)
-    for kind, n in scheduler.anomalies.counts.items():
-        count("anomalies_total", n, kind=kind.value)
-    for name, n in scheduler.param_errors.counts.items():
-        count("request_param_errors_total", n, field=name)
-    count("internal_errors_total", s.internal_errors)
-    count("resets_total", s.resets)
-    count("flushes_total", s.flushes)
     directories = {"host": host, **{t.name: t.directory for t in scheduler.tiers.directory_tiers()}}
     for name, directory in directories.items():
         count("evictions_total", directory.stats.evictions, tier=name)

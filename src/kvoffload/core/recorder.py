@@ -105,6 +105,10 @@ class MetricsRecorder:
             _check_counter(key)
             self.counters[key] = 0
 
+    def declare_all(self, series: Iterable[Series]) -> None:
+        for name, pairs in series:
+            self.declare(name, **dict(pairs))
+
     def value(self, name: str, **pairs: str) -> int:
         """One counter series (0 when never counted)."""
         return self.counters.get((name, labels(**pairs)), 0)

@@ -259,9 +259,9 @@ class _Simulation:
             r.ttft_p95_s = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
         if self.scheduler is None or self.host is None or self.worker is None:
             return
-        stats, chunks = self.scheduler.stats, self.worker.traffic.chunks
-        r.deferrals = {d.value: n for d, n in stats.deferrals.items()}
-        r.deferral_timeouts = stats.deferral_timeouts
+        metrics, chunks = self.scheduler.metrics, self.worker.traffic.chunks
+        r.deferrals = metrics.breakdown("deferrals_total", "reason")
+        r.deferral_timeouts = metrics.value("deferral_timeouts_total")
         r.admission_refusals = self.host.stats.admission_refusals
         r.lane_busy_s = dict(self.worker.traffic.busy_s)
         r.tiers.append(

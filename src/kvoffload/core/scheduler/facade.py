@@ -26,6 +26,7 @@ from kvoffload.core.scheduler.step_builder import StepBuilder
 from kvoffload.core.scheduler.stores import StorePlanner
 from kvoffload.core.scheduler.tier_moves import TierMoves
 from kvoffload.core.scheduler_types import (
+    SCHEDULER_SERIES,
     EngineRequest,
     SchedulerConfig,
     SchedulerStats,
@@ -61,14 +62,24 @@ class OffloadScheduler:
             directory, lower_tiers, config.blocks_per_chunk, spill_after_hits=spill_after_hits
         )
         self.stats = SchedulerStats()
-        self.metrics = MetricsRecorder()
-        self.anomalies = AnomalyLog()
+        self.metrics = MetricsRecorder()  # every counter and histogram of this half
+        self.metrics.declare_all(SCHEDULER_SERIES)
+        self.anomalies = AnomalyLog(self.metrics)
         self._new_epoch = new_epoch
         self._tracker = JobTracker(config.world_size)
-        self.requests = RequestTable(namespace, config.hashes_per_chunk, self._tracker)
-        self.deferral = DeferralClock(config, self.stats, self.metrics, clock)
+        self.requests = RequestTable(
+            namespace, config.hashes_per_chunk, self._tracker, self.metrics
+        )
+        self.deferral = DeferralClock(config, self.metrics, clock)
         ctx = Context(
-            config, directory, self.tiers, self.requests, self.deferral, self.stats, self.anomalies
+            config,
+            directory,
+            self.tiers,
+            self.requests,
+            self.deferral,
+            self.stats,
+            self.metrics,
+            self.anomalies,
         )
         self.loads = LoadPlanner(ctx)
         self.stores = StorePlanner(ctx)
@@ -105,7 +116,7 @@ class OffloadScheduler:
         deferral bound is reached (then 0: recompute). A hit of less than one chunk
         past the local hit counts as 0. Changes no directory state.
         """
-        self.stats.lookups += 1
+        self.metrics.count("lookups_total", tier="host")
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests.new(request)
@@ -193,7 +204,7 @@ class OffloadScheduler:
         self.tiers.reset()
         for state in self.requests:
             state.rekey(self.namespace, self.requests.epoch)
-        self.stats.resets += 1
+        self.metrics.count("resets_total")
 
     def take_events(self) -> list[CacheEvent]:
         events = self.directory.take_events()

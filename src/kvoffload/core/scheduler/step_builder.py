@@ -32,7 +32,7 @@ class StepBuilder:
         self.config = ctx.config
         self.requests = ctx.requests
         self.deferral = ctx.deferral
-        self.stats = ctx.stats
+        self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
         self.loads = loads
         self.stores = stores
@@ -64,7 +64,7 @@ class StepBuilder:
             return
         state.block_ids.clear()
         self._flush.update(state.store_ids())
-        self.stats.preemptions += 1
+        self.metrics.count("preemptions_total")
         state.move(Phase.PREEMPTED_DRAINING if state.jobs else Phase.WAITING)
 
     def has_pending(self) -> bool:

@@ -402,7 +402,7 @@ def test_no_room_is_retried_in_a_later_step() -> None:
     hold = run_prefill(s, Req("a", list(range(8))), [1, 2])  # both slots STORING
     req = Req("b", [20 + i for i in range(8)])
     plan = run_prefill(s, req, [3, 4])
-    assert plan.stores == () and s.directory.stats.no_room == 1
+    assert plan.stores == () and s.directory.metrics.value("no_room_total") == 1
     s.on_report(ok(hold.stores))
     plan2 = s.build_plan(StepInput((ScheduledRequest("b", 8, 1, (), False),)))
     assert [len(j.keys) for j in plan2.stores] == [2]  # evicts a's READY chunks now

@@ -45,11 +45,6 @@ def read_metrics(
     def count(name: str, value: float, **pairs: str) -> None:
         c[(name, labels(**pairs))] = float(value)
 
-    directories = {"host": host, **{t.name: t.directory for t in scheduler.tiers.directory_tiers()}}
-    for name, directory in directories.items():
-        count("evictions_total", directory.stats.evictions, tier=name)
-        count("admission_refusals_total", directory.stats.admission_refusals, tier=name)
-        count("no_room_total", directory.stats.no_room, tier=name)
     for tier in scheduler.tiers.tiers.values():
         ts = tier.stats
         count("lookups_total", ts.lookups, tier=tier.name)

@@ -262,7 +262,7 @@ class _Simulation:
         metrics, chunks = self.scheduler.metrics, self.worker.traffic.chunks
         r.deferrals = metrics.breakdown("deferrals_total", "reason")
         r.deferral_timeouts = metrics.value("deferral_timeouts_total")
-        r.admission_refusals = self.host.stats.admission_refusals
+        r.admission_refusals = self.host.metrics.value("admission_refusals_total")
         r.lane_busy_s = dict(self.worker.traffic.busy_s)
         r.tiers.append(
             TierResult(
@@ -270,7 +270,7 @@ class _Simulation:
                 self.host.num_slots,
                 written=chunks[("store", "host")],
                 read=chunks[("load", "host")],
-                evictions=self.host.stats.evictions,
+                evictions=self.host.metrics.value("evictions_total"),
                 held_at_end=len(self.host),
             )
         )
@@ -281,7 +281,7 @@ class _Simulation:
                     tier.directory.num_slots,
                     written=chunks[("spill", tier.name)],
                     read=chunks[("promote", tier.name)],
-                    evictions=tier.directory.stats.evictions,
+                    evictions=tier.directory.metrics.value("evictions_total"),
                     held_at_end=len(tier.directory),
                 )
             )

@@ -64,6 +64,9 @@ class OffloadScheduler:
         self.stats = SchedulerStats()
         self.metrics = MetricsRecorder()  # every counter and histogram of this half
         self.metrics.declare_all(SCHEDULER_SERIES)
+        directory.metrics.rebind(self.metrics)  # the directories count into it too
+        for tier in self.tiers.directory_tiers():
+            tier.directory.metrics.rebind(self.metrics)
         self.anomalies = AnomalyLog(self.metrics)
         self._new_epoch = new_epoch
         self._tracker = JobTracker(config.world_size)

@@ -16,7 +16,6 @@ from llm_support import (
     counted,
     engine,
     generate,
-    half,
     quiescent,
     settle,
 )
@@ -157,12 +156,12 @@ def test_a_connector_reset_leaves_nothing_readable_in_host_memory_or_on_disk(
         llm.reset_prefix_cache()  # the engine's own cache only: kvoffload serves it
         assert generate(llm, [prompt])[0].num_cached_tokens == 9 * BLOCK
         settle(llm)
-        assert half(llm).tiers.tiers["disk"].stats.promoted_chunks >= 9
+        assert counted(llm, "transferred_chunks_total", direction="promote", tier="disk") >= 9
         late = [(17 * i) % 983 + 7 for i in range(8 * BLOCK + 24)]
         generate(llm, [late], max_tokens=9)  # chunk 9 fills in its last step: stored after
         assert llm.reset_prefix_cache(reset_connector=True)
         stored = counted(llm, "transferred_chunks_total", direction="store", tier="host")
-        found = half(llm).tiers.tiers["disk"].stats.hit_chunks
+        found = counted(llm, "hit_tokens_total", tier="disk")
         generate(llm, [other])
         settle(llm)
         now = counted(llm, "transferred_chunks_total", direction="store", tier="host")
@@ -170,5 +169,5 @@ def test_a_connector_reset_leaves_nothing_readable_in_host_memory_or_on_disk(
         llm.reset_prefix_cache()
         assert generate(llm, [prompt])[0].num_cached_tokens == 0
         settle(llm)
-        assert half(llm).tiers.tiers["disk"].stats.hit_chunks == found
+        assert counted(llm, "hit_tokens_total", tier="disk") == found
         quiescent(llm)

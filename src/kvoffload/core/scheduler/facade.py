@@ -59,14 +59,18 @@ class OffloadScheduler:
         self.directory = directory
         self.namespace = namespace
         self.tiers = TierPlanner(
-            directory, lower_tiers, config.blocks_per_chunk, spill_after_hits=spill_after_hits
+            directory,
+            lower_tiers,
+            config.blocks_per_chunk,
+            chunk_tokens=config.chunk_tokens,
+            spill_after_hits=spill_after_hits,
         )
         self.stats = SchedulerStats()
         self.metrics = MetricsRecorder()  # every counter and histogram of this half
         self.metrics.declare_all(SCHEDULER_SERIES)
-        directory.metrics.rebind(self.metrics)  # the directories count into it too
-        for tier in self.tiers.directory_tiers():
-            tier.directory.metrics.rebind(self.metrics)
+        directory.metrics.rebind(self.metrics)  # the directory and tiers count into it too
+        for tier in lower_tiers:
+            tier.metrics.rebind(self.metrics)
         self.anomalies = AnomalyLog(self.metrics)
         self._new_epoch = new_epoch
         self._tracker = JobTracker(config.world_size)

@@ -268,8 +268,12 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         connector_resets=m.value("resets_total"),
     )
     for tier in half.tiers.tiers.values():
-        outcome.stats[f"{tier.name}_spilled"] += tier.stats.spilled_chunks
-        outcome.stats[f"{tier.name}_promoted"] += tier.stats.promoted_chunks
-        outcome.stats[f"{tier.name}_found"] += tier.stats.hit_chunks
-        outcome.stats[f"{tier.name}_lookups"] += tier.stats.lookups
-        outcome.stats[f"{tier.name}_integrity_errors"] += sum(tier.stats.integrity_errors.values())
+        t = tier.metrics
+        moved = t.breakdown("transferred_chunks_total", "direction")
+        errors = t.breakdown("integrity_errors_total", "reason")
+        found = t.value("hit_tokens_total") // half.config.chunk_tokens  # chunks found
+        outcome.stats[f"{tier.name}_spilled"] += moved.get("spill", 0)
+        outcome.stats[f"{tier.name}_promoted"] += moved.get("promote", 0)
+        outcome.stats[f"{tier.name}_found"] += found
+        outcome.stats[f"{tier.name}_lookups"] += t.value("lookups_total")
+        outcome.stats[f"{tier.name}_integrity_errors"] += sum(errors.values())

@@ -1,11 +1,16 @@
 """The metrics recorder's counters: series checked against METRICS, scopes with a
-fixed tier label, and a scope moved onto another recorder."""
+fixed tier label, a scope moved onto another recorder, and every counter of METRICS
+counted somewhere in the package (and nothing else)."""
 
 from __future__ import annotations
+
+import ast
+import pathlib
 
 import pytest
 
 from kvoffload.core.errors import ContractViolation
+from kvoffload.core.metrics import METRICS
 from kvoffload.core.recorder import CounterScope, MetricsRecorder
 
 
@@ -71,3 +76,30 @@ def test_a_scope_adds_its_tier_and_carries_its_series_when_rebound() -> None:
         ("evictions_total", (("tier", "disk"),)): 0,
         ("no_room_total", (("tier", "disk"),)): 3,
     }
+
+
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "kvoffload"
+
+
+def _counted_names() -> set[str]:
+    """Names passed as a literal to a ``.count(...)`` call anywhere in the package."""
+    names: set[str] = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "count"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                names.add(node.args[0].value)
+    return names
+
+
+def test_every_declared_counter_is_recorded_somewhere_and_nothing_else_is() -> None:
+    declared = {m.name for m in METRICS if m.kind == "counter"}
+    counted = {name for name in _counted_names() if name.endswith("_total")}
+    assert declared - counted == set(), "declared in METRICS, never counted"
+    assert counted - declared == set(), "counted, not a counter of METRICS"

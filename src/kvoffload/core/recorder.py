@@ -19,7 +19,9 @@ checked against METRICS (a counter of that name, exactly those label names):
 anything else raises :class:`ContractViolation`, so nothing undeclared is recorded.
 ``read_metrics`` copies the counters; tests, the simulator's report and the
 harnesses read one series with :meth:`value` or one label's breakdown with
-:meth:`breakdown`.
+:meth:`breakdown`, from the recorder itself: no stats object mirrors a counter
+(``SchedulerStats`` keeps only job counts that are no metric; ``AnomalyLog.counts``
+is a view of ``anomalies_total``).
 
 Histograms: a :class:`Histogram` keeps cumulative bucket counts (for scrapes of the
 totals); the recorder also queues raw observations, drained by

@@ -13,6 +13,10 @@ host slots in the host directory and tier room in each :class:`LowerTier`:
 Spill admission: ``spill_after_hits`` 0 spills every chunk once its host store
 completes (write-through); N >= 1 spills a chunk once it has been loaded from host
 memory N times (counted in a bounded map).
+
+Counts, in each tier's ``metrics``: lookups and hit tokens (chunks found times
+``chunk_tokens``), promoted and failed chunks, integrity errors by reason (the part
+of the failure's text after ``integrity:``), missing chunks.
 """
 
 from __future__ import annotations
@@ -55,11 +59,13 @@ class TierPlanner:
         host: Directory,
         tiers: Sequence[LowerTier],
         *,
+        chunk_tokens: int,
         spill_after_hits: int = 0,
         max_counters: int = 65536,
     ) -> None:
         self.host = host
         self.tiers = {tier.name: tier for tier in tiers}
+        self.chunk_tokens = chunk_tokens
         self.spill_after_hits = spill_after_hits
         self._max_counters = max_counters
         self._queues: dict[str, dict[ChunkKey, None]] = {name: {} for name in self.tiers}
@@ -81,11 +87,11 @@ class TierPlanner:
             if allowed is not None and not allowed(tier.name):
                 continue
             run = tier.present_run(keys)
-            tier.stats.lookups += 1
+            tier.metrics.count("lookups_total")
             if run is None:
                 return UNKNOWN
             if run:
-                tier.stats.hit_chunks += run
+                tier.metrics.count("hit_tokens_total", run * self.chunk_tokens)
                 return Found(tier, run)
         return ABSENT
 
@@ -189,15 +195,14 @@ class TierPlanner:
             self.host.complete_store(bad, success=False)
         gone = [job.keys[i] for i, failure in failed.items() if failure.copy_gone]
         tier.release_promotion(job.keys, gone)
-        tier.stats.promoted_chunks += len(ok)
-        tier.stats.promotion_failures += len(bad)
+        tier.metrics.count("transferred_chunks_total", len(ok), direction="promote")
+        tier.metrics.count("failed_chunks_total", len(bad), direction="promote")
         for failure in failed.values():
             if failure.kind is FailureKind.INTEGRITY:
-                counts = tier.stats.integrity_errors
-                reason = str(failure)  # "integrity:<reason>", as before
-                counts[reason] = counts.get(reason, 0) + 1
+                # the reason: the part of the text "integrity:<reason>" after the colon
+                tier.metrics.count("integrity_errors_total", reason=failure.detail)
             elif failure.kind is FailureKind.MISSING:
-                tier.stats.missing += 1
+                tier.metrics.count("missing_chunks_total")
 
     def reset(self) -> None:
         """A connector reset: every tier forgets what it holds; queued spills and hit

@@ -167,7 +167,7 @@ def run_schedule(
     outcome.preemptions = engine.preemptions
     outcome.loads = scheduler.stats.loads
     outcome.stores = scheduler.stats.stores
-    outcome.deferrals = sum(scheduler.stats.deferrals.values())
+    outcome.deferrals = sum(scheduler.metrics.breakdown("deferrals_total", "reason").values())
     return outcome
 
 

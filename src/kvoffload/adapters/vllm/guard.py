@@ -38,7 +38,7 @@ class Guard:
     def trip(self, where: str, exc: BaseException) -> None:
         """An internal error in ``where``: log it, count it, turn offloading off."""
         self.errors.append("".join(traceback.format_exception(exc)))
-        self.scheduler.stats.internal_errors += 1
+        self.scheduler.metrics.count("internal_errors_total")
         if self.off:
             logger.debug("kvoffload: another internal error in %s: %r", where, exc)
             return

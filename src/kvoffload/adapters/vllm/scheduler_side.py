@@ -29,7 +29,8 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import StepPlan, TransferJob
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.metrics_view import MetricsReading, Series, read_metrics
+from kvoffload.core.metrics import Series
+from kvoffload.core.metrics_view import MetricsReading, read_metrics
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering import LowerTier

@@ -9,7 +9,7 @@ leaves it), the requests' phases, the transfer histograms.
 from __future__ import annotations
 
 from kvoffload.core.jobs import JobKind, TierJob, WorkerReport
-from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
 from kvoffload.core.scheduler.loads import LoadPlanner

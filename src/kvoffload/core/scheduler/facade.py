@@ -12,7 +12,7 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
 from kvoffload.core.jobs import EngineJob, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
-from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.scheduler.allocations import Allocations
 from kvoffload.core.scheduler.checks import verify_scheduler
 from kvoffload.core.scheduler.completions import Completions
@@ -26,6 +26,7 @@ from kvoffload.core.scheduler.step_builder import StepBuilder
 from kvoffload.core.scheduler.stores import StorePlanner
 from kvoffload.core.scheduler.tier_moves import TierMoves
 from kvoffload.core.scheduler_types import (
+    SCHEDULER_SERIES,
     EngineRequest,
     SchedulerConfig,
     SchedulerStats,
@@ -57,16 +58,34 @@ class OffloadScheduler:
         self.config = config
         self.directory = directory
         self.namespace = namespace
-        self.tiers = TierPlanner(directory, lower_tiers, spill_after_hits=spill_after_hits)
+        self.tiers = TierPlanner(
+            directory,
+            lower_tiers,
+            chunk_tokens=config.chunk_tokens,
+            spill_after_hits=spill_after_hits,
+        )
         self.stats = SchedulerStats()
-        self.metrics = MetricsRecorder()
-        self.anomalies = AnomalyLog()
+        self.metrics = MetricsRecorder()  # every counter and histogram of this half
+        self.metrics.declare_all(SCHEDULER_SERIES)
+        directory.metrics.rebind(self.metrics)  # the directory and tiers count into it too
+        for tier in lower_tiers:
+            tier.metrics.rebind(self.metrics)
+        self.anomalies = AnomalyLog(self.metrics)
         self._new_epoch = new_epoch
         self._tracker = JobTracker(config.world_size)
-        self.requests = RequestTable(namespace, config.hashes_per_chunk, self._tracker)
-        self.deferral = DeferralClock(config, self.stats, self.metrics, clock)
+        self.requests = RequestTable(
+            namespace, config.hashes_per_chunk, self._tracker, self.metrics
+        )
+        self.deferral = DeferralClock(config, self.metrics, clock)
         ctx = Context(
-            config, directory, self.tiers, self.requests, self.deferral, self.stats, self.anomalies
+            config,
+            directory,
+            self.tiers,
+            self.requests,
+            self.deferral,
+            self.stats,
+            self.metrics,
+            self.anomalies,
         )
         self.loads = LoadPlanner(ctx)
         self.stores = StorePlanner(ctx)
@@ -103,7 +122,7 @@ class OffloadScheduler:
         deferral bound is reached (then 0: recompute). A hit of less than one chunk
         past the local hit counts as 0. Changes no directory state.
         """
-        self.stats.lookups += 1
+        self.metrics.count("lookups_total", tier="host")
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests.new(request)
@@ -191,7 +210,7 @@ class OffloadScheduler:
         self.tiers.reset()
         for state in self.requests:
             state.rekey(self.namespace, self.requests.epoch)
-        self.stats.resets += 1
+        self.metrics.count("resets_total")
 
     def take_events(self) -> list[CacheEvent]:
         events = self.directory.take_events()

@@ -40,6 +40,7 @@ class LoadPlanner:
         self.requests = ctx.requests
         self.deferral = ctx.deferral
         self.stats = ctx.stats
+        self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
         self.wished: list[str] = []  # requests whose promotion a lookup wished this step
 
@@ -63,7 +64,7 @@ class LoadPlanner:
                 busy = Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT
                 self.deferral.defer(state, busy)
                 return RETRY_LATER
-            self.stats.deferral_timeouts += 1
+            self.metrics.count("deferral_timeouts_total")
             state.lookup_hit = local_only
             return 0
         chunk = self.config.chunk_tokens
@@ -91,7 +92,7 @@ class LoadPlanner:
                 if not self.deferral.expired(state):
                     self.deferral.defer(state, reason)
                     return RETRY_LATER
-                self.stats.deferral_timeouts += 1
+                self.metrics.count("deferral_timeouts_total")
                 state.promotion = None
                 state.no_promotion = True  # take what host memory has now
         external = readable * chunk - num_computed_tokens
@@ -124,8 +125,9 @@ class LoadPlanner:
         self.requests.tracker.add(job)
         if job.keys:
             self.stats.loads += 1
-            self.stats.loaded_chunks += len(job.keys)
-            self.stats.lookup_hit_tokens += external
+            chunks = len(job.keys)
+            self.metrics.count("transferred_chunks_total", chunks, direction="load", tier="host")
+            self.metrics.count("hit_tokens_total", external, tier="host")
         return job
 
     def complete(self, completion: Completion) -> None:
@@ -139,7 +141,7 @@ class LoadPlanner:
             return
         self.directory.discard(job.keys)
         self.stats.load_failures += 1
-        self.stats.failed_load_chunks += len(job.keys)
+        self.metrics.count("failed_chunks_total", len(job.keys), direction="load", tier="host")
 
 
 def next_chunks_wait(

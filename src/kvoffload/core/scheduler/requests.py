@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from kvoffload.core.anomalies import ParamErrorLog
 from kvoffload.core.keys import Namespace
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.request_controls import parse_controls
 from kvoffload.core.scheduler.job_tracker import JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
@@ -21,11 +22,17 @@ from kvoffload.core.scheduler_types import EngineRequest
 
 
 class RequestTable:
-    def __init__(self, namespace: Namespace, hashes_per_chunk: int, tracker: JobTracker) -> None:
+    def __init__(
+        self,
+        namespace: Namespace,
+        hashes_per_chunk: int,
+        tracker: JobTracker,
+        metrics: MetricsRecorder,
+    ) -> None:
         self.namespace = namespace
         self.hashes_per_chunk = hashes_per_chunk
         self.tracker = tracker
-        self.param_errors = ParamErrorLog()
+        self.param_errors = ParamErrorLog(metrics)
         self.epoch = b""  # the key epoch new states start in (decision 0005)
         self._states: dict[str, RequestState] = {}
 

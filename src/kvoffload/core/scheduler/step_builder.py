@@ -32,7 +32,7 @@ class StepBuilder:
         self.config = ctx.config
         self.requests = ctx.requests
         self.deferral = ctx.deferral
-        self.stats = ctx.stats
+        self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
         self.loads = loads
         self.stores = stores
@@ -65,7 +65,7 @@ class StepBuilder:
         state.block_ids.clear()
         tracker = self.requests.tracker
         self._flush.update(tracker.store_ids(request_id))
-        self.stats.preemptions += 1
+        self.metrics.count("preemptions_total")
         busy = tracker.has_jobs(request_id)
         state.move(Phase.PREEMPTED_DRAINING if busy else Phase.WAITING)
 

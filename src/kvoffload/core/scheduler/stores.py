@@ -31,6 +31,7 @@ class StorePlanner:
         self.tiers = ctx.tiers
         self.requests = ctx.requests
         self.stats = ctx.stats
+        self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
 
     def plan(self, state: RequestState) -> EngineJob | None:
@@ -44,7 +45,8 @@ class StorePlanner:
             return None
         tracker.add(job)
         self.stats.stores += 1
-        self.stats.stored_chunks += len(job.keys)
+        chunks = len(job.keys)
+        self.metrics.count("transferred_chunks_total", chunks, direction="store", tier="host")
         return job
 
     def flush_set(self, preempted: set[int], fresh_blocks: set[int]) -> set[int]:
@@ -54,7 +56,7 @@ class StorePlanner:
         flush = preempted | fenced_stores(tracker, self.requests.as_dict(), fresh_blocks)
         if flush:
             flush &= {job.job_id for job in tracker.jobs() if job.kind is JobKind.STORE}
-        self.stats.flushes += len(flush)
+        self.metrics.count("flushes_total", len(flush))
         return flush
 
     def complete(self, completion: Completion) -> None:
@@ -64,7 +66,7 @@ class StorePlanner:
             self.tiers.note_stored(job.keys)
             return
         self.stats.store_failures += 1
-        self.stats.failed_store_chunks += len(job.keys)
+        self.metrics.count("failed_chunks_total", len(job.keys), direction="store", tier="host")
 
 
 def check_blocks(blocks: Sequence[int], null_block: int | None) -> tuple[Anomaly, str] | None:

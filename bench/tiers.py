@@ -56,7 +56,7 @@ import numpy as np
 import xxhash
 
 from kvoffload.core.chunk_format import HEADER_BYTES
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import JobKind, TierJob
 from kvoffload.core.keys import ChunkKey, Namespace
 from kvoffload.inspection.disk_scan import inspect_disk
 from tier_baselines import (
@@ -124,16 +124,14 @@ def move(
     """Seconds to run SPILL or PROMOTE jobs of ``per_job`` chunks over every slot
     (slot i holds keys[i]), all submitted at once, as the engine's plans would."""
     jobs = [
-        TransferJob(
+        TierJob(
             job_id=next(JOB_IDS),
             kind=kind,
-            request_id="",
             keys=tuple(keys[i : i + per_job]),
             slots=tuple(range(i, min(i + per_job, len(keys)))),
-            block_ids=(),
-            blocks_per_chunk=1,
             tier=tier,
             tier_slots=tuple(range(i, min(i + per_job, len(keys)))),  # slot i -> tier slot i
+            request_id="bench" if kind is JobKind.PROMOTE else None,  # a spill serves none
         )
         for i in range(0, len(keys), per_job)
     ]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer import TransferWorker, register_kv_caches
@@ -90,7 +90,7 @@ def engine(name: str, engine_bytes: int) -> tuple[dict[str, torch.Tensor], int]:
 
 def make_jobs(
     kind: JobKind, slots: np.ndarray, blocks: np.ndarray, k: int, block_bytes: int
-) -> list[TransferJob]:
+) -> list[EngineJob]:
     """Jobs of about ``JOB_BYTES`` moving chunk ``i`` between ``slots[i]`` and blocks."""
     per_job = max(1, JOB_BYTES // (k * block_bytes))
     jobs = []
@@ -98,7 +98,7 @@ def make_jobs(
         chunk_slots = tuple(int(s) for s in slots[start : start + per_job])
         chunk_blocks = tuple(int(b) for b in blocks[start * k : (start + len(chunk_slots)) * k])
         keys = (KEY,) * len(chunk_slots)
-        jobs.append(TransferJob(next(JOB_IDS), kind, "bench", keys, chunk_slots, chunk_blocks, k))
+        jobs.append(EngineJob(next(JOB_IDS), kind, "bench", keys, chunk_slots, chunk_blocks, k))
     return jobs
 
 

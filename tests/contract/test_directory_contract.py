@@ -106,7 +106,7 @@ def test_eviction_is_all_or_nothing(policy: str) -> None:
     prep = d.prepare_store([K(10), K(11), K(12)])  # needs 3 victims, only 2 evictable
     assert prep.no_room and prep.keys == () and prep.evicted == ()
     assert snapshot(d, keys) == before and d.take_events() == []
-    assert d.stats.no_room == 1
+    assert d.metrics.value("no_room_total") == 1
     d.check_integrity()
 
 
@@ -156,7 +156,7 @@ def test_admission_counts_lookups_and_bounds_its_memory(policy: str) -> None:
     d.record_lookups([K(2), K(3), K(4)])  # K(1)'s counter is pushed out (bound 3)
     d.record_lookups([K(1)])
     assert d.prepare_store([K(1)]).refused == (K(1),)
-    assert d.stats.admission_refusals == 3
+    assert d.metrics.value("admission_refusals_total") == 3
     d.check_integrity()
 
 

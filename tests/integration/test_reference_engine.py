@@ -77,7 +77,7 @@ def test_a_repeated_prompt_is_loaded_from_kvoffload_and_matches() -> None:
     e.add_request("again", PROMPTS["a"], max_tokens=3)
     run_to_end(e)
     assert e.scheduler is not None and e.scheduler.stats.loads == 1
-    assert e.scheduler.stats.lookup_hit_tokens == 20
+    assert e.scheduler.metrics.value("hit_tokens_total", tier="host") == 20
     assert e.requests["again"].output == e.requests["first"].output
 
 

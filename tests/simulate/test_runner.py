@@ -168,9 +168,11 @@ def test_the_fast_batch_former_decides_exactly_like_the_reference() -> None:
             e.batcher = Batcher(e.config, e.pool, sim.scheduler)
         r = sim.run(workload.requests(), None)
         assert sim.scheduler is not None
-        s = sim.scheduler.stats
-        return (r.engine_steps, r.preemptions, r.simulated_s, s.lookup_hit_tokens, s.loads,
-                s.stored_chunks, r.decode_tokens, r.computed_prefill_tokens, r.tiers)  # fmt: skip
+        s, m = sim.scheduler.stats, sim.scheduler.metrics
+        hit_tokens = m.value("hit_tokens_total", tier="host")
+        stored = m.value("transferred_chunks_total", direction="store", tier="host")
+        return (r.engine_steps, r.preemptions, r.simulated_s, hit_tokens, s.loads,
+                stored, r.decode_tokens, r.computed_prefill_tokens, r.tiers)  # fmt: skip
 
     fast = run(plain=False)
     preemptions = fast[1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvoffload.core.failures import MISSING, integrity_failure
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.disk import DiskStore
@@ -31,23 +31,21 @@ def job(
     keys: list[int],
     slots: list[int],
     at: list[int] | None = None,
-) -> TransferJob:
+) -> TierJob:
     """A tier job for ``keys`` in host ``slots``, at tier slots ``at`` (default: the
     same numbers as the host slots)."""
-    return TransferJob(
+    return TierJob(
         job_id,
         kind,
-        "",
         tuple(K(k) for k in keys),
         tuple(slots),
-        (),
-        1,
-        tier=tier,
-        tier_slots=tuple(slots if at is None else at),
+        tier,
+        tuple(slots if at is None else at),
+        request_id="r" if kind is JobKind.PROMOTE else None,
     )
 
 
-def run(worker: TierWorker, j: TransferJob) -> JobResult:
+def run(worker: TierWorker, j: TierJob) -> JobResult:
     worker.submit(j)
     worker.wait([j.job_id])
     (result,) = worker.poll()

@@ -62,7 +62,7 @@ def test_results_with_failures_cross_processes() -> None:
 def promotion_setup() -> tuple[Directory, DirectoryTier, TierPlanner]:
     host = Directory(8)
     disk = DirectoryTier(Directory(8, tier="disk"))
-    planner = TierPlanner(host, [disk], 1)
+    planner = TierPlanner(host, [disk], chunk_tokens=16)
     prepared = disk.directory.prepare_store([K(1), K(2)], admit_all=True)
     disk.directory.complete_store(prepared.keys, success=True)
     return host, disk, planner
@@ -71,7 +71,7 @@ def promotion_setup() -> tuple[Directory, DirectoryTier, TierPlanner]:
 @pytest.mark.parametrize(
     ("error", "forgotten", "integrity", "missing"),
     [
-        (integrity_failure("checksum"), True, {"integrity:checksum": 2}, 0),
+        (integrity_failure("checksum"), True, {"checksum": 2}, 0),
         (MISSING, True, {}, 2),
         ("ConnectionError: refused", False, {}, 0),
         ("", False, {}, 0),
@@ -86,8 +86,9 @@ def test_a_whole_promotion_failure_applies_its_error_to_every_chunk(
     planner.complete(job, JobResult(job.job_id, success=False, error=error))
     assert [host.state_of(k) for k in (K(1), K(2))] == [ChunkState.FREE] * 2
     assert (disk.present_run([K(1), K(2)]) == 0) is forgotten
-    assert disk.stats.integrity_errors == integrity and disk.stats.missing == missing
-    assert disk.stats.promotion_failures == 2
+    assert disk.metrics.breakdown("integrity_errors_total", "reason") == integrity
+    assert disk.metrics.value("missing_chunks_total") == missing
+    assert disk.metrics.value("failed_chunks_total", direction="promote") == 2
 
 
 class _Undecided(DirectoryTier):
@@ -98,7 +99,7 @@ class _Undecided(DirectoryTier):
 def test_find_below_answers_found_unknown_or_absent() -> None:
     host = Directory(8)
     disk = DirectoryTier(Directory(8, tier="disk"))
-    planner = TierPlanner(host, [disk], 1)
+    planner = TierPlanner(host, [disk], chunk_tokens=16)
     assert planner.find_below([K(1)]) is ABSENT
     prepared = disk.directory.prepare_store([K(1), K(2)], admit_all=True)
     disk.directory.complete_store(prepared.keys, success=True)
@@ -106,5 +107,5 @@ def test_find_below_answers_found_unknown_or_absent() -> None:
     assert planner.find_below([K(1)], allowed=lambda name: name != "disk") is ABSENT
     assert planner.find_below([K(3)]) is ABSENT
     front = _Undecided(Directory(8, tier="redis"))
-    assert TierPlanner(host, [front, disk], 1).find_below([K(1)]) is UNKNOWN
-    assert disk.stats.hit_chunks == 2
+    assert TierPlanner(host, [front, disk], chunk_tokens=16).find_below([K(1)]) is UNKNOWN
+    assert disk.metrics.value("hit_tokens_total") == 2 * 16  # two chunks

@@ -9,7 +9,7 @@ import pytest
 from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import EventKind
-from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import ChunkKey, Namespace, block_hashes
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler.request_state import Phase
@@ -110,7 +110,7 @@ def test_pending_transfer_defers_prefix_lookup(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(s.directory, "lookup", no_lookup)
     assert s.lookup(req, 0) is RETRY_LATER
     assert state.blocks[0] == []
-    assert s.stats.deferrals == {Deferral.TRANSFER_IN_FLIGHT: 1}
+    assert s.metrics.breakdown("deferrals_total", "reason") == {"transfer_in_flight": 1}
     s.check_integrity()
 
 
@@ -160,7 +160,7 @@ def test_stores_cover_newly_full_chunks_once_and_the_tail_at_finish() -> None:
     req.num_computed_tokens = 12
     s.on_report(ok(plan.stores + plan2.stores))
     assert s.state_of("a") is None  # finished and drained
-    assert s.stats.stored_chunks == 2
+    assert s.metrics.value("transferred_chunks_total", direction="store", tier="host") == 2
     s.check_integrity()
 
 
@@ -233,7 +233,7 @@ def test_deferral_is_bounded_and_then_recomputes_without_a_load(bound: str) -> N
     else:
         clock.now += 10.0
     assert s.lookup(req, 0) == 0  # admitted: recompute, no load on top of the stores
-    assert s.stats.deferral_timeouts == 1
+    assert s.metrics.value("deferral_timeouts_total") == 1
     alloc(s, "a", [4, 5, 6], 0)
     plan2 = s.build_plan(StepInput((ScheduledRequest("a", 0, 12, ((4, 5, 6),), True),)))
     assert plan2.loads == ()
@@ -266,7 +266,7 @@ def test_a_failed_load_unpins_and_lets_the_request_run() -> None:
     alloc(s, "b", [3, 4], 8)
     plan = s.build_plan(StepInput())
     (done,) = s.on_report(failed(plan.loads))
-    assert not done.success and done.job.block_ids == (3, 4)
+    assert not done.success and done.job == plan.loads[0] and plan.loads[0].block_ids == (3, 4)
     assert s.stats.load_failures == 1 and s.directory.pinned_count == 0
     assert s.state_of("b").phase is Phase.RUNNING  # type: ignore[union-attr]
     # The chunks may be torn: discarded for everyone, and b recomputes from now on.
@@ -402,7 +402,7 @@ def test_no_room_is_retried_in_a_later_step() -> None:
     hold = run_prefill(s, Req("a", list(range(8))), [1, 2])  # both slots STORING
     req = Req("b", [20 + i for i in range(8)])
     plan = run_prefill(s, req, [3, 4])
-    assert plan.stores == () and s.directory.stats.no_room == 1
+    assert plan.stores == () and s.directory.metrics.value("no_room_total") == 1
     s.on_report(ok(hold.stores))
     plan2 = s.build_plan(StepInput((ScheduledRequest("b", 8, 1, ((),), False),)))
     assert [len(j.keys) for j in plan2.stores] == [2]  # evicts a's READY chunks now
@@ -461,7 +461,7 @@ def test_a_store_naming_a_block_twice_completes_without_raising() -> None:
     from kvoffload.core.scheduler.job_tracker import JobTracker
 
     tracker = JobTracker(1)
-    job = TransferJob(1, JobKind.STORE, "a", (KEY, KEY2), (0, 1), (7, 7), 1)
+    job = EngineJob(1, JobKind.STORE, "a", (KEY, KEY2), (0, 1), (7, 7), 1)
     tracker.add(job)
     assert tracker.fence_count() == 1
     done = tracker.record(0, JobResult(1, True))

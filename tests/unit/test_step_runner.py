@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import (
+    EngineJob,
+    JobKind,
+    JobResult,
+    StepPlan,
+    TierJob,
+    TransferJob,
+    WorkerReport,
+)
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.step_runner import StepRunner
 from kvoffload.transfer.step_backend import TransferBackend
@@ -16,8 +24,8 @@ def key(i: int) -> ChunkKey:
     return ChunkKey(i.to_bytes(16, "little"))
 
 
-def copy(job_id: int, kind: JobKind, request: str = "r", slots: int = 1) -> TransferJob:
-    return TransferJob(
+def copy(job_id: int, kind: JobKind, request: str = "r", slots: int = 1) -> EngineJob:
+    return EngineJob(
         job_id,
         kind,
         request,
@@ -28,8 +36,9 @@ def copy(job_id: int, kind: JobKind, request: str = "r", slots: int = 1) -> Tran
     )
 
 
-def tier_job(job_id: int, kind: JobKind) -> TransferJob:
-    return TransferJob(job_id, kind, "", (key(job_id),), (0,), (), 1, tier="disk")
+def tier_job(job_id: int, kind: JobKind) -> TierJob:
+    request = "r" if kind is JobKind.PROMOTE else None  # a spill serves no request
+    return TierJob(job_id, kind, (key(job_id),), (0,), "disk", request_id=request)
 
 
 class Recorder:
@@ -127,7 +136,7 @@ class FakeCopies:
 def test_the_real_backend_fails_tier_jobs_without_a_tier_and_reports_loads() -> None:
     copies = FakeCopies()
     backend = TransferBackend(cast(TransferWorker, copies), None, wait_for_loads=True)
-    nothing_to_copy = TransferJob(6, JobKind.LOAD, "b", (), (), (), 1, invalid_blocks=(40, 41))
+    nothing_to_copy = EngineJob(6, JobKind.LOAD, "b", (), (), (), 1, invalid_blocks=(40, 41))
     step = StepPlan(1, loads=(copy(3, JobKind.LOAD, "a"), nothing_to_copy))
     runner = StepRunner(backend)
     runner.begin_step(step)

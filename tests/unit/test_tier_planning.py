@@ -31,7 +31,11 @@ def setup(
 ) -> tuple[Directory, DirectoryTier, TierPlanner]:
     host = Directory(8)
     disk = DirectoryTier(Directory(disk_slots, tier="disk"))
-    return host, disk, TierPlanner(host, [disk], 1, spill_after_hits=spill_after_hits)
+    return (
+        host,
+        disk,
+        TierPlanner(host, [disk], chunk_tokens=16, spill_after_hits=spill_after_hits),
+    )
 
 
 def stored(host: Directory, keys: list[ChunkKey]) -> None:
@@ -54,7 +58,10 @@ def test_write_through_spills_once_the_host_store_completed_and_pins_meanwhile()
     assert planner.plan_spills(ids) == []  # queued once
     planner.complete(job, JobResult(job.job_id, success=True))
     assert host.pinned_count == 0
-    assert disk.present_run(keys) == 2 and disk.stats.spilled_chunks == 2
+    assert (
+        disk.present_run(keys) == 2
+        and disk.metrics.value("transferred_chunks_total", direction="spill") == 2
+    )
 
 
 def test_after_n_hits_a_chunk_spills_on_its_nth_host_load_only() -> None:
@@ -72,7 +79,11 @@ def test_after_n_hits_a_chunk_spills_on_its_nth_host_load_only() -> None:
 def test_hit_counters_are_bounded() -> None:
     host = Directory(8)
     planner = TierPlanner(
-        host, [DirectoryTier(Directory(8, tier="disk"))], 1, spill_after_hits=2, max_counters=3
+        host,
+        [DirectoryTier(Directory(8, tier="disk"))],
+        chunk_tokens=16,
+        spill_after_hits=2,
+        max_counters=3,
     )
     planner.note_loaded([K(i) for i in range(10)])
     assert len(planner._hits) == 3
@@ -93,7 +104,7 @@ def test_a_full_tier_refuses_the_spill_and_counts_it() -> None:
     assert first.keys == (K(9),)  # storing: neither readable nor evictable
     planner.note_stored([K(1), K(2)])
     assert planner.plan_spills(ids) == []
-    assert disk.stats.spill_no_room == 2 and host.pinned_count == 0
+    assert disk.metrics.value("no_room_total") == 1 and host.pinned_count == 0
 
 
 @pytest.mark.parametrize(
@@ -114,14 +125,15 @@ def test_promotion_outcomes_per_chunk(reason: ChunkFailure, forgotten: bool) -> 
     assert [host.state_of(k) for k in keys] == [ChunkState.STORING] * 2
     planner.complete(job, JobResult(job.job_id, success=True, failed_chunks=((1, reason),)))
     assert host.state_of(K(1)) is ChunkState.READY and host.state_of(K(2)) is ChunkState.FREE
-    assert disk.stats.promoted_chunks == 1 and disk.stats.promotion_failures == 1
+    assert disk.metrics.value("transferred_chunks_total", direction="promote") == 1
+    assert disk.metrics.value("failed_chunks_total", direction="promote") == 1
     assert disk.directory.pinned_count == 0
     assert (disk.present_run([K(2)]) == 0) is forgotten
     assert job.tier_slots == tuple(prepared.slots)  # the worker reads the chunks' slots
     if reason.kind is FailureKind.INTEGRITY:
-        assert disk.stats.integrity_errors == {"integrity:checksum": 1}
+        assert disk.metrics.breakdown("integrity_errors_total", "reason") == {"checksum": 1}
     if reason.kind is FailureKind.MISSING:
-        assert disk.stats.missing == 1
+        assert disk.metrics.value("missing_chunks_total") == 1
 
 
 def test_a_promotion_that_failed_as_a_whole_frees_every_reserved_slot() -> None:

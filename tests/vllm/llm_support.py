@@ -100,6 +100,11 @@ def tier(llm: Any, name: str) -> Any:
     return half(llm).tiers.tiers[name]
 
 
+def counted(llm: Any, name: str, **labels: str) -> int:
+    """One counter series of the scheduler half's metrics recorder."""
+    return int(half(llm).metrics.value(name, **labels))
+
+
 def settle(llm: Any) -> None:
     """Step the engine until kvoffload has nothing in flight. Each step first waits
     for the worker's copies and tier jobs to finish (so the step's report delivers

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import threading
 
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.vllm_fuzz.__main__ import main as fuzz
 from kvoffload.testing.vllm_harness.gates import CopyGate
 
 
-def store(job_id: int) -> TransferJob:
+def store(job_id: int) -> EngineJob:
     key = ChunkKey(job_id.to_bytes(16, "big"))
-    return TransferJob(job_id, JobKind.STORE, "r", (key,), (job_id,), (job_id,), 1)
+    return EngineJob(job_id, JobKind.STORE, "r", (key,), (job_id,), (job_id,), 1)
 
 
-def passes(gate: CopyGate, job: TransferJob) -> bool:
+def passes(gate: CopyGate, job: EngineJob) -> bool:
     """Whether ``job`` gets through the gate within a second (a lane thread's view)."""
     through = threading.Event()
     thread = threading.Thread(target=lambda: (gate(job), through.set()), daemon=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_support import BLOCK, generate, half, quiescent, settle, tier, tokens
+from llm_support import BLOCK, counted, generate, half, quiescent, settle, tokens
 
 MODES = [False, True]
 PAGE = 2 * 2 * BLOCK * 32 * 4  # one layer's block: K and V, 2 heads of 32, float32
@@ -153,7 +153,7 @@ def test_a_hybrid_model_is_served_from_disk(
             settle(llm)
         assert tokens(again) == plain
         assert all(o.num_cached_tokens >= 6 * BLOCK for o in again)
-        assert tier(llm, "disk").stats.promoted_chunks > 0
+        assert counted(llm, "transferred_chunks_total", direction="promote", tier="disk") > 0
         quiescent(llm)
 
 

@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_support import BLOCK, CHUNK_BYTES, PROMPTS, engine, generate, half, quiescent, settle
+from llm_support import (
+    BLOCK,
+    CHUNK_BYTES,
+    PROMPTS,
+    counted,
+    engine,
+    generate,
+    quiescent,
+    settle,
+)
 
 MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
 
@@ -147,17 +156,18 @@ def test_a_connector_reset_leaves_nothing_readable_in_host_memory_or_on_disk(
         llm.reset_prefix_cache()  # the engine's own cache only: kvoffload serves it
         assert generate(llm, [prompt])[0].num_cached_tokens == 9 * BLOCK
         settle(llm)
-        assert half(llm).tiers.tiers["disk"].stats.promoted_chunks >= 9
+        assert counted(llm, "transferred_chunks_total", direction="promote", tier="disk") >= 9
         late = [(17 * i) % 983 + 7 for i in range(8 * BLOCK + 24)]
         generate(llm, [late], max_tokens=9)  # chunk 9 fills in its last step: stored after
         assert llm.reset_prefix_cache(reset_connector=True)
-        stored = half(llm).stats.stored_chunks
-        found = half(llm).tiers.tiers["disk"].stats.hit_chunks
+        stored = counted(llm, "transferred_chunks_total", direction="store", tier="host")
+        found = counted(llm, "hit_tokens_total", tier="disk")
         generate(llm, [other])
         settle(llm)
-        assert half(llm).stats.stored_chunks - stored == 8  # other's chunks, nothing older
+        now = counted(llm, "transferred_chunks_total", direction="store", tier="host")
+        assert now - stored == 8  # other's chunks, nothing older
         llm.reset_prefix_cache()
         assert generate(llm, [prompt])[0].num_cached_tokens == 0
         settle(llm)
-        assert half(llm).tiers.tiers["disk"].stats.hit_chunks == found
+        assert counted(llm, "hit_tokens_total", tier="disk") == found
         quiescent(llm)

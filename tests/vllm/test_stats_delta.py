@@ -4,7 +4,8 @@ the engine idles: gauges follow the last counter change, not a timer."""
 from __future__ import annotations
 
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats, series_key
-from kvoffload.core.metrics_view import MetricsReading, Series
+from kvoffload.core.metrics import Series
+from kvoffload.core.metrics_view import MetricsReading
 
 STORED: Series = ("transferred_chunks_total", (("direction", "store"), ("tier", "host")))
 USAGE: Series = ("usage_bytes", (("tier", "host"),))

@@ -17,6 +17,7 @@ import pytest
 from llm_support import (
     CHUNK_BYTES,
     PROMPTS,
+    counted,
     engine,
     generate,
     quiescent,
@@ -72,7 +73,7 @@ def test_the_disk_tier_serves_what_host_memory_evicted(
         again = generate(llm, [PROMPTS[0]])[0]
         assert again.num_cached_tokens == len(PROMPTS[0])
         assert list(again.outputs[0].token_ids) == reference[0]
-        assert tier(llm, "disk").stats.promoted_chunks >= 8
+        assert counted(llm, "transferred_chunks_total", direction="promote", tier="disk") >= 8
         settle(llm)
         quiescent(llm)
 
@@ -83,7 +84,7 @@ def test_the_disk_tier_survives_a_restart(
     with engine(tiny_model, config(tmp_path)) as llm:
         generate(llm, [PROMPTS[0]])
         settle(llm)
-        assert tier(llm, "disk").stats.spilled_chunks == 8
+        assert counted(llm, "transferred_chunks_total", direction="spill", tier="disk") == 8
     with engine(tiny_model, config(tmp_path)) as llm:
         assert tier(llm, "disk").held_count() == 8
         again = generate(llm, [PROMPTS[0]])[0]
@@ -97,7 +98,7 @@ def test_a_second_engine_hits_what_the_first_stored_in_redis(
     with engine(tiny_model, config(redis=redis_server)) as llm:
         generate(llm, [PROMPTS[1]])
         settle(llm)
-        assert tier(llm, "redis").stats.spilled_chunks == 8
+        assert counted(llm, "transferred_chunks_total", direction="spill", tier="redis") == 8
     with engine(tiny_model, config(redis=redis_server)) as llm:
         again = generate(llm, [PROMPTS[1]])[0]
         assert again.num_cached_tokens == len(PROMPTS[1])
@@ -113,7 +114,7 @@ def test_no_hits_across_salts_or_namespaces_on_any_tier(
     with engine(tiny_model, both) as llm:
         generate(llm, [PROMPTS[2]], salt="tenant-a")
         settle(llm)
-        assert tier(llm, "disk").stats.spilled_chunks == 8
+        assert counted(llm, "transferred_chunks_total", direction="spill", tier="disk") == 8
         for p in PROMPTS[:2]:  # evict tenant-a's chunks from host memory (8 chunks)
             generate(llm, [p])
             settle(llm)
@@ -135,12 +136,15 @@ def test_redis_down_at_start_killed_restarted_and_slow(
         assert tokens(generate(llm, [PROMPTS[0]])) == [reference[0]]
         settle(llm)
         redis = tier(llm, "redis")
-        assert redis.stats.spill_failures >= 8 or redis.query_errors >= 1
+        assert (
+            redis.metrics.value("failed_chunks_total", direction="spill") >= 8
+            or redis.query_errors >= 1
+        )
         server.start()
         redis.retry_now()  # do not wait out the back-off in a test
         assert tokens(generate(llm, [PROMPTS[1]])) == [reference[1]]
         settle(llm)
-        assert redis.stats.spilled_chunks >= 8
+        assert redis.metrics.value("transferred_chunks_total", direction="spill") >= 8
         server.kill()  # killed mid-run
         llm.reset_prefix_cache(reset_connector=True)
         assert tokens(generate(llm, PROMPTS[:2])) == [reference[0], reference[1]]
@@ -172,7 +176,7 @@ def test_a_full_disk_is_a_counted_miss(
     monkeypatch.setattr(disk_module.os, "pwritev", full)
     with engine(tiny_model, config(tmp_path)) as llm:
         push_below_host(llm)
-        assert tier(llm, "disk").stats.spill_failures >= 8
+        assert counted(llm, "failed_chunks_total", direction="spill", tier="disk") >= 8
         assert tokens(generate(llm, [PROMPTS[0]])) == [reference[0]]
         settle(llm)
         quiescent(llm)
@@ -203,9 +207,9 @@ def test_a_damaged_slot_is_a_counted_miss_and_is_cleared(
         again = generate(llm, [PROMPTS[0]])[0]
         assert list(again.outputs[0].token_ids) == reference[0]
         settle(llm)
-        errors = tier(llm, "disk").stats.integrity_errors
+        errors = tier(llm, "disk").metrics.breakdown("integrity_errors_total", "reason")
         reason = "checksum" if damage == "payload" else "key"
-        assert errors.get(f"integrity:{reason}", 0) >= 1 and set(errors) == {f"integrity:{reason}"}
+        assert errors.get(reason, 0) >= 1 and set(errors) == {reason}
         quiescent(llm)
 
 
@@ -219,5 +223,8 @@ def test_a_garbage_redis_value_is_a_counted_miss(
             raw.set(name, b"not a chunk")
         assert tokens(generate(llm, [PROMPTS[0]])) == [reference[0]]
         settle(llm)
-        assert sum(tier(llm, "redis").stats.integrity_errors.values()) >= 1
+        assert (
+            sum(tier(llm, "redis").metrics.breakdown("integrity_errors_total", "reason").values())
+            >= 1
+        )
         quiescent(llm)

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.scheduler_types import Deferral
 from kvoffload.testing.vllm_harness import VllmHarness
 
 PREFIX = list(range(10, 74))  # 64 tokens: 4 blocks of 16
@@ -31,7 +30,7 @@ def make(tiny_model: Path) -> Iterator:  # type: ignore[type-arg]
 
 
 def deferrals(h: VllmHarness) -> int:
-    return h.scheduler_half.stats.deferrals.get(Deferral.TRANSFER_IN_FLIGHT, 0)
+    return h.scheduler_half.metrics.value("deferrals_total", reason="transfer_in_flight")
 
 
 def quiescent(h: VllmHarness) -> None:
@@ -63,7 +62,7 @@ def test_seed_scenario_on_the_async_scheduler(make) -> None:  # type: ignore[no-
     assert deferrals(h) > before
     assert readmit.loads_for("b") == [] and "b" not in readmit.scheduled
     h.run()
-    assert h.scheduler_half.stats.deferral_timeouts == 0
+    assert h.scheduler_half.metrics.value("deferral_timeouts_total") == 0
     quiescent(h)
 
 
@@ -88,7 +87,7 @@ def test_load_after_a_prefix_cache_miss(make, async_scheduling: bool) -> None:  
     loads = [j for r in h.steps for j in r.loads_for("b")]
     assert len(loads) == 1 and len(loads[0].keys) == 4
     assert h.loads_checked == 1  # the loaded blocks hold exactly b's KV
-    assert h.scheduler_half.stats.lookup_hit_tokens == 64
+    assert h.scheduler_half.metrics.value("hit_tokens_total", tier="host") == 64
     quiescent(h)
 
 

@@ -3,9 +3,11 @@
 The engine has the last word (it may override kvoffload's answers, hand out blocks
 kvoffload does not expect, report what it never planned), and nothing on its output
 path may raise. Such input is an *anomaly*: the scheduler half takes the safe way
-(skip the chunk, recompute, ignore the report), counts it here by kind, and logs the
-first occurrence of each kind at WARNING (later ones at DEBUG, so a hot loop cannot
-flood the log). The counts are exported as ``kvoffload_anomalies_total{kind}``.
+(skip the chunk, recompute, ignore the report), counts it by kind in the scheduler
+half's metrics recorder (``anomalies_total{kind}``), and logs the first occurrence
+of each kind at WARNING (later ones at DEBUG, so a hot loop cannot flood the log).
+Refused request parameters are counted the same way
+(``request_param_errors_total{field}``).
 
 Owned by one scheduler half; not thread-safe (the owner serializes access).
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import enum
 import logging
+
+from kvoffload.core.recorder import MetricsRecorder
 
 logger = logging.getLogger("kvoffload")
 
@@ -29,31 +33,34 @@ class Anomaly(enum.Enum):
 
 
 class AnomalyLog:
-    def __init__(self) -> None:
-        self.counts: dict[Anomaly, int] = {}
+    def __init__(self, metrics: MetricsRecorder) -> None:
+        self.metrics = metrics
 
     def note(self, kind: Anomaly, detail: str) -> None:
         """Count one ``kind`` anomaly; ``detail`` says what happened and what was done."""
-        count = self.counts.get(kind, 0) + 1
-        self.counts[kind] = count
+        self.metrics.count("anomalies_total", kind=kind.value)
+        count = self.metrics.value("anomalies_total", kind=kind.value)
         level = logging.WARNING if count == 1 else logging.DEBUG
         logger.log(level, "kvoffload: %s (%s; occurrence %d)", detail, kind.value, count)
 
-    def total(self) -> int:
-        return sum(self.counts.values())
+    @property
+    def counts(self) -> dict[Anomaly, int]:
+        """The kinds seen so far and how often (read from the recorder)."""
+        seen = self.metrics.breakdown("anomalies_total", "kind")
+        return {Anomaly(kind): n for kind, n in seen.items()}
 
 
 class ParamErrorLog:
     """Per-request parameters kvoffload refused (``request_controls.py``): counted by
     field, the first refusal of each field logged at WARNING, later ones at DEBUG."""
 
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
+    def __init__(self, metrics: MetricsRecorder) -> None:
+        self.metrics = metrics
 
     def note(self, request_id: str, field: str) -> None:
         field = field[:80]  # a field name comes from the client
-        count = self.counts.get(field, 0) + 1
-        self.counts[field] = count
+        self.metrics.count("request_param_errors_total", field=field)
+        count = self.metrics.value("request_param_errors_total", field=field)
         logger.log(
             logging.WARNING if count == 1 else logging.DEBUG,
             "kvoffload: request %r: invalid kv_transfer_params field %r; the request is "

@@ -6,12 +6,19 @@ worker; each worker answers with a :class:`WorkerReport` (one :class:`JobResult`
 finished job). All are immutable; job ids are unique for the life of a scheduler
 (monotonic, never reused, also across resets).
 
-Block addressing: a job moves whole chunks between host slots and engine blocks.
-Chunk ``i`` of a job lives in host slot ``slots[i]`` and spans ``blocks_per_chunk``
-(k) engine blocks. ``block_ids`` lists the engine blocks in chunk order. A load may
-start inside its first chunk: ``skip_blocks`` (0 <= skip < k) leading blocks of
-chunk 0 are already computed by the engine and are not written, so block
-``block_ids[m]`` receives block ``(m + skip_blocks) % k`` of chunk
+Two families of job, two types: an :class:`EngineJob` (a load or a store) moves
+chunks between host slots and engine blocks for one request; a :class:`TierJob` (a
+spill or a promotion) moves chunks between host slots and a lower tier, for a request
+(a promotion) or for none (a spill). :data:`TransferJob` names either, for code that
+handles both (the job tracker, the harnesses); the kind tells them apart as well as
+the type does.
+
+Block addressing: an engine job moves whole chunks between host slots and engine
+blocks. Chunk ``i`` of a job lives in host slot ``slots[i]`` and spans
+``blocks_per_chunk`` (k) engine blocks. ``block_ids`` lists the engine blocks in chunk
+order. A load may start inside its first chunk: ``skip_blocks`` (0 <= skip < k)
+leading blocks of chunk 0 are already computed by the engine and are not written, so
+block ``block_ids[m]`` receives block ``(m + skip_blocks) % k`` of chunk
 ``(m + skip_blocks) // k``. Stores always have ``skip_blocks == 0``. A load's
 block id may be :data:`NO_BLOCK`: that block of that chunk is not written (a hybrid
 model's load skips blocks the engine computed itself or that lie below a sliding
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.failures import ChunkFailure
@@ -37,10 +45,10 @@ NO_BLOCK = -1
 
 
 class JobKind(enum.Enum):
-    LOAD = "load"  # host slots -> engine blocks
-    STORE = "store"  # engine blocks -> host slots
-    SPILL = "spill"  # host slots -> a lower tier
-    PROMOTE = "promote"  # a lower tier -> host slots
+    LOAD = "load"  # host slots -> engine blocks (an EngineJob)
+    STORE = "store"  # engine blocks -> host slots (an EngineJob)
+    SPILL = "spill"  # host slots -> a lower tier (a TierJob)
+    PROMOTE = "promote"  # a lower tier -> host slots (a TierJob)
 
     @property
     def touches_engine(self) -> bool:
@@ -48,7 +56,12 @@ class JobKind(enum.Enum):
 
 
 @dataclass(frozen=True)
-class TransferJob:
+class EngineJob:
+    """A load or a store of one request's chunks (addressing: the module docstring).
+
+    Raises :class:`ContractViolation` at construction when the kind is a tier kind,
+    the slots, blocks and keys do not add up, or it moves nothing."""
+
     job_id: int
     kind: JobKind
     request_id: str
@@ -57,24 +70,18 @@ class TransferJob:
     block_ids: tuple[int, ...]
     blocks_per_chunk: int
     skip_blocks: int = 0
-    tier: str = ""  # spill and promote jobs: the lower tier's name
-    tier_slots: tuple[int, ...] = ()  # ... and the chunks' slots there (slotted tiers)
     invalid_blocks: tuple[int, ...] = ()  # loads: blocks to report invalid (see above)
 
     def __post_init__(self) -> None:
         k = self.blocks_per_chunk
+        if not self.kind.touches_engine:
+            raise ContractViolation(f"job {self.job_id}: a {self.kind.value} is a tier job")
         if k <= 0 or len(self.keys) != len(self.slots):
             raise ContractViolation(f"job {self.job_id}: needs one slot per key and k > 0")
         if self.invalid_blocks and self.kind is not JobKind.LOAD:
             raise ContractViolation(f"job {self.job_id}: only loads name invalid blocks")
         if not self.slots and not self.invalid_blocks:
             raise ContractViolation(f"job {self.job_id}: moves no chunk")
-        if not self.kind.touches_engine:
-            if not self.tier or self.block_ids or self.skip_blocks:
-                raise ContractViolation(f"job {self.job_id}: tier jobs name a tier, no blocks")
-            if self.tier_slots and len(self.tier_slots) != len(self.keys):
-                raise ContractViolation(f"job {self.job_id}: one tier slot per key, or none")
-            return
         if not 0 <= self.skip_blocks < k or (self.kind is JobKind.STORE and self.skip_blocks):
             raise ContractViolation(f"job {self.job_id}: skip_blocks {self.skip_blocks} invalid")
         if self.kind is JobKind.STORE and NO_BLOCK in self.block_ids:
@@ -103,6 +110,44 @@ class TransferJob:
 
 
 @dataclass(frozen=True)
+class TierJob:
+    """A spill (host slots -> lower tier ``tier``) or a promotion (``tier`` -> host
+    slots). ``tier_slots``: the chunks' slots in a slotted tier, one per key, or none.
+    ``request_id``: the request a promotion serves; a spill serves none (None).
+
+    Raises :class:`ContractViolation` at construction when the kind is an engine
+    kind, it names no tier, the slots do not match the keys, it moves nothing, or the
+    request id does not fit the kind."""
+
+    job_id: int
+    kind: JobKind
+    keys: tuple[ChunkKey, ...]
+    slots: tuple[int, ...]
+    tier: str
+    tier_slots: tuple[int, ...] = ()
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind.touches_engine:
+            raise ContractViolation(f"job {self.job_id}: a {self.kind.value} is an engine job")
+        if len(self.keys) != len(self.slots):
+            raise ContractViolation(f"job {self.job_id}: needs one slot per key")
+        if not self.slots:
+            raise ContractViolation(f"job {self.job_id}: moves no chunk")
+        if not self.tier:
+            raise ContractViolation(f"job {self.job_id}: tier jobs name a tier")
+        if self.tier_slots and len(self.tier_slots) != len(self.keys):
+            raise ContractViolation(f"job {self.job_id}: one tier slot per key, or none")
+        if (self.request_id is None) != (self.kind is JobKind.SPILL):
+            raise ContractViolation(
+                f"job {self.job_id}: a promotion serves a request, a spill none"
+            )
+
+
+TransferJob: TypeAlias = EngineJob | TierJob  # either family (code that handles both)
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """What every worker must do this step.
 
@@ -112,11 +157,11 @@ class StepPlan:
     """
 
     step: int
-    loads: tuple[TransferJob, ...] = ()
-    stores: tuple[TransferJob, ...] = ()
+    loads: tuple[EngineJob, ...] = ()
+    stores: tuple[EngineJob, ...] = ()
     flush: frozenset[int] = field(default_factory=frozenset)
-    spills: tuple[TransferJob, ...] = ()
-    promotions: tuple[TransferJob, ...] = ()
+    spills: tuple[TierJob, ...] = ()
+    promotions: tuple[TierJob, ...] = ()
 
     @property
     def empty(self) -> bool:

@@ -1,33 +1,20 @@
-"""Metric definitions and the histograms the scheduler half records.
+"""Metric definitions: every metric kvoffload exports, declared once.
 
-Every metric kvoffload exports is declared once in :data:`METRICS` (name, kind,
-help, label names); the Prometheus exporters and the metrics reference in
-``docs/usage.md`` are generated from it. Counters and gauges are *read* from the
-stats the scheduler half keeps anyway (:mod:`kvoffload.core.metrics_view`); only
-distributions need recording, in :class:`MetricsRecorder`:
-
-- per worker and job: bytes moved and seconds taken, by direction and tier;
-- per deferred request: how long it waited before admission, by reason.
-
-A :class:`Histogram` keeps cumulative bucket counts (for scrapes of the totals);
-the recorder also queues raw observations, drained by :meth:`take_observations`
-(for vLLM's stats path, which ships per-step deltas between processes). The queue
-is bounded: past ``MAX_PENDING`` observations per series the oldest are dropped and
-counted in ``dropped``; totals are never affected. Pure Python, no locking (the
-owner serializes access).
+:data:`METRICS` holds each metric's name, kind, help and label names; the
+Prometheus exporters and the metrics reference in ``docs/usage.md`` are generated
+from it. Counters and histograms are recorded under these names in
+:class:`kvoffload.core.recorder.MetricsRecorder` (which refuses any other); gauges
+are computed when read (:mod:`kvoffload.core.metrics_view`).
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 PREFIX = "kvoffload_"
-MAX_PENDING = 4096
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
+Series = tuple[str, Labels]  # (metric name without the prefix, labels)
 
 BYTES_BUCKETS = tuple(float(1 << p) for p in range(12, 33, 2))  # 4 KiB .. 4 GiB
 SECONDS_BUCKETS = (
@@ -188,65 +175,3 @@ BY_NAME = {m.name: m for m in METRICS}
 
 def labels(**pairs: str) -> Labels:
     return tuple(sorted(pairs.items()))
-
-
-class Histogram:
-    """Cumulative bucket counts: ``counts[i]`` observations <= ``bounds[i]``
-    (non-cumulative per bucket; the last bucket is +Inf), their ``total`` and ``count``."""
-
-    __slots__ = ("bounds", "count", "counts", "total")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
-
-    def cumulative(self) -> list[int]:
-        """Counts per upper bound, cumulative (Prometheus' ``le`` buckets), +Inf last."""
-        out, running = [], 0
-        for c in self.counts:
-            running += c
-            out.append(running)
-        return out
-
-
-@dataclass
-class MetricsRecorder:
-    """Histograms of the scheduler half, keyed by (metric name, labels)."""
-
-    histograms: dict[tuple[str, Labels], Histogram] = field(default_factory=dict)
-    pending: dict[tuple[str, Labels], deque[float]] = field(default_factory=dict)
-    dropped: int = 0
-
-    def observe(self, name: str, series: Labels, value: float) -> None:
-        key = (name, series)
-        histogram = self.histograms.get(key)
-        if histogram is None:
-            histogram = self.histograms[key] = Histogram(BY_NAME[name].buckets)
-            self.pending[key] = deque(maxlen=MAX_PENDING)
-        histogram.observe(value)
-        queue = self.pending[key]
-        if len(queue) == MAX_PENDING:
-            self.dropped += 1
-        queue.append(value)
-
-    def observe_transfer(self, direction: str, tier: str, nbytes: int, seconds: float) -> None:
-        series = labels(direction=direction, tier=tier)
-        self.observe("transfer_bytes", series, float(nbytes))
-        self.observe("transfer_seconds", series, seconds)
-
-    def observe_deferral(self, reason: str, seconds: float) -> None:
-        self.observe("deferral_seconds", labels(reason=reason), seconds)
-
-    def take_observations(self) -> dict[tuple[str, Labels], list[float]]:
-        """Raw observations since the previous call (bounded, see module docstring)."""
-        taken = {key: list(queue) for key, queue in self.pending.items() if queue}
-        for key in taken:
-            self.pending[key].clear()
-        return taken

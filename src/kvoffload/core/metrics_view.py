@@ -1,11 +1,12 @@
 """One consistent reading of every kvoffload metric from a scheduler half.
 
-``read_metrics`` flattens the counters the scheduler half, its directories and its
-lower tiers keep into the series declared in :data:`kvoffload.core.metrics.METRICS`
-(no second set of counters to drift from the first), adds the gauges, and copies the
-recorded histograms. It only reads; the caller must hold whatever lock serializes
-access to the scheduler half. Cost: O(series) plus one pass over the pin counts of
-each directory for the ``pinned_chunks`` gauge (``with_gauges=False`` skips gauges).
+``read_metrics`` copies the counter series and the histograms of the scheduler
+half's recorder (:mod:`kvoffload.core.recorder`: where its directories and lower
+tiers count too, each series once, under the names and labels of
+:data:`kvoffload.core.metrics.METRICS`) and computes the gauges. It only reads; the
+caller must hold whatever lock serializes access to the scheduler half. Cost:
+O(series) plus one pass over the pin counts of each directory for the
+``pinned_chunks`` gauge (``with_gauges=False`` skips gauges).
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvoffload.core.metrics import Histogram, Labels, labels
+from kvoffload.core.metrics import Series, labels
+from kvoffload.core.recorder import Histogram
 from kvoffload.core.tiering import DirectoryTier
 
 if TYPE_CHECKING:
     from kvoffload.core.scheduler import OffloadScheduler
-
-Series = tuple[str, Labels]
 
 
 @dataclass
@@ -38,61 +38,26 @@ def read_metrics(
     scheduler: OffloadScheduler, chunk_bytes: int, *, with_gauges: bool = True
 ) -> MetricsReading:
     """``chunk_bytes``: one chunk's bytes, all workers together."""
-    out = MetricsReading()
-    c = out.counters
-    s = scheduler.stats
-    host = scheduler.directory
-    chunk_tokens = scheduler.config.chunk_tokens
-
-    def count(name: str, value: float, **pairs: str) -> None:
-        c[(name, labels(**pairs))] = float(value)
-
-    count("lookups_total", s.lookups, tier="host")
-    count("hit_tokens_total", s.lookup_hit_tokens, tier="host")
-    for deferral, n in s.deferrals.items():
-        count("deferrals_total", n, reason=deferral.value)
-    count("deferral_timeouts_total", s.deferral_timeouts)
-    count("transferred_chunks_total", s.loaded_chunks, direction="load", tier="host")
-    count("transferred_chunks_total", s.stored_chunks, direction="store", tier="host")
-    count("failed_chunks_total", s.failed_load_chunks, direction="load", tier="host")
-    count("failed_chunks_total", s.failed_store_chunks, direction="store", tier="host")
-    count("preemptions_total", s.preemptions)
-    for kind, n in scheduler.anomalies.counts.items():
-        count("anomalies_total", n, kind=kind.value)
-    for name, n in scheduler.param_errors.counts.items():
-        count("request_param_errors_total", n, field=name)
-    count("internal_errors_total", s.internal_errors)
-    count("resets_total", s.resets)
-    count("flushes_total", s.flushes)
-    directories = {"host": host, **{t.name: t.directory for t in scheduler.tiers.directory_tiers()}}
-    for name, directory in directories.items():
-        count("evictions_total", directory.stats.evictions, tier=name)
-        count("admission_refusals_total", directory.stats.admission_refusals, tier=name)
-        count("no_room_total", directory.stats.no_room, tier=name)
-    for tier in scheduler.tiers.tiers.values():
-        ts = tier.stats
-        count("lookups_total", ts.lookups, tier=tier.name)
-        count("hit_tokens_total", ts.hit_chunks * chunk_tokens, tier=tier.name)
-        count("transferred_chunks_total", ts.spilled_chunks, direction="spill", tier=tier.name)
-        count("transferred_chunks_total", ts.promoted_chunks, direction="promote", tier=tier.name)
-        count("failed_chunks_total", ts.spill_failures, direction="spill", tier=tier.name)
-        count("failed_chunks_total", ts.promotion_failures, direction="promote", tier=tier.name)
-        count("missing_chunks_total", ts.missing, tier=tier.name)
-        if not isinstance(tier, DirectoryTier):
-            count("no_room_total", ts.spill_no_room, tier=tier.name)
-        for reason, n in ts.integrity_errors.items():
-            count("integrity_errors_total", n, tier=tier.name, reason=reason.split(":", 1)[-1])
-    out.histograms = dict(scheduler.metrics.histograms)
+    recorder = scheduler.metrics
+    out = MetricsReading(
+        counters={series: float(n) for series, n in recorder.counters.items()},
+        histograms=dict(recorder.histograms),
+    )
     if with_gauges:
-        g = out.gauges
-        g[("jobs_in_flight", ())] = float(len(scheduler.jobs_in_flight()))
-        g[("usage_bytes", labels(tier="host"))] = float(len(host) * chunk_bytes)
-        g[("capacity_bytes", labels(tier="host"))] = float(host.num_slots * chunk_bytes)
-        g[("pinned_chunks", labels(tier="host"))] = float(host.pinned_count)
-        for tier in scheduler.tiers.tiers.values():
-            g[("usage_bytes", labels(tier=tier.name))] = float(tier.held_count() * chunk_bytes)
-            if isinstance(tier, DirectoryTier):
-                capacity = tier.directory.num_slots * chunk_bytes
-                g[("capacity_bytes", labels(tier=tier.name))] = float(capacity)
-                g[("pinned_chunks", labels(tier=tier.name))] = float(tier.directory.pinned_count)
+        out.gauges = _gauges(scheduler, chunk_bytes)
     return out
+
+
+def _gauges(scheduler: OffloadScheduler, chunk_bytes: int) -> dict[Series, float]:
+    host = scheduler.directory
+    g: dict[Series, float] = {("jobs_in_flight", ()): float(len(scheduler.jobs_in_flight()))}
+    g[("usage_bytes", labels(tier="host"))] = float(len(host) * chunk_bytes)
+    g[("capacity_bytes", labels(tier="host"))] = float(host.num_slots * chunk_bytes)
+    g[("pinned_chunks", labels(tier="host"))] = float(host.pinned_count)
+    for tier in scheduler.tiers.tiers.values():
+        g[("usage_bytes", labels(tier=tier.name))] = float(tier.held_count() * chunk_bytes)
+        if isinstance(tier, DirectoryTier):
+            capacity = tier.directory.num_slots * chunk_bytes
+            g[("capacity_bytes", labels(tier=tier.name))] = float(capacity)
+            g[("pinned_chunks", labels(tier=tier.name))] = float(tier.directory.pinned_count)
+    return g

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
+from kvoffload.core.metrics import Series, labels
 
 
 class EngineRequest(Protocol):
@@ -137,22 +138,28 @@ class SchedulerConfig:
 
 @dataclass
 class SchedulerStats:
-    """Monotonic counters, mutated only by the owning scheduler half."""
+    """Job counts that are no metric (tests and harness outcomes read them), mutated
+    only by the owning scheduler half. Every exported counter is recorded in its
+    metrics recorder instead (``OffloadScheduler.metrics``)."""
 
-    lookups: int = 0
-    lookup_hit_tokens: int = 0
-    deferrals: dict[Deferral, int] = field(default_factory=dict)
-    deferral_timeouts: int = 0
-    loads: int = 0
-    load_failures: int = 0
-    failed_load_chunks: int = 0
-    loaded_chunks: int = 0
-    stores: int = 0
-    store_failures: int = 0
-    failed_store_chunks: int = 0
-    stored_chunks: int = 0
-    flushes: int = 0
-    preemptions: int = 0
-    stale_completions: int = 0
-    resets: int = 0
-    internal_errors: int = 0  # exceptions the vLLM adapter caught (offloading turned off)
+    loads: int = 0  # load jobs planned (with at least one chunk)
+    load_failures: int = 0  # load jobs that failed
+    stores: int = 0  # store jobs planned
+    store_failures: int = 0  # store jobs that failed
+    stale_completions: int = 0  # worker results for jobs no longer tracked
+
+
+SCHEDULER_SERIES: tuple[Series, ...] = (
+    ("lookups_total", labels(tier="host")),
+    ("hit_tokens_total", labels(tier="host")),
+    ("deferral_timeouts_total", ()),
+    ("transferred_chunks_total", labels(direction="load", tier="host")),
+    ("transferred_chunks_total", labels(direction="store", tier="host")),
+    ("failed_chunks_total", labels(direction="load", tier="host")),
+    ("failed_chunks_total", labels(direction="store", tier="host")),
+    ("preemptions_total", ()),
+    ("internal_errors_total", ()),
+    ("resets_total", ()),
+    ("flushes_total", ()),
+)
+"""The scheduler half's fixed counter series, exported (at 0) from the start."""

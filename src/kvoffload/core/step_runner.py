@@ -88,7 +88,8 @@ class StepRunner(Generic[B]):
         """Before the forward pass: :meth:`flush`, then submit the loads, spills and
         promotions not submitted yet."""
         self.flush(plan)
-        for job in (*plan.loads, *plan.spills, *plan.promotions):
+        jobs: tuple[TransferJob, ...] = (*plan.loads, *plan.spills, *plan.promotions)
+        for job in jobs:
             self._submit(job)
 
     def end_forward(self) -> None:

@@ -13,6 +13,10 @@ host slots in the host directory and tier room in each :class:`LowerTier`:
 Spill admission: ``spill_after_hits`` 0 spills every chunk once its host store
 completes (write-through); N >= 1 spills a chunk once it has been loaded from host
 memory N times (counted in a bounded map).
+
+Counts, in each tier's ``metrics``: lookups and hit tokens (chunks found times
+``chunk_tokens``), promoted and failed chunks, integrity errors by reason (the part
+of the failure's text after ``integrity:``), missing chunks.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
 from kvoffload.core.failures import ChunkFailure, FailureKind, error_failure
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.tiering import DirectoryTier, LowerTier
 
@@ -54,14 +58,14 @@ class TierPlanner:
         self,
         host: Directory,
         tiers: Sequence[LowerTier],
-        blocks_per_chunk: int,
         *,
+        chunk_tokens: int,
         spill_after_hits: int = 0,
         max_counters: int = 65536,
     ) -> None:
         self.host = host
         self.tiers = {tier.name: tier for tier in tiers}
-        self.blocks_per_chunk = blocks_per_chunk
+        self.chunk_tokens = chunk_tokens
         self.spill_after_hits = spill_after_hits
         self._max_counters = max_counters
         self._queues: dict[str, dict[ChunkKey, None]] = {name: {} for name in self.tiers}
@@ -83,11 +87,11 @@ class TierPlanner:
             if allowed is not None and not allowed(tier.name):
                 continue
             run = tier.present_run(keys)
-            tier.stats.lookups += 1
+            tier.metrics.count("lookups_total")
             if run is None:
                 return UNKNOWN
             if run:
-                tier.stats.hit_chunks += run
+                tier.metrics.count("hit_tokens_total", run * self.chunk_tokens)
                 return Found(tier, run)
         return ABSENT
 
@@ -122,7 +126,9 @@ class TierPlanner:
 
     # ------------------------------------------------------------ jobs
 
-    def plan_spills(self, new_id: Callable[[], int]) -> list[TransferJob]:
+    def plan_spills(self, new_id: Callable[[], int]) -> list[TierJob]:
+        """Spills of the queued chunks still in host memory (pinned there until
+        reported), one per tier with room; they serve no request. Empties the queues."""
         jobs = []
         for name, queue in self._queues.items():
             keys = [
@@ -136,14 +142,11 @@ class TierPlanner:
             if booking is None or not booking.keys:
                 continue
             jobs.append(
-                TransferJob(
+                TierJob(
                     job_id=new_id(),
                     kind=JobKind.SPILL,
-                    request_id="",
                     keys=booking.keys,
                     slots=self.host.prepare_load(booking.keys),
-                    block_ids=(),
-                    blocks_per_chunk=self.blocks_per_chunk,
                     tier=name,
                     tier_slots=booking.slots,
                 )
@@ -152,9 +155,9 @@ class TierPlanner:
 
     def plan_promotion(
         self, request_id: str, tier_name: str, keys: Sequence[ChunkKey], new_id: Callable[[], int]
-    ) -> TransferJob | None:
-        """A promotion of the ``keys`` missing from host memory, or None (no room,
-        or nothing left to promote)."""
+    ) -> TierJob | None:
+        """A promotion (for ``request_id``) of the ``keys`` missing from host memory,
+        or None (no room, or nothing left to promote)."""
         tier = self.tiers[tier_name]
         if tier.present_run(keys) != len(keys):
             return None  # changed since the lookup
@@ -162,19 +165,17 @@ class TierPlanner:
         if prepared.no_room or not prepared.keys:
             return None
         tier_slots = tier.book_promotion(prepared.keys)
-        return TransferJob(
+        return TierJob(
             job_id=new_id(),
             kind=JobKind.PROMOTE,
-            request_id=request_id,
             keys=prepared.keys,
             slots=prepared.slots,
-            block_ids=(),
-            blocks_per_chunk=self.blocks_per_chunk,
             tier=tier_name,
             tier_slots=tier_slots,
+            request_id=request_id,
         )
 
-    def complete(self, job: TransferJob, result: JobResult) -> None:
+    def complete(self, job: TierJob, result: JobResult) -> None:
         """Book a spill's or a promotion's outcome (aggregated over every worker)."""
         tier = self.tiers[job.tier]
         failed: dict[int, ChunkFailure] = dict(result.failed_chunks)
@@ -194,15 +195,14 @@ class TierPlanner:
             self.host.complete_store(bad, success=False)
         gone = [job.keys[i] for i, failure in failed.items() if failure.copy_gone]
         tier.release_promotion(job.keys, gone)
-        tier.stats.promoted_chunks += len(ok)
-        tier.stats.promotion_failures += len(bad)
+        tier.metrics.count("transferred_chunks_total", len(ok), direction="promote")
+        tier.metrics.count("failed_chunks_total", len(bad), direction="promote")
         for failure in failed.values():
             if failure.kind is FailureKind.INTEGRITY:
-                counts = tier.stats.integrity_errors
-                reason = str(failure)  # "integrity:<reason>", as before
-                counts[reason] = counts.get(reason, 0) + 1
+                # the reason: the part of the text "integrity:<reason>" after the colon
+                tier.metrics.count("integrity_errors_total", reason=failure.detail)
             elif failure.kind is FailureKind.MISSING:
-                tier.stats.missing += 1
+                tier.metrics.count("missing_chunks_total")
 
     def reset(self) -> None:
         """A connector reset: every tier forgets what it holds; queued spills and hit

@@ -12,18 +12,24 @@ A :class:`LowerTier` answers which chunks it holds and books the chunks moving i
   authoritative (the server evicts, other engines add); ``present_run`` may answer
   None while it asks the server, and a value gone by read time is a miss.
 
+Counters: a tier counts in ``metrics``, a recorder scope with its ``tier`` label
+fixed (:mod:`kvoffload.core.recorder`): the tier itself counts its spills' outcome,
+the tier planner its lookups, hits and promotions' outcome. A
+:class:`DirectoryTier` shares its directory's scope (one tier, one label set).
+
 Owned by the scheduler half; no bytes, no I/O in this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.recorder import CounterScope
 
 
 @dataclass(frozen=True)
@@ -34,26 +40,19 @@ class SpillBooking:
     slots: tuple[int, ...] = ()
 
 
-@dataclass
-class TierStats:
-    """Counters of one lower tier, mutated by the scheduler half."""
-
-    lookups: int = 0
-    hit_chunks: int = 0
-    spilled_chunks: int = 0
-    spill_failures: int = 0
-    spill_no_room: int = 0
-    promoted_chunks: int = 0
-    promotion_failures: int = 0
-    # promoted chunks that failed verification, by the failure's text (``str`` of an
-    # INTEGRITY ChunkFailure: "integrity:<reason>"; the metric's label is <reason>)
-    integrity_errors: dict[str, int] = field(default_factory=dict)
-    missing: int = 0
+def declare_tier_counters(metrics: CounterScope) -> None:
+    """The series every lower tier exports from the start (at 0): lookups, hit
+    tokens, chunks spilled and promoted and those that failed, chunks missing,
+    refused spills (a directory tier's directory counts these; the Redis index never
+    refuses one)."""
+    metrics.declare("lookups_total", "hit_tokens_total", "missing_chunks_total", "no_room_total")
+    for direction in ("spill", "promote"):
+        metrics.declare("transferred_chunks_total", "failed_chunks_total", direction=direction)
 
 
 class LowerTier(Protocol):
     name: str
-    stats: TierStats
+    metrics: CounterScope  # its counters, labelled with ``name``
 
     def present_run(self, keys: Sequence[ChunkKey]) -> int | None:
         """How many leading ``keys`` the tier holds; None while it cannot tell yet
@@ -89,7 +88,8 @@ class DirectoryTier:
     def __init__(self, directory: Directory) -> None:
         self.directory = directory
         self.name = directory.tier
-        self.stats = TierStats()
+        self.metrics = directory.metrics
+        declare_tier_counters(self.metrics)
 
     def present_run(self, keys: Sequence[ChunkKey]) -> int:
         return self.directory.readable_prefix(keys)
@@ -104,8 +104,7 @@ class DirectoryTier:
     def book_spill(self, keys: Sequence[ChunkKey]) -> SpillBooking | None:
         prepared = self.directory.prepare_store(keys)
         if prepared.no_room:
-            self.stats.spill_no_room += len(keys)
-            return None
+            return None  # counted by the directory (no_room_total)
         return SpillBooking(prepared.keys, prepared.slots)
 
     def complete_spill(self, written: Sequence[ChunkKey], failed: Sequence[ChunkKey]) -> None:
@@ -115,8 +114,8 @@ class DirectoryTier:
             # The slot is free again; what a worker wrote there is overwritten by the
             # next chunk, and start-up recovery needs every rank's copy to adopt it.
             self.directory.complete_store(failed, success=False)
-        self.stats.spilled_chunks += len(written)
-        self.stats.spill_failures += len(failed)
+        self.metrics.count("transferred_chunks_total", len(written), direction="spill")
+        self.metrics.count("failed_chunks_total", len(failed), direction="spill")
 
     def take_events(self) -> list[CacheEvent]:
         return self.directory.take_events()

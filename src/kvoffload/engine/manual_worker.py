@@ -29,7 +29,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvoffload.core.failures import ChunkFailure
-from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import (
+    EngineJob,
+    JobKind,
+    JobResult,
+    StepPlan,
+    TierJob,
+    TransferJob,
+    WorkerReport,
+)
 from kvoffload.core.keys import ChunkKey
 from kvoffload.engine.block_pool import BlockPool
 
@@ -49,7 +57,7 @@ class PendingJob:
 
 
 CompletionPolicy = Callable[[int, Sequence[PendingJob]], dict[int, bool]]
-Expected = Callable[[TransferJob, int], bytes]  # (job, index of a chunk in it) -> bytes
+Expected = Callable[[EngineJob, int], bytes]  # (job, index of a chunk in it) -> bytes
 
 
 def complete_everything(step: int, jobs: Sequence[PendingJob]) -> dict[int, bool]:
@@ -93,7 +101,8 @@ class ManualWorker:
         and check its loads; from now on the step is in its forward pass (the flush
         that follows runs only stores, which read blocks and write none)."""
         self.step = plan.step
-        for job in (*plan.stores, *plan.loads, *plan.spills, *plan.promotions):
+        jobs: tuple[TransferJob, ...] = (*plan.stores, *plan.loads, *plan.spills, *plan.promotions)
+        for job in jobs:
             self.pending[job.job_id] = PendingJob(job, plan.step)
             self.unacknowledged[job.job_id] = job
         for load in plan.loads:
@@ -133,7 +142,7 @@ class ManualWorker:
         for job_id, success in chosen.items():
             pending = self.pending.pop(job_id)
             failed: tuple[tuple[int, ChunkFailure], ...] = ()
-            if not pending.job.kind.touches_engine:
+            if isinstance(pending.job, TierJob):
                 failed = self._run_tier(pending.job, success)
             elif not pending.ran:
                 self._run(pending, success)
@@ -150,6 +159,7 @@ class ManualWorker:
 
     def _run(self, pending: PendingJob, success: bool) -> None:
         job = pending.job
+        assert isinstance(job, EngineJob)
         pending.ran = True
         self.copies += 1
         k, block_bytes = job.blocks_per_chunk, self.pool.block_bytes
@@ -178,7 +188,7 @@ class ManualWorker:
             self._verify(job, chunk, held, "load read")
             self.pool.write(block, 0, held[index * block_bytes : (index + 1) * block_bytes])
 
-    def _run_tier(self, job: TransferJob, success: bool) -> tuple[tuple[int, ChunkFailure], ...]:
+    def _run_tier(self, job: TierJob, success: bool) -> tuple[tuple[int, ChunkFailure], ...]:
         """Run a spill or a promotion against the in-memory tier, slot-addressed like
         the disk tier (authoritative: a promotion whose tier slot does not hold its
         chunk is a violation, which catches a slot reused while still needed); return
@@ -217,7 +227,7 @@ class ManualWorker:
             self.host[slot], self.host_key[slot] = stored[1], key
         return ()
 
-    def _verify(self, job: TransferJob, chunk: int, data: bytes, what: str) -> None:
+    def _verify(self, job: EngineJob, chunk: int, data: bytes, what: str) -> None:
         if self.expected is None:
             return
         if data != self.expected(job, chunk):
@@ -229,7 +239,7 @@ class ManualWorker:
     def _check_write(self, blocks: Sequence[int]) -> None:
         for pending in self.pending.values():
             job = pending.job
-            if job.kind is not JobKind.STORE or pending.ran:
+            if not isinstance(job, EngineJob) or job.kind is not JobKind.STORE or pending.ran:
                 continue
             if self.in_forward and pending.planned_step == self.step:
                 continue  # this step's forward pass computes what the store captures

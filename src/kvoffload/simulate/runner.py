@@ -263,10 +263,10 @@ class _Simulation:
             r.ttft_p95_s = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
         if self.scheduler is None or self.host is None or self.worker is None:
             return
-        stats, chunks = self.scheduler.stats, self.worker.traffic.chunks
-        r.deferrals = {d.value: n for d, n in stats.deferrals.items()}
-        r.deferral_timeouts = stats.deferral_timeouts
-        r.admission_refusals = self.host.stats.admission_refusals
+        metrics, chunks = self.scheduler.metrics, self.worker.traffic.chunks
+        r.deferrals = metrics.breakdown("deferrals_total", "reason")
+        r.deferral_timeouts = metrics.value("deferral_timeouts_total")
+        r.admission_refusals = self.host.metrics.value("admission_refusals_total")
         r.lane_busy_s = dict(self.worker.traffic.busy_s)
         r.tiers.append(
             TierResult(
@@ -274,7 +274,7 @@ class _Simulation:
                 self.host.num_slots,
                 written=chunks[("store", "host")],
                 read=chunks[("load", "host")],
-                evictions=self.host.stats.evictions,
+                evictions=self.host.metrics.value("evictions_total"),
                 held_at_end=len(self.host),
             )
         )
@@ -285,7 +285,7 @@ class _Simulation:
                     tier.directory.num_slots,
                     written=chunks[("spill", tier.name)],
                     read=chunks[("promote", tier.name)],
-                    evictions=tier.directory.stats.evictions,
+                    evictions=tier.directory.metrics.value("evictions_total"),
                     held_at_end=len(tier.directory),
                 )
             )

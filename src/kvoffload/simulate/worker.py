@@ -19,7 +19,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import (
+    JobKind,
+    JobResult,
+    StepPlan,
+    TierJob,
+    TransferJob,
+    WorkerReport,
+)
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.request import StepMeter
 
@@ -79,11 +86,11 @@ class SimWorker:
     @staticmethod
     def _lane(job: TransferJob) -> tuple[str, str]:
         """(lane name, cost lane) of a job."""
+        if isinstance(job, TierJob):
+            return job.tier, "redis" if job.tier == "redis" else "disk"
         if job.kind is JobKind.LOAD:
             return "host->engine", "host"
-        if job.kind is JobKind.STORE:
-            return "engine->host", "host"
-        return job.tier, "redis" if job.tier == "redis" else "disk"
+        return "engine->host", "host"
 
     def _start(self, job: TransferJob, at: float) -> float:
         lane, cost_lane = self._lane(job)
@@ -128,7 +135,7 @@ class SimWorker:
             _, job_id, job = heapq.heappop(self._heap)
             del self.finish_of[job_id]
             _, cost_lane = self._lane(job)
-            tier = "host" if job.kind.touches_engine else job.tier
+            tier = job.tier if isinstance(job, TierJob) else "host"
             self.traffic.chunks[(job.kind.value, tier)] += len(job.keys)
             self.traffic.jobs[job.kind.value] += 1
             nbytes = len(job.keys) * self.chunk_bytes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvoffload.core.jobs import TransferJob
+from kvoffload.core.jobs import EngineJob
 from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
 from kvoffload.engine.engine import ReferenceEngine
 from kvoffload.engine.manual_worker import InvariantViolation
@@ -35,7 +35,7 @@ class Oracle:
         self._keys: dict[str, dict[ChunkKey, int]] = {}
         self._kv: dict[str, bytes] = {}
 
-    def expected(self, job: TransferJob, chunk: int) -> bytes:
+    def expected(self, job: EngineJob, chunk: int) -> bytes:
         req = self.engine.requests[job.request_id]
         index = self._index_of(job.request_id, job.keys[chunk])
         end = (index + 1) * self.chunk_tokens

@@ -167,7 +167,7 @@ def run_schedule(
     outcome.preemptions = engine.preemptions
     outcome.loads = scheduler.stats.loads
     outcome.stores = scheduler.stats.stores
-    outcome.deferrals = sum(scheduler.stats.deferrals.values())
+    outcome.deferrals = sum(scheduler.metrics.breakdown("deferrals_total", "reason").values())
     return outcome
 
 
@@ -207,8 +207,7 @@ def _install_tracer(scheduler: OffloadScheduler, worker: ManualWorker, log: list
 
     def traced_lookup(request: EngineRequest, num_computed_tokens: int) -> int | None:
         answer = lookup(request, num_computed_tokens)
-        state = scheduler.state_of(request.request_id)
-        jobs = sorted(state.jobs) if state is not None else []
+        jobs = sorted(job.job_id for job in scheduler.jobs_of(request.request_id))
         log.append(
             f"  lookup {request.request_id} (local hit {num_computed_tokens}, jobs in flight "
             f"{jobs}) -> {'retry later' if answer is None else answer}"
@@ -227,10 +226,10 @@ def _install_tracer(scheduler: OffloadScheduler, worker: ManualWorker, log: list
                 f"    {job.kind.value} job {job.job_id} {job.request_id}: "
                 f"{len(job.keys)} chunks, blocks {list(job.block_ids)}"
             )
-        for job in (*plan.spills, *plan.promotions):
+        for move in (*plan.spills, *plan.promotions):
             log.append(
-                f"    {job.kind.value} job {job.job_id} {job.request_id or '-'}: "
-                f"{len(job.keys)} chunks, tier {job.tier}, host slots {list(job.slots)}"
+                f"    {move.kind.value} job {move.job_id} {move.request_id or '-'}: "
+                f"{len(move.keys)} chunks, tier {move.tier}, host slots {list(move.slots)}"
             )
         if plan.flush:
             log.append(f"    flush {sorted(plan.flush)}")

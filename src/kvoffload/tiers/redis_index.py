@@ -26,7 +26,8 @@ from typing import Any
 
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.tiering import SpillBooking, TierStats
+from kvoffload.core.recorder import CounterScope
+from kvoffload.core.tiering import SpillBooking, declare_tier_counters
 from kvoffload.tiers.redis_client import key_name
 
 MAX_CACHED = 1 << 17
@@ -52,7 +53,8 @@ class RedisIndex:
         self.world_size = world_size
         self.ttl_s = ttl_s
         self.retry_s = retry_s
-        self.stats = TierStats()
+        self.metrics = CounterScope.private(tier=self.name)
+        declare_tier_counters(self.metrics)
         self.query_errors = 0
         self._clock = clock
         self._lock = threading.Condition()
@@ -106,8 +108,8 @@ class RedisIndex:
 
     def complete_spill(self, written: Sequence[ChunkKey], failed: Sequence[ChunkKey]) -> None:
         self._remember(written, present=True)
-        self.stats.spilled_chunks += len(written)
-        self.stats.spill_failures += len(failed)
+        self.metrics.count("transferred_chunks_total", len(written), direction="spill")
+        self.metrics.count("failed_chunks_total", len(failed), direction="spill")
         if written:
             self._events.append(CacheEvent(EventKind.STORED, tuple(written), self.name))
 

@@ -14,22 +14,22 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from kvoffload.core.jobs import TransferJob
+from kvoffload.core.jobs import EngineJob
 from kvoffload.transfer.threads import single_threaded_torch
 
-RunBatch = Callable[[list[TransferJob]], None]
+RunBatch = Callable[[list[EngineJob]], None]
 
 
 class Lane:
     def __init__(self, name: str, run_batch: RunBatch) -> None:
         self._run_batch = run_batch
         self._cv = threading.Condition()
-        self._queue: list[TransferJob] = []
+        self._queue: list[EngineJob] = []
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, job: TransferJob) -> bool:
+    def put(self, job: EngineJob) -> bool:
         """Queue ``job``; False if the lane is closed (the job will not run)."""
         with self._cv:
             if self._closed:
@@ -38,7 +38,7 @@ class Lane:
             self._cv.notify()
             return True
 
-    def close(self) -> list[TransferJob]:
+    def close(self) -> list[EngineJob]:
         """Stop taking jobs; return the queued ones that will never run."""
         with self._cv:
             self._closed = True

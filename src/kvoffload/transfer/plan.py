@@ -1,4 +1,4 @@
-"""From a :class:`TransferJob` to the block-by-block copy it stands for.
+"""From an :class:`EngineJob` to the block-by-block copy it stands for.
 
 The host slab is addressed in *rows*: row ``slot * k + j`` is block record ``j`` of the
 chunk in ``slot`` (``k = blocks_per_chunk``). A :class:`CopyPlan` pairs every engine
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kvoffload.core.jobs import NO_BLOCK, JobKind, TransferJob
+from kvoffload.core.jobs import NO_BLOCK, EngineJob, JobKind
 
 Index = npt.NDArray[np.int64]
 
@@ -35,7 +35,7 @@ class CopyPlan:
     ``nbytes`` counts the block records moved.
     """
 
-    job: TransferJob
+    job: EngineJob
     rows: Index
     blocks: Index
     bounds: Index
@@ -47,7 +47,7 @@ class CopyPlan:
 
 
 def plan_job(
-    job: TransferJob,
+    job: EngineJob,
     kind: JobKind,
     *,
     num_blocks: int,
@@ -87,7 +87,7 @@ def plan_job(
     return CopyPlan(job, rows, blocks, bounds, len(blocks) * block_bytes)
 
 
-def _check_range(job: TransferJob, what: str, ids: tuple[int, ...], limit: int) -> None:
+def _check_range(job: EngineJob, what: str, ids: tuple[int, ...], limit: int) -> None:
     if min(ids) < 0 or max(ids) >= limit:
         bad = next(i for i in ids if not 0 <= i < limit)
         raise JobRejected(f"job {job.job_id}: {what} {bad} out of range [0, {limit})")

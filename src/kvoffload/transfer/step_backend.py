@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvoffload.core.jobs import JobKind, JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import (
+    EngineJob,
+    JobKind,
+    JobResult,
+    StepPlan,
+    TierJob,
+    TransferJob,
+    WorkerReport,
+)
 from kvoffload.transfer.tier_worker import TierLane
 from kvoffload.transfer.worker import TransferWorker
 
@@ -34,7 +42,7 @@ class TransferBackend:
         self.tiers = tiers
         self.wait_for_loads = wait_for_loads
         self._step_loads: tuple[int, ...] = ()
-        self._jobs: dict[int, TransferJob] = {}  # loads and stores until polled
+        self._jobs: dict[int, EngineJob] = {}  # loads and stores until polled
         self._early: list[JobResult] = []  # tier jobs with no tier lane: failed at once
         self._instant: list[JobResult] = []  # loads of invalid blocks only: done at once
         self._loaded: set[str] = set()
@@ -44,7 +52,7 @@ class TransferBackend:
         self._step_loads = tuple(job.job_id for job in plan.loads)
 
     def submit(self, job: TransferJob) -> None:
-        if not job.kind.touches_engine:
+        if isinstance(job, TierJob):
             if self.tiers is not None:
                 self.tiers.submit(job)
             else:  # no tier configured on this worker: report the job failed

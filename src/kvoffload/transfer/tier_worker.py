@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from kvoffload.core.failures import ChunkFailure, error_failure
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer.results import ResultBook
@@ -51,7 +51,7 @@ class TierLane(Protocol):
     """What the worker's connector role uses of a tier lane (:class:`TierWorker`, or a
     harness's wrapper that holds and fails jobs)."""
 
-    def submit(self, job: TransferJob) -> None: ...
+    def submit(self, job: TierJob) -> None: ...
 
     def poll(self) -> list[JobResult]: ...
 
@@ -68,7 +68,7 @@ PART_BYTES = 8 << 20  # a job is split into parts of about this size, run in par
 class _Parts:
     """The parts of one job in flight; the last part to finish reports the job."""
 
-    def __init__(self, job: TransferJob, count: int, begin: float) -> None:
+    def __init__(self, job: TierJob, count: int, begin: float) -> None:
         self.job = job
         self.begin = begin
         self.left = count
@@ -93,10 +93,10 @@ class TierWorker:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvoffload-tier")
         self._closed = False
 
-    def submit(self, job: TransferJob) -> None:
+    def submit(self, job: TierJob) -> None:
         """Start a spill or promote job (a bad job becomes a failed result)."""
         self._book.begin(job.job_id)
-        if self._closed or job.tier not in self.stores or job.kind.touches_engine:
+        if self._closed or job.tier not in self.stores:
             self._book.fail(job.job_id, f"cannot run {job.kind.value} job on tier {job.tier!r}")
             return
         try:
@@ -126,7 +126,7 @@ class TierWorker:
             if close is not None:
                 close()
 
-    def _start(self, job: TransferJob) -> None:
+    def _start(self, job: TierJob) -> None:
         """Run the job's parts: the first here, the others on the pool (the last one
         to finish reports)."""
         begin = time.perf_counter()

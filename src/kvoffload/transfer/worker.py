@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
 from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer.cpu_copy import CpuCopier
 from kvoffload.transfer.cuda_copy import CudaCopier, InFlight
@@ -47,7 +47,7 @@ from kvoffload.transfer.layout import KVLayout, register_kv_caches
 from kvoffload.transfer.plan import CopyPlan, JobRejected, merge_plans, plan_job
 from kvoffload.transfer.results import ResultBook
 
-CopyHook = Callable[[TransferJob], None]
+CopyHook = Callable[[EngineJob], None]
 
 
 class TransferWorker:
@@ -105,11 +105,11 @@ class TransferWorker:
         slab = HostSlab(layout.chunk_bytes(blocks_per_chunk), host_budget_bytes)
         return cls(layout, slab, blocks_per_chunk, threads=threads, rank=rank, hook=hook)
 
-    def submit_store(self, job: TransferJob) -> None:
+    def submit_store(self, job: EngineJob) -> None:
         """Start copying the job's engine blocks into its host slots."""
         self._submit(job, JobKind.STORE)
 
-    def submit_load(self, job: TransferJob) -> None:
+    def submit_load(self, job: EngineJob) -> None:
         """Start copying the job's host slots into its engine blocks (``skip_blocks``
         leading blocks of the first chunk are not written)."""
         self._submit(job, JobKind.LOAD)
@@ -155,7 +155,7 @@ class TransferWorker:
         if self._cpu is not None:
             self._cpu.close()
 
-    def _submit(self, job: TransferJob, kind: JobKind) -> None:
+    def _submit(self, job: EngineJob, kind: JobKind) -> None:
         self._book.begin(job.job_id)
         if self._closed:
             self._book.fail(job.job_id, "worker is shut down")
@@ -164,7 +164,7 @@ class TransferWorker:
         elif not self._lanes[kind].put(job):
             self._book.fail(job.job_id, "worker is shut down")
 
-    def _plan(self, job: TransferJob, kind: JobKind) -> CopyPlan:
+    def _plan(self, job: EngineJob, kind: JobKind) -> CopyPlan:
         if self._hook is not None:
             self._hook(job)
         return plan_job(
@@ -176,7 +176,7 @@ class TransferWorker:
             block_bytes=self.layout.block_bytes,
         )
 
-    def _run_batch(self, kind: JobKind, jobs: list[TransferJob]) -> None:
+    def _run_batch(self, kind: JobKind, jobs: list[EngineJob]) -> None:
         """Lane thread: validate each job, copy the valid ones in one pass, record every
         result (never raises). With a test hook, jobs run one at a time, so a hook
         that holds a job does not hold the jobs queued before it."""
@@ -208,7 +208,7 @@ class TransferWorker:
             share = seconds * plan.nbytes / total if total else 0.0
             self._book.finish(JobResult(plan.job.job_id, True, plan.nbytes, share))
 
-    def _start_cuda(self, job: TransferJob, kind: JobKind) -> None:
+    def _start_cuda(self, job: EngineJob, kind: JobKind) -> None:
         assert self._cuda is not None
         try:
             plan = self._plan(job, kind)

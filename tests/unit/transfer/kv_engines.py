@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 
 Caches = dict[str, torch.Tensor]
@@ -101,10 +101,10 @@ def job(
     k: int,
     *,
     skip: int = 0,
-) -> TransferJob:
+) -> EngineJob:
     slot_ids = tuple(slots)
     keys = tuple(ChunkKey(i.to_bytes(16, "little")) for i in range(len(slot_ids)))
-    return TransferJob(job_id, kind, f"req{job_id}", keys, slot_ids, tuple(blocks), k, skip)
+    return EngineJob(job_id, kind, f"req{job_id}", keys, slot_ids, tuple(blocks), k, skip)
 
 
 class Gate:
@@ -123,7 +123,7 @@ class Gate:
         self.started = {i: threading.Event() for i in self._hold}
         self.seen: list[int] = []
 
-    def __call__(self, job: TransferJob) -> None:
+    def __call__(self, job: EngineJob) -> None:
         self.seen.append(job.job_id)
         if job.job_id in self._hold:
             self.started[job.job_id].set()

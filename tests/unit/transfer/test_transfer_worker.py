@@ -13,7 +13,7 @@ import pytest
 from kv_engines import Gate, job, record, vllm_cpu
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
 from kvoffload.transfer import TransferWorker
 
 N, K, SLOTS = 64, 2, 32
@@ -101,7 +101,7 @@ def test_failing_copy_is_a_failed_result_and_others_are_intact() -> None:
         (job(1, STORE, [0], [0, 1, 2], 3), "blocks_per_chunk 3"),
     ],
 )
-def test_bad_jobs_are_failed_results(bad: TransferJob, words: str) -> None:
+def test_bad_jobs_are_failed_results(bad: EngineJob, words: str) -> None:
     worker = make_worker()
     assert worker.slab.num_slots == SLOTS
     (worker.submit_store if bad.kind is STORE else worker.submit_load)(bad)

@@ -79,7 +79,7 @@ class EventTranslator:
         """Remember what the chunks of ``jobs`` cover. ``chains`` maps a request id to
         its chunk keys and its vLLM request (``block_hashes``, ``all_token_ids``)."""
         for job in jobs:
-            chain = chains.get(job.request_id)
+            chain = None if job.request_id is None else chains.get(job.request_id)
             if chain is None:
                 continue
             keys, request = chain

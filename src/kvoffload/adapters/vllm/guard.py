@@ -21,7 +21,7 @@ import logging
 import traceback
 from collections.abc import Sequence
 
-from kvoffload.core.jobs import JobKind, StepPlan, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, StepPlan
 from kvoffload.core.scheduler import OffloadScheduler
 
 logger = logging.getLogger("kvoffload")
@@ -38,7 +38,7 @@ class Guard:
     def trip(self, where: str, exc: BaseException) -> None:
         """An internal error in ``where``: log it, count it, turn offloading off."""
         self.errors.append("".join(traceback.format_exception(exc)))
-        self.scheduler.stats.internal_errors += 1
+        self.scheduler.metrics.count("internal_errors_total")
         if self.off:
             logger.debug("kvoffload: another internal error in %s: %r", where, exc)
             return
@@ -64,7 +64,7 @@ class Guard:
         """The plan while off: the owed loads, as loads of invalid blocks."""
         self._steps += 1
         loads = tuple(
-            TransferJob(
+            EngineJob(
                 job_id=self.scheduler.new_job_id(),
                 kind=JobKind.LOAD,
                 request_id=request_id,

@@ -27,9 +27,10 @@ from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.jobs import StepPlan
+from kvoffload.core.jobs import StepPlan, TransferJob
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.metrics_view import MetricsReading, Series, read_metrics
+from kvoffload.core.metrics import Series
+from kvoffload.core.metrics_view import MetricsReading, read_metrics
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
@@ -260,10 +261,14 @@ class SchedulerSide:
 
     def _chains(self, plan: StepPlan) -> dict[str, tuple[list[ChunkKey], object]]:
         chains: dict[str, tuple[list[ChunkKey], object]] = {}
-        for job in (*plan.stores, *plan.promotions):
-            state = self.scheduler.state_of(job.request_id)
-            if state is not None and job.request_id not in chains:
-                chains[job.request_id] = (state.keys.keys, state.request)
+        jobs: tuple[TransferJob, ...] = (*plan.stores, *plan.promotions)
+        for job in jobs:
+            request_id = job.request_id
+            if request_id is None or request_id in chains:
+                continue
+            state = self.scheduler.state_of(request_id)
+            if state is not None:
+                chains[request_id] = (state.keys.keys, state.request)
         return chains
 
     def shutdown(self) -> None:

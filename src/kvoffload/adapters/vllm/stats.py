@@ -33,8 +33,8 @@ from kvoffload.adapters.vllm.compat import (
     KVConnectorStats,
     VllmConfig,
 )
-from kvoffload.core.metrics import METRICS, Labels
-from kvoffload.core.metrics_view import MetricsReading, Series
+from kvoffload.core.metrics import METRICS, Labels, Series
+from kvoffload.core.metrics_view import MetricsReading
 
 GAUGE_PERIOD_S = 1.0
 

@@ -2,12 +2,12 @@
 
 - :mod:`.directory`: :class:`Directory`, the tier's bookkeeping (two-phase loads
   and stores, pins, atomic eviction, events); it holds and alone mutates the
-  slot table, the admission filter, its counters and events.
+  slot table, the admission filter and its events; it counts evictions, admission
+  refusals and refused stores in a metrics recorder (``Directory.metrics``).
 - :mod:`.slots`: :class:`SlotTable`, key -> slot, per-slot state and pins, the
   free list; queries and the slot primitives the directory calls.
 - :mod:`.admission`: :class:`AdmissionFilter`, admission by reuse.
-- :mod:`.results`: immutable results (:class:`LookupResult`, :class:`PreparedStore`)
-  and :class:`DirectoryStats`.
+- :mod:`.results`: immutable results (:class:`LookupResult`, :class:`PreparedStore`).
 - :mod:`.integrity`: every invariant, checked on demand over what the directory
   passes in (it imports nothing from :mod:`.directory`).
 
@@ -17,7 +17,6 @@ Import dependencies run one way: directory -> integrity -> slots -> results.
 from kvoffload.core.directory.admission import AdmissionFilter
 from kvoffload.core.directory.directory import Directory
 from kvoffload.core.directory.results import (
-    DirectoryStats,
     LookupResult,
     LookupStatus,
     PreparedStore,
@@ -27,7 +26,6 @@ from kvoffload.core.directory.slots import SlotTable
 __all__ = [
     "AdmissionFilter",
     "Directory",
-    "DirectoryStats",
     "LookupResult",
     "LookupStatus",
     "PreparedStore",

@@ -2,10 +2,11 @@
 
 Bookkeeping only; it never moves bytes. Ownership: the directory holds, and alone
 mutates, its :class:`~kvoffload.core.directory.slots.SlotTable` (key -> slot,
-per-slot state and pins, free list), its admission filter, its counters and the
-pending events; the eviction policy (held by the directory) owns only the order of
-readable chunks. Callers own nothing inside it and receive immutable results; the
-slot table's read-only queries are offered here by delegation.
+per-slot state and pins, free list), its admission filter and the pending events;
+the eviction policy (held by the directory) owns only the order of readable chunks.
+Callers own nothing inside it and receive immutable results; the slot table's
+read-only queries are offered here by delegation. Its counters are recorded in
+``metrics`` (see :class:`Directory`).
 
 Two-phase operations keep slots safe while bytes move:
 
@@ -28,18 +29,18 @@ from collections.abc import Iterable, Sequence
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory.admission import AdmissionFilter
 from kvoffload.core.directory.integrity import verify
-from kvoffload.core.directory.results import (
-    DirectoryStats,
-    LookupResult,
-    PreparedStore,
-)
+from kvoffload.core.directory.results import LookupResult, PreparedStore
 from kvoffload.core.directory.slots import _PINNED, _READY, _STORING, SlotTable
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.policies import EvictionPolicy, make_policy
+from kvoffload.core.recorder import CounterScope
 
-__all__ = ["Directory"]
+__all__ = ["DIRECTORY_COUNTERS", "Directory"]
+
+DIRECTORY_COUNTERS = ("evictions_total", "admission_refusals_total", "no_room_total")
+"""What a directory counts, under its ``tier`` label (exported at 0 from the start)."""
 
 
 class Directory:
@@ -47,6 +48,11 @@ class Directory:
 
     ``store_threshold`` N >= 2 admits a chunk only after ``record_lookups`` saw it
     N times (see :class:`~kvoffload.core.directory.admission.AdmissionFilter`).
+
+    ``metrics``: where it counts :data:`DIRECTORY_COUNTERS` (chunks evicted, chunks
+    refused admission, ``prepare_store`` calls without room), labelled with its
+    tier; a recorder of its own until the owning scheduler half rebinds it onto
+    its recorder.
     """
 
     def __init__(
@@ -63,7 +69,8 @@ class Directory:
         self.tier = tier
         self.admission = AdmissionFilter(store_threshold, max_admission_counters)
         self.policy = make_policy(policy, num_slots) if isinstance(policy, str) else policy
-        self.stats = DirectoryStats()
+        self.metrics = CounterScope.private(tier=tier)
+        self.metrics.declare(*DIRECTORY_COUNTERS)
         self._slots = SlotTable(num_slots)
         self._events: list[CacheEvent] = []
 
@@ -153,7 +160,6 @@ class Directory:
             raise ContractViolation(f"{self.tier}: prepare_load of a chunk that is not a hit")
         for slot in slots:
             table.pin(slot)
-        self.stats.loads_prepared += 1
         return tuple(slots)
 
     def complete_load(self, keys: Sequence[ChunkKey]) -> None:
@@ -200,18 +206,18 @@ class Directory:
                 refused.append(key)
             else:
                 new.append(key)
-        self.stats.admission_refusals += len(refused)
+        if refused:
+            self.metrics.count("admission_refusals_total", len(refused))
         if not new:
             return PreparedStore(refused=tuple(refused))
         evicted = self._make_room(len(new) - len(table.free), present)
         if evicted is None:
-            self.stats.no_room += 1
+            self.metrics.count("no_room_total")
             return PreparedStore(refused=tuple(refused), no_room=True)
         slots = []
         for key in new:
             slots.append(table.allocate(key))
             self.admission.forget(key)
-        self.stats.stores_prepared += len(new)
         return PreparedStore(tuple(new), tuple(slots), evicted, tuple(refused))
 
     def _make_room(self, needed: int, protected: list[ChunkKey]) -> tuple[ChunkKey, ...] | None:
@@ -226,7 +232,7 @@ class Directory:
             needed, lambda k: k not in shielded and state[index[k]] == _READY
         )
         table.drop_ready(victims)
-        self.stats.evictions += len(victims)
+        self.metrics.count("evictions_total", len(victims))
         self._events.append(CacheEvent(EventKind.REMOVED, tuple(victims), self.tier))
         return tuple(victims)
 
@@ -244,10 +250,6 @@ class Directory:
             if table.finish_store(key, slot, live, success):
                 self.policy.insert(key)
                 stored.append(key)
-        if success:
-            self.stats.stores_completed += len(stored)
-        else:
-            self.stats.stores_failed += len(located)
         if stored:
             stored.reverse()
             self._events.append(CacheEvent(EventKind.STORED, tuple(stored), self.tier))
@@ -266,7 +268,6 @@ class Directory:
             current = table.unlink(key)
             if current is None:
                 continue
-            self.stats.discarded += 1
             if current != _STORING:
                 removed.append(key)
                 self.policy.remove(key)
@@ -292,7 +293,6 @@ class Directory:
         keys = [key for key, _ in entries]
         for key in keys:
             self.policy.insert(key)
-        self.stats.stores_completed += len(entries)
         if entries:
             self._events.append(CacheEvent(EventKind.STORED, tuple(keys), self.tier))
 

@@ -1,7 +1,4 @@
-"""Immutable results and counters of :class:`~kvoffload.core.directory.Directory`.
-
-Values only: results are frozen; :class:`DirectoryStats` is mutated only by the
-directory that owns it (callers read it)."""
+"""Immutable results of :class:`~kvoffload.core.directory.Directory` (values only)."""
 
 from __future__ import annotations
 
@@ -38,17 +35,3 @@ class PreparedStore:
     evicted: tuple[ChunkKey, ...] = ()
     refused: tuple[ChunkKey, ...] = ()
     no_room: bool = False
-
-
-@dataclass
-class DirectoryStats:
-    """Monotonic counters, mutated only by the owning directory."""
-
-    stores_prepared: int = 0
-    stores_completed: int = 0
-    stores_failed: int = 0
-    loads_prepared: int = 0
-    evictions: int = 0
-    admission_refusals: int = 0
-    no_room: int = 0
-    discarded: int = 0

@@ -1,11 +1,16 @@
-"""Invariant checks of the scheduler half (tests, debug runs, the explorer)."""
+"""Invariant checks of the scheduler half (tests, debug runs, the explorer).
+
+Read-only. A request's jobs are the job tracker's (the one owner): the checks
+compare each request's phase with the jobs the tracker holds for it, and the jobs in
+flight with the directories' pins and storing slots and the tracker's fences."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, TierJob, TransferJob
 from kvoffload.core.scheduler.request_state import Phase
 
 if TYPE_CHECKING:
@@ -27,40 +32,12 @@ def verify_scheduler(
 ) -> None:
     """Raise ContractViolation naming the first broken invariant."""
     directory.check_integrity()
-    owned: set[int] = set()
     for request_id, state in states.items():
         if state.request_id != request_id:
             _fail(f"state of {request_id!r} names {state.request_id!r}")
-        kinds = {job.kind for job in state.jobs.values()}
-        loads = sum(job.kind is JobKind.LOAD for job in state.jobs.values())
-        promotions = sum(job.kind is JobKind.PROMOTE for job in state.jobs.values())
-        if JobKind.SPILL in kinds:
-            _fail(f"{request_id!r} owns a spill job")
-        if state.phase is Phase.PROMOTING and promotions != 1:
-            _fail(f"{request_id!r} is PROMOTING with {promotions} promotions")
-        if promotions > 1:
-            _fail(f"{request_id!r} has {promotions} promotions in flight")
-        if loads > 1 or (loads and JobKind.STORE in kinds):
-            _fail(f"{request_id!r} has {loads} loads and stores {state.store_ids()} in flight")
-        phase = state.phase
-        if phase is Phase.DONE:
-            _fail(f"{request_id!r} is DONE but still tracked")
-        if phase is Phase.LOADING and loads != 1:
-            _fail(f"{request_id!r} is LOADING without a load")
-        if phase not in (Phase.LOADING, Phase.FINISHED_DRAINING) and loads:
-            _fail(f"{request_id!r} is {phase.name} with a load in flight")
-        if phase is Phase.WAITING and state.jobs:
-            _fail(f"{request_id!r} is WAITING with jobs in flight")
-        if phase is Phase.PREEMPTED_DRAINING and not state.jobs:
-            _fail(f"{request_id!r} is draining with nothing in flight")
-        if phase is Phase.FINISHED_DRAINING and not state.jobs:
-            _fail(f"{request_id!r} finished, drained, still tracked")
-        for job_id, job in state.jobs.items():
-            if tracker.get(job_id) is not job:
-                _fail(f"job {job_id} of {request_id!r} is not tracked")
-            owned.add(job_id)
+        _check_request(state, tracker.jobs_of(request_id))
     jobs = tracker.jobs()
-    orphans = [j.job_id for j in jobs if j.job_id not in owned and j.kind is not JobKind.SPILL]
+    orphans = [j.job_id for j in jobs if j.request_id is not None and j.request_id not in states]
     if orphans:
         _fail(f"jobs {orphans} belong to no request")
     pins = _keys_of(jobs, JobKind.LOAD, JobKind.SPILL)
@@ -71,15 +48,45 @@ def verify_scheduler(
         _fail(f"{directory.storing_count} slots storing, in-flight jobs account for {storing}")
     for tier in tiers.directory_tiers() if tiers is not None else ():
         tier.directory.check_integrity()
-        mine = [j for j in jobs if j.tier == tier.name]
+        mine = [j for j in jobs if isinstance(j, TierJob) and j.tier == tier.name]
         if tier.directory.pinned_count != _keys_of(mine, JobKind.PROMOTE):
             _fail(f"tier {tier.name}: pins do not match its in-flight promotions")
         if tier.directory.storing_count != _keys_of(mine, JobKind.SPILL):
             _fail(f"tier {tier.name}: storing slots do not match its in-flight spills")
-    fences = sum(len(set(job.block_ids)) for job in tracker.jobs() if job.kind is JobKind.STORE)
+    fences = sum(
+        len(set(job.block_ids))
+        for job in jobs
+        if isinstance(job, EngineJob) and job.kind is JobKind.STORE
+    )
     if tracker.fence_count() != fences:
         _fail(f"{tracker.fence_count()} fences, in-flight stores read {fences} blocks")
 
 
-def _keys_of(jobs: list[TransferJob], *kinds: JobKind) -> int:
+def _check_request(state: RequestState, jobs: Sequence[TransferJob]) -> None:
+    """The request's phase agrees with its jobs in flight (``jobs``, the tracker's)."""
+    request_id, phase = state.request_id, state.phase
+    loads = sum(job.kind is JobKind.LOAD for job in jobs)
+    promotions = sum(job.kind is JobKind.PROMOTE for job in jobs)
+    stores = [job.job_id for job in jobs if job.kind is JobKind.STORE]
+    if phase is Phase.PROMOTING and promotions != 1:
+        _fail(f"{request_id!r} is PROMOTING with {promotions} promotions")
+    if promotions > 1:
+        _fail(f"{request_id!r} has {promotions} promotions in flight")
+    if loads > 1 or (loads and stores):
+        _fail(f"{request_id!r} has {loads} loads and stores {stores} in flight")
+    if phase is Phase.DONE:
+        _fail(f"{request_id!r} is DONE but still tracked")
+    if phase is Phase.LOADING and loads != 1:
+        _fail(f"{request_id!r} is LOADING without a load")
+    if phase not in (Phase.LOADING, Phase.FINISHED_DRAINING) and loads:
+        _fail(f"{request_id!r} is {phase.name} with a load in flight")
+    if phase is Phase.WAITING and jobs:
+        _fail(f"{request_id!r} is WAITING with jobs in flight")
+    if phase is Phase.PREEMPTED_DRAINING and not jobs:
+        _fail(f"{request_id!r} is draining with nothing in flight")
+    if phase is Phase.FINISHED_DRAINING and not jobs:
+        _fail(f"{request_id!r} finished, drained, still tracked")
+
+
+def _keys_of(jobs: Sequence[TransferJob], *kinds: JobKind) -> int:
     return sum(len(job.keys) for job in jobs if job.kind in kinds)

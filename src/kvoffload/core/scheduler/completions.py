@@ -2,14 +2,14 @@
 in the planner of its family, then on the request that waited for it.
 
 Unknown and repeated results are ignored and counted (``stale_completions``).
-Mutates the planners' state (directories, tiers), the requests' phases and jobs,
-the transfer histograms.
+Mutates the planners' state (directories, tiers), the job tracker (the completed job
+leaves it), the requests' phases, the transfer histograms.
 """
 
 from __future__ import annotations
 
-from kvoffload.core.jobs import JobKind, WorkerReport
-from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.jobs import JobKind, TierJob, WorkerReport
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
 from kvoffload.core.scheduler.loads import LoadPlanner
@@ -37,7 +37,7 @@ class Completions:
         for result in report.results:
             job = tracker.job(result.job_id)
             if job is not None:
-                tier = job.tier or "host"
+                tier = job.tier if isinstance(job, TierJob) else "host"
                 self.metrics.observe_transfer(job.kind.value, tier, result.nbytes, result.seconds)
             completion = tracker.record(report.rank, result)
             if completion is None:
@@ -50,20 +50,19 @@ class Completions:
 
     def _complete(self, completion: Completion) -> None:
         job = completion.job
-        if not job.kind.touches_engine:
-            self.moves.complete(completion)
+        if isinstance(job, TierJob):
+            self.moves.complete(job, completion.result)
         elif job.kind is JobKind.STORE:
             self.stores.complete(completion)
         else:
             self.loads.complete(completion)
-        state = self.requests.get(job.request_id)
+        state = None if job.request_id is None else self.requests.get(job.request_id)
         if state is not None:
             self._release(state, completion)
 
     def _release(self, state: RequestState, completion: Completion) -> None:
         """The request side of a completed job: the phase it waited in moves on."""
-        job = completion.job
-        del state.jobs[job.job_id]
+        job = completion.job  # already gone from the tracker
         if job.kind is JobKind.LOAD:
             state.load_failed |= not completion.success
             if state.phase is Phase.LOADING:
@@ -73,7 +72,7 @@ class Completions:
                 state.no_promotion = True  # take what arrived; no retry loop on a bad tier
             if state.phase is Phase.PROMOTING:
                 state.move(Phase.WAITING)
-        if state.jobs:
+        if self.requests.tracker.has_jobs(state.request_id):
             return
         if state.phase is Phase.PREEMPTED_DRAINING:
             state.move(Phase.WAITING)

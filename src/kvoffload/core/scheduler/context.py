@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kvoffload.core.anomalies import AnomalyLog
 from kvoffload.core.directory import Directory
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.scheduler.deferral import DeferralClock
 from kvoffload.core.scheduler.requests import RequestTable
 from kvoffload.core.scheduler_types import SchedulerConfig, SchedulerStats
@@ -16,7 +17,8 @@ from kvoffload.core.tier_planning import TierPlanner
 class Context:
     """The collaborators (each the one owner of its state): the host directory, the
     tier planner (lower tiers), the request table (states; it holds the job
-    tracker), the deferral clock, the counters and the anomaly log."""
+    tracker), the deferral clock, the job counts, the metrics recorder (every exported
+    counter) and the anomaly log."""
 
     config: SchedulerConfig
     directory: Directory
@@ -24,4 +26,5 @@ class Context:
     requests: RequestTable
     deferral: DeferralClock
     stats: SchedulerStats
+    metrics: MetricsRecorder
     anomalies: AnomalyLog

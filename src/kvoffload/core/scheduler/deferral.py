@@ -8,7 +8,8 @@ and ends when it is admitted; the wait is observed in the deferral histogram by 
 last reason it was deferred for. A request's deferral is one frozen
 :class:`Deferred` value in ``state.deferred``; the clock is its only writer (a new
 reason is a new value with the same start). Mutates only ``state.deferred`` of the
-request states it is given, its own counters, and ``stats.deferrals``.
+request states it is given, its own counters, and ``deferrals_total`` in the
+recorder.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.scheduler.request_state import RequestState
-from kvoffload.core.scheduler_types import Deferral, SchedulerConfig, SchedulerStats
+from kvoffload.core.scheduler_types import Deferral, SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,10 @@ class DeferralClock:
     def __init__(
         self,
         config: SchedulerConfig,
-        stats: SchedulerStats,
         metrics: MetricsRecorder,
         clock: Callable[[], float],
     ) -> None:
         self.config = config
-        self.stats = stats
         self.metrics = metrics
         self.clock = clock  # harnesses substitute logical time
         self.busy_steps = 0
@@ -54,7 +53,7 @@ class DeferralClock:
             state.deferred = Deferred(self.busy_steps, self.clock(), reason)
         else:
             state.deferred = replace(state.deferred, reason=reason)
-        self.stats.deferrals[reason] = self.stats.deferrals.get(reason, 0) + 1
+        self.metrics.count("deferrals_total", reason=reason.value)
 
     def expired(self, state: RequestState) -> bool:
         """The request has waited as long as either bound allows."""

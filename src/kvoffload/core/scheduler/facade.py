@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from kvoffload.core.anomalies import Anomaly, AnomalyLog, ParamErrorLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
-from kvoffload.core.jobs import StepPlan, TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
-from kvoffload.core.metrics import MetricsRecorder
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.scheduler.allocations import Allocations
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.checks import verify_scheduler
@@ -27,6 +27,7 @@ from kvoffload.core.scheduler.step_builder import StepBuilder
 from kvoffload.core.scheduler.stores import StorePlanner
 from kvoffload.core.scheduler.tier_moves import TierMoves
 from kvoffload.core.scheduler_types import (
+    SCHEDULER_SERIES,
     EngineRequest,
     SchedulerConfig,
     SchedulerStats,
@@ -59,19 +60,37 @@ class OffloadScheduler:
         self.directory = directory
         self.namespace = namespace
         self.tiers = TierPlanner(
-            directory, lower_tiers, config.blocks_per_chunk, spill_after_hits=spill_after_hits
+            directory,
+            lower_tiers,
+            chunk_tokens=config.chunk_tokens,
+            spill_after_hits=spill_after_hits,
         )
         self.stats = SchedulerStats()
-        self.metrics = MetricsRecorder()
-        self.anomalies = AnomalyLog()
+        self.metrics = MetricsRecorder()  # every counter and histogram of this half
+        self.metrics.declare_all(SCHEDULER_SERIES)
+        directory.metrics.rebind(self.metrics)  # the directory and tiers count into it too
+        for tier in lower_tiers:
+            tier.metrics.rebind(self.metrics)
+        self.anomalies = AnomalyLog(self.metrics)
         self._new_epoch = new_epoch
         self._tracker = JobTracker(config.world_size)
         self.requests = RequestTable(
-            namespace, config.hashes_per_chunk, self._tracker, len(config.kv_groups)
+            namespace,
+            config.hashes_per_chunk,
+            self._tracker,
+            self.metrics,
+            groups=len(config.kv_groups),
         )
-        self.deferral = DeferralClock(config, self.stats, self.metrics, clock)
+        self.deferral = DeferralClock(config, self.metrics, clock)
         ctx = Context(
-            config, directory, self.tiers, self.requests, self.deferral, self.stats, self.anomalies
+            config,
+            directory,
+            self.tiers,
+            self.requests,
+            self.deferral,
+            self.stats,
+            self.metrics,
+            self.anomalies,
         )
         self.loads = LoadPlanner(ctx)
         self.stores = StorePlanner(ctx)
@@ -108,7 +127,7 @@ class OffloadScheduler:
         deferral bound is reached (then 0: recompute). A hit of less than one chunk
         past the local hit counts as 0. Changes no directory state.
         """
-        self.stats.lookups += 1
+        self.metrics.count("lookups_total", tier="host")
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests.new(request)
@@ -163,7 +182,7 @@ class OffloadScheduler:
             state.computed_tokens = min(state.computed_tokens, state.request.num_computed_tokens)
             state.move(Phase.FINISHING)
             self.builder.finishing(request_id)
-        elif state.jobs:
+        elif self._tracker.has_jobs(request_id):
             state.move(Phase.FINISHED_DRAINING)
         else:
             self.requests.drop(state)
@@ -196,7 +215,7 @@ class OffloadScheduler:
         self.tiers.reset()
         for state in self.requests:
             state.rekey(self.namespace, self.requests.epoch)
-        self.stats.resets += 1
+        self.metrics.count("resets_total")
 
     def take_events(self) -> list[CacheEvent]:
         events = self.directory.take_events()
@@ -218,13 +237,17 @@ class OffloadScheduler:
         """A job id never handed out before (for jobs the engine adapter makes itself)."""
         return self._tracker.new_id()
 
-    def take_unplanned_loads(self) -> list[TransferJob]:
+    def take_unplanned_loads(self) -> list[EngineJob]:
         """Loads emitted by ``on_allocated`` and not yet shipped in a plan (the adapter
         takes them when it stops offloading after an internal error)."""
         return self.builder.take_loads()
 
     def jobs_in_flight(self) -> list[TransferJob]:
         return self._tracker.jobs()
+
+    def jobs_of(self, request_id: str) -> tuple[TransferJob, ...]:
+        """The request's jobs in flight (see :meth:`JobTracker.jobs_of`)."""
+        return self._tracker.jobs_of(request_id)
 
     def state_of(self, request_id: str) -> RequestState | None:
         return self.requests.get(request_id)

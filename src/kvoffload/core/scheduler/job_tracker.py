@@ -1,12 +1,22 @@
-"""Jobs in flight: ids, per-worker completion counting, and block fences.
+"""Jobs in flight: ids, per-worker completion counting, block fences, and what each
+request has in flight.
 
-A job completes exactly once: when every one of ``world_size`` workers has reported
-it (a repeated report from the same worker, or a report of an unknown or already
-completed job, is ignored and counted by the caller). It succeeded only if every
-worker succeeded. The fence index maps each engine block read by an in-flight store
-job to that job, so the scheduler half can flush a store before its source block is
-handed out for overwrite (a block a job names twice is fenced once). Nothing
-here raises on a surprising result. Owned by one scheduler half.
+The tracker is the one owner of the jobs in flight: a job is in it from
+:meth:`JobTracker.add` (when it is planned) until it completes. A job completes
+exactly once: when every one of ``world_size`` workers has reported it (a repeated
+report from the same worker, or a report of an unknown or already completed job, is
+ignored and counted by the caller). It succeeded only if every worker succeeded.
+
+Two indexes follow the jobs, kept by :meth:`add` and :meth:`record` alone. The fence
+index maps each engine block read by an in-flight store job to that job, so the
+scheduler half can flush a store before its source block is handed out for
+overwrite (a block a job names twice is fenced once). The request index maps a
+request id to its jobs in flight, in the order they were added: what a request has
+in flight (:meth:`jobs_of`, :meth:`has_jobs`, :meth:`has_load`,
+:meth:`has_promotion`, :meth:`store_ids`) is read from it. A job serving no request
+(a spill, ``request_id`` None) is in no request's index. Nothing here raises on a
+surprising result. Owned by one scheduler half; a connector reset leaves it alone
+(jobs in flight still complete).
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvoffload.core.failures import ChunkFailure
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TransferJob
 
 
 @dataclass
@@ -48,6 +58,7 @@ class JobTracker:
         self._next_id = 0
         self._jobs: dict[int, _Tracked] = {}
         self._fences: dict[int, set[int]] = {}
+        self._by_request: dict[str, dict[int, None]] = {}  # request id -> job ids, in order
 
     def new_id(self) -> int:
         """A job id never handed out before (monotonic, also across resets)."""
@@ -60,8 +71,11 @@ class JobTracker:
         return None if tracked is None else tracked.job
 
     def add(self, job: TransferJob) -> None:
+        """Track a planned job (in flight until every worker reported it)."""
         self._jobs[job.job_id] = _Tracked(job)
-        if job.kind is JobKind.STORE:
+        if job.request_id is not None:
+            self._by_request.setdefault(job.request_id, {})[job.job_id] = None
+        if isinstance(job, EngineJob) and job.kind is JobKind.STORE:
             for block in set(job.block_ids):
                 self._fences.setdefault(block, set()).add(job.job_id)
 
@@ -83,14 +97,7 @@ class JobTracker:
             return None
         del self._jobs[result.job_id]
         job = tracked.job
-        if job.kind is JobKind.STORE:
-            for block in set(job.block_ids):
-                waiting = self._fences.get(block)
-                if waiting is None:
-                    continue
-                waiting.discard(job.job_id)
-                if not waiting:
-                    del self._fences[block]
+        self._unindex(job)
         merged = JobResult(
             job.job_id,
             tracked.success,
@@ -100,6 +107,23 @@ class JobTracker:
             tuple(sorted(tracked.failed_chunks.items())),
         )
         return Completion(job, merged)
+
+    def _unindex(self, job: TransferJob) -> None:
+        """Drop a completed job from the request index and the fence index."""
+        if job.request_id is not None:
+            mine = self._by_request[job.request_id]
+            del mine[job.job_id]
+            if not mine:
+                del self._by_request[job.request_id]
+        if not (isinstance(job, EngineJob) and job.kind is JobKind.STORE):
+            return
+        for block in set(job.block_ids):
+            waiting = self._fences.get(block)
+            if waiting is None:
+                continue
+            waiting.discard(job.job_id)
+            if not waiting:
+                del self._fences[block]
 
     def fenced(self, blocks: Iterable[int]) -> set[int]:
         """Ids of in-flight store jobs that read any of ``blocks``."""
@@ -123,6 +147,26 @@ class JobTracker:
 
     def jobs(self) -> list[TransferJob]:
         return [t.job for t in self._jobs.values()]
+
+    # ------------------------------------------------------------ per request
+
+    def jobs_of(self, request_id: str) -> tuple[TransferJob, ...]:
+        """The request's jobs in flight, in the order they were added."""
+        return tuple(self._jobs[i].job for i in self._by_request.get(request_id, ()))
+
+    def has_jobs(self, request_id: str) -> bool:
+        """Whether any job of the request is in flight."""
+        return request_id in self._by_request
+
+    def has_load(self, request_id: str) -> bool:
+        return any(job.kind is JobKind.LOAD for job in self.jobs_of(request_id))
+
+    def has_promotion(self, request_id: str) -> bool:
+        return any(job.kind is JobKind.PROMOTE for job in self.jobs_of(request_id))
+
+    def store_ids(self, request_id: str) -> list[int]:
+        """Ids of the request's store jobs in flight, in the order they were added."""
+        return [job.job_id for job in self.jobs_of(request_id) if job.kind is JobKind.STORE]
 
     def fence_count(self) -> int:
         """Fence entries: (block, store job) pairs, each block counted once per job."""

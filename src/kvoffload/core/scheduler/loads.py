@@ -15,7 +15,7 @@ from collections.abc import Callable
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
-from kvoffload.core.jobs import NO_BLOCK, JobKind, TransferJob
+from kvoffload.core.jobs import NO_BLOCK, EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
@@ -47,6 +47,7 @@ class LoadPlanner:
         self.requests = ctx.requests
         self.deferral = ctx.deferral
         self.stats = ctx.stats
+        self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
         self.wished: list[str] = []  # requests whose promotion a lookup wished this step
 
@@ -63,13 +64,14 @@ class LoadPlanner:
             # stored once computed, unless it said otherwise).
             state.lookup_hit = local_only
             return 0
-        if state.jobs and not self.config.testing_disable_inflight_deferral:
-            if state.has_load() or not self.deferral.expired(state):
-                promoting = state.has_promotion()
+        tracker, request_id = self.requests.tracker, state.request_id
+        if tracker.has_jobs(request_id) and not self.config.testing_disable_inflight_deferral:
+            if tracker.has_load(request_id) or not self.deferral.expired(state):
+                promoting = tracker.has_promotion(request_id)
                 busy = Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT
                 self.deferral.defer(state, busy)
                 return RETRY_LATER
-            self.stats.deferral_timeouts += 1
+            self.metrics.count("deferral_timeouts_total")
             state.lookup_hit = local_only
             return 0
         chunk = self.config.chunk_tokens
@@ -100,7 +102,7 @@ class LoadPlanner:
                 if not self.deferral.expired(state):
                     self.deferral.defer(state, reason)
                     return RETRY_LATER
-                self.stats.deferral_timeouts += 1
+                self.metrics.count("deferral_timeouts_total")
                 state.promotion = None
                 state.no_promotion = True  # take what host memory has now
         external = readable * chunk - num_computed_tokens
@@ -117,9 +119,8 @@ class LoadPlanner:
         *,
         offered: int,
         blocks: GroupBlocks,
-    ) -> TransferJob:
-        """The load of an admitted hit, tracked on the request (see
-        :func:`plan_load_job`)."""
+    ) -> EngineJob:
+        """The load of an admitted hit, tracked (see :func:`plan_load_job`)."""
         job = plan_load_job(
             state,
             local,
@@ -131,11 +132,12 @@ class LoadPlanner:
             new_id=self.requests.tracker.new_id,
             anomalies=self.anomalies,
         )
-        self.requests.track(state, job)
+        self.requests.tracker.add(job)
         if job.keys:
             self.stats.loads += 1
-            self.stats.loaded_chunks += len(job.keys)
-            self.stats.lookup_hit_tokens += external
+            chunks = len(job.keys)
+            self.metrics.count("transferred_chunks_total", chunks, direction="load", tier="host")
+            self.metrics.count("hit_tokens_total", external, tier="host")
         return job
 
     def complete(self, completion: Completion) -> None:
@@ -149,7 +151,7 @@ class LoadPlanner:
             return
         self.directory.discard(job.keys)
         self.stats.load_failures += 1
-        self.stats.failed_load_chunks += len(job.keys)
+        self.metrics.count("failed_chunks_total", len(job.keys), direction="load", tier="host")
 
 
 def next_chunks_wait(
@@ -237,7 +239,7 @@ def plan_load_job(
     directory: Directory,
     new_id: Callable[[], int],
     anomalies: AnomalyLog,
-) -> TransferJob:
+) -> EngineJob:
     """The load of ``external`` tokens past ``local`` into the request's blocks, its
     chunks pinned in ``directory``; a load of only invalid blocks (the engine
     recomputes them; counted as an anomaly, ``state.load_failed`` set) when the engine
@@ -260,7 +262,7 @@ def plan_load_job(
         kind, detail = problem
         anomalies.note(kind, f"load for request {state.request_id!r}: {detail}; recomputed")
         state.load_failed = True
-        return TransferJob(
+        return EngineJob(
             job_id=new_id(),
             kind=JobKind.LOAD,
             request_id=state.request_id,
@@ -272,7 +274,7 @@ def plan_load_job(
         )
     if entries:
         keys = [e.key for e in entries]
-        return TransferJob(
+        return EngineJob(
             job_id=new_id(),
             kind=JobKind.LOAD,
             request_id=state.request_id,
@@ -282,7 +284,7 @@ def plan_load_job(
             blocks_per_chunk=config.blocks_per_chunk,
         )
     keys = state.keys.keys[local // chunk : (local + external) // chunk]
-    return TransferJob(
+    return EngineJob(
         job_id=new_id(),
         kind=JobKind.LOAD,
         request_id=state.request_id,

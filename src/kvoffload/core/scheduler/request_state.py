@@ -26,10 +26,14 @@ next plan, which moves it on (:meth:`StepBuilder.build`). Until then nothing els
 moves it: its jobs completing do not drop it, a lookup or an allocation of its id
 is an anomaly (served without offloading), it is never scheduled or preempted.
 
-Invariant: ``jobs`` holds one load or any number of stores (and at most one
-promotion), never a load and stores; a request with any job in flight is never
-looked up in the directory (lookup answers retry later), which is what makes a
-preempted request's re-admission safe under asynchronous scheduling.
+A request's jobs in flight are not part of its state: the job tracker owns them
+and answers what a request has in flight (:meth:`JobTracker.jobs_of` and the
+methods beside it). Invariant: those are one load or any number of stores (and at
+most one promotion), never a load and stores; a request with any job in flight is
+never looked up in the directory (lookup answers retry later), which is what makes a
+preempted request's re-admission safe under asynchronous scheduling. A state is
+dropped only once it has no job in flight, so a later request of the same id never
+finds the jobs of an earlier one.
 
 Owned and mutated only by the scheduler half; who writes what:
 
@@ -44,7 +48,6 @@ Owned and mutated only by the scheduler half; who writes what:
 - ``blocks`` (one table per KV cache group): cleared at lookup and preemption, set
   by :meth:`admit` and the step builder; ``computed_tokens`` and
   ``scheduled_from``: the step builder (``computed_tokens`` clamped at finish);
-- ``jobs``: added by :meth:`RequestTable.track`, removed by the completions;
 - ``lookup_hit``: written by lookup, taken by the allocation; ``load_failed``: the
   load planner and the completions; ``stale_kv``: :meth:`rekey` sets it,
   :meth:`admit` clears it.
@@ -57,7 +60,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvoffload.core.errors import IllegalTransition
-from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
 from kvoffload.core.request_controls import DEFAULT, RequestControls
 from kvoffload.core.scheduler.block_tables import BlockTables, GroupBlocks
@@ -128,7 +130,6 @@ class RequestState:
         "computed_tokens",
         "controls",
         "deferred",
-        "jobs",
         "keys",
         "load_failed",
         "lookup_hit",
@@ -159,7 +160,6 @@ class RequestState:
         self.stored_chunks = 0
         self.computed_tokens = 0
         self.scheduled_from = 0
-        self.jobs: dict[int, TransferJob] = {}
         self.lookup_hit: tuple[int, int] | None = None  # (local tokens, external tokens)
         self.deferred: Deferred | None = None  # written only by the DeferralClock
         self.load_failed = False  # a load of this request failed: it recomputes from now on
@@ -185,15 +185,6 @@ class RequestState:
                 f"request {self.request_id!r}: {self.phase.name} -> {target.name} is not allowed"
             )
         self.phase = target
-
-    def has_load(self) -> bool:
-        return any(job.kind is JobKind.LOAD for job in self.jobs.values())
-
-    def has_promotion(self) -> bool:
-        return any(job.kind is JobKind.PROMOTE for job in self.jobs.values())
-
-    def store_ids(self) -> list[int]:
-        return [jid for jid, job in self.jobs.items() if job.kind is JobKind.STORE]
 
     def rekey(self, namespace: Namespace, epoch: bytes) -> None:
         """A connector reset began key epoch ``epoch`` (the weights changed): derive

@@ -3,9 +3,9 @@
 A state is created at a request's first lookup or allocation (with the controls its
 ``kv_transfer_params`` carry; a refused value is counted and warned about) and
 dropped when the request is done: finished, its final store planned, nothing in
-flight. Jobs are tracked
-on both the state (what the request waits for) and the job tracker (completion
-counting, fences): :meth:`track` adds to both, completions remove from both.
+flight. The jobs a request waits for are not kept here: the job tracker
+(:attr:`RequestTable.tracker`) is their one owner and answers, by request id, what a
+request has in flight.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvoffload.core.anomalies import ParamErrorLog
-from kvoffload.core.jobs import TransferJob
 from kvoffload.core.keys import Namespace
+from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.request_controls import parse_controls
 from kvoffload.core.scheduler.job_tracker import JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
@@ -23,13 +23,19 @@ from kvoffload.core.scheduler_types import EngineRequest
 
 class RequestTable:
     def __init__(
-        self, namespace: Namespace, hashes_per_chunk: int, tracker: JobTracker, groups: int = 1
+        self,
+        namespace: Namespace,
+        hashes_per_chunk: int,
+        tracker: JobTracker,
+        metrics: MetricsRecorder,
+        *,
+        groups: int = 1,
     ) -> None:
         self.namespace = namespace
         self.groups = groups  # KV cache groups: one block table each
         self.hashes_per_chunk = hashes_per_chunk
         self.tracker = tracker
-        self.param_errors = ParamErrorLog()
+        self.param_errors = ParamErrorLog(metrics)
         self.epoch = b""  # the key epoch new states start in (decision 0005)
         self._states: dict[str, RequestState] = {}
 
@@ -47,12 +53,10 @@ class RequestTable:
         return state
 
     def drop(self, state: RequestState) -> None:
+        """The request is done (DONE); callers drop it only once it has no job in
+        flight."""
         state.move(Phase.DONE)
         del self._states[state.request_id]
-
-    def track(self, state: RequestState, job: TransferJob) -> None:
-        self.tracker.add(job)
-        state.jobs[job.job_id] = job
 
     def __iter__(self) -> Iterator[RequestState]:
         return iter(list(self._states.values()))

@@ -11,7 +11,7 @@ owner of those accumulators; :meth:`build` turns them and the engine's
 from __future__ import annotations
 
 from kvoffload.core.anomalies import Anomaly
-from kvoffload.core.jobs import StepPlan, TransferJob
+from kvoffload.core.jobs import EngineJob, StepPlan
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.loads import LoadPlanner
 from kvoffload.core.scheduler.request_state import Phase, RequestState
@@ -32,20 +32,20 @@ class StepBuilder:
         self.config = ctx.config
         self.requests = ctx.requests
         self.deferral = ctx.deferral
-        self.stats = ctx.stats
+        self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
         self.loads = loads
         self.stores = stores
         self.moves = moves
         self.step = 0
-        self.pending_loads: list[TransferJob] = []
+        self.pending_loads: list[EngineJob] = []
         self._flush: set[int] = set()
         self._fresh_blocks: set[int] = set()
         self._finishing: list[str] = []
 
     # ------------------------------------------------------------ between plans
 
-    def add_load(self, job: TransferJob) -> None:
+    def add_load(self, job: EngineJob) -> None:
         self.pending_loads.append(job)
         self._fresh_blocks.update(job.moved_blocks() or job.invalid_blocks)
 
@@ -63,14 +63,16 @@ class StepBuilder:
         if state is None or state.phase is not Phase.RUNNING:
             return
         state.blocks.clear()
-        self._flush.update(state.store_ids())
-        self.stats.preemptions += 1
-        state.move(Phase.PREEMPTED_DRAINING if state.jobs else Phase.WAITING)
+        tracker = self.requests.tracker
+        self._flush.update(tracker.store_ids(request_id))
+        self.metrics.count("preemptions_total")
+        busy = tracker.has_jobs(request_id)
+        state.move(Phase.PREEMPTED_DRAINING if busy else Phase.WAITING)
 
     def has_pending(self) -> bool:
         return bool(self._finishing or self.pending_loads or self.loads.wished)
 
-    def take_loads(self) -> list[TransferJob]:
+    def take_loads(self) -> list[EngineJob]:
         loads, self.pending_loads = self.pending_loads, []
         return loads
 
@@ -85,7 +87,7 @@ class StepBuilder:
         # Spills first: they pin chunks whose host store just completed, so this
         # step's new stores cannot evict them before they are written down.
         spills = self.moves.plan_spills()
-        stores: list[TransferJob] = []
+        stores: list[EngineJob] = []
         for sched in step.scheduled:
             state = self.requests.get(sched.request_id)
             if state is None or state.phase not in _SCHEDULABLE:
@@ -101,7 +103,7 @@ class StepBuilder:
             state = self.requests.get(request_id)
             if state is not None and state.phase is Phase.FINISHING:
                 self._store(state, stores)
-                if state.jobs:
+                if self.requests.tracker.has_jobs(request_id):
                     state.move(Phase.FINISHED_DRAINING)
                 else:
                     self.requests.drop(state)
@@ -136,7 +138,7 @@ class StepBuilder:
         self.deferral.end(state)
         state.move(Phase.RUNNING)
 
-    def _store(self, state: RequestState, out: list[TransferJob]) -> None:
+    def _store(self, state: RequestState, out: list[EngineJob]) -> None:
         job = self.stores.plan(state)
         if job is not None:
             out.append(job)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.group_chunks import Entry, store_entries
 from kvoffload.core.scheduler.job_tracker import Completion, JobTracker
@@ -32,17 +32,22 @@ class StorePlanner:
         self.tiers = ctx.tiers
         self.requests = ctx.requests
         self.stats = ctx.stats
+        self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
 
-    def plan(self, state: RequestState) -> TransferJob | None:
-        """The request's next store job, tracked on it, or None."""
+    def plan(self, state: RequestState) -> EngineJob | None:
+        """The request's next store job, tracked, or None (always None while a load
+        of the request is in flight)."""
         tracker = self.requests.tracker
+        if tracker.has_load(state.request_id):
+            return None
         job = plan_store_job(state, self.directory, tracker.new_id, self.config, self.anomalies)
         if job is None:
             return None
-        self.requests.track(state, job)
+        tracker.add(job)
         self.stats.stores += 1
-        self.stats.stored_chunks += len(job.keys)
+        chunks = len(job.keys)
+        self.metrics.count("transferred_chunks_total", chunks, direction="store", tier="host")
         return job
 
     def flush_set(self, preempted: set[int], fresh_blocks: set[int], planned: set[int]) -> set[int]:
@@ -55,7 +60,7 @@ class StorePlanner:
         flush = preempted | fenced_stores(tracker, states, fresh_blocks, mine)
         if flush:
             flush &= {job.job_id for job in tracker.jobs() if job.kind is JobKind.STORE}
-        self.stats.flushes += len(flush)
+        self.metrics.count("flushes_total", len(flush))
         return flush
 
     def complete(self, completion: Completion) -> None:
@@ -65,7 +70,7 @@ class StorePlanner:
             self.tiers.note_stored(job.keys)
             return
         self.stats.store_failures += 1
-        self.stats.failed_store_chunks += len(job.keys)
+        self.metrics.count("failed_chunks_total", len(job.keys), direction="store", tier="host")
 
 
 def check_blocks(blocks: Sequence[int], null_block: int | None) -> tuple[Anomaly, str] | None:
@@ -111,18 +116,19 @@ def plan_store_job(
     new_id: Callable[[], int],
     config: SchedulerConfig,
     anomalies: AnomalyLog,
-) -> TransferJob | None:
+) -> EngineJob | None:
     """A store job for the request's chunks that became full since its store cursor.
 
     Full means: every token of the chunk has a block hash (tokens known) and KV
     (``computed_tokens``), and the request holds the chunk's blocks. Prepares the
     store in ``directory`` and advances ``state.stored_chunks``. When not all fit, the
     leading chunks that fit are stored; when none fits, nothing changes (the chunks
-    are offered again next step) and it returns None. Never for a request with a load
-    in flight, nor for one whose KV predates a connector reset. A chunk naming the
+    are offered again next step) and it returns None. Never for a request whose KV
+    predates a connector reset (nor, by its caller, for one with a load in flight:
+    :meth:`StorePlanner.plan`). A chunk naming the
     engine's null block or a block named twice is never stored (counted as an
     anomaly): the chunks before it are, then the cursor skips it."""
-    if state.has_load() or state.stale_kv:
+    if state.stale_kv:
         return None
     k, chunk = config.blocks_per_chunk, config.chunk_tokens
     hashes = state.request.block_hashes
@@ -163,7 +169,7 @@ def plan_store_job(
         return None
     source = {e.key: e.blocks for e in entries}
     blocks = tuple(b for key in prepared.keys for b in source[key])
-    return TransferJob(
+    return EngineJob(
         job_id=new_id(),
         kind=JobKind.STORE,
         request_id=state.request_id,
@@ -191,8 +197,8 @@ def fenced_stores(
     fenced: set[int] = set()
     for job_id in tracker.fenced(fresh_blocks):
         job = tracker.get(job_id)
-        if job is None:
-            continue
+        if not isinstance(job, EngineJob):
+            continue  # gone (fences name only stores)
         owner = states.get(job.request_id)
         mine = planned is None or job_id in planned
         if owner is not None and owner.phase is Phase.RUNNING and mine:

@@ -10,9 +10,8 @@ the tier planner, the wishing requests' phase and promotion fields.
 
 from __future__ import annotations
 
-from kvoffload.core.jobs import TransferJob
+from kvoffload.core.jobs import JobResult, TierJob
 from kvoffload.core.scheduler.context import Context
-from kvoffload.core.scheduler.job_tracker import Completion
 from kvoffload.core.scheduler.request_state import Phase
 
 
@@ -21,7 +20,7 @@ class TierMoves:
         self.tiers = ctx.tiers
         self.requests = ctx.requests
 
-    def plan_spills(self) -> list[TransferJob]:
+    def plan_spills(self) -> list[TierJob]:
         """This step's spills, tracked (they belong to no request)."""
         if not self.tiers:
             return []
@@ -31,14 +30,14 @@ class TierMoves:
             tracker.add(job)
         return spills
 
-    def plan_promotions(self, wished: list[str]) -> list[TransferJob]:
+    def plan_promotions(self, wished: list[str]) -> list[TierJob]:
         jobs = []
         for request_id in wished:
             state = self.requests.get(request_id)
             if state is None or state.promotion is None:
                 continue
             wish, state.promotion = state.promotion, None
-            if state.phase is not Phase.WAITING or state.jobs:
+            if state.phase is not Phase.WAITING or self.requests.tracker.has_jobs(request_id):
                 continue
             job = self.tiers.plan_promotion(
                 request_id, wish.tier, wish.keys, self.requests.tracker.new_id
@@ -46,10 +45,11 @@ class TierMoves:
             if job is None:
                 state.no_promotion = True
                 continue
-            self.requests.track(state, job)
+            self.requests.tracker.add(job)
             state.move(Phase.PROMOTING)
             jobs.append(job)
         return jobs
 
-    def complete(self, completion: Completion) -> None:
-        self.tiers.complete(completion.job, completion.result)
+    def complete(self, job: TierJob, result: JobResult) -> None:
+        """A spill or promotion every worker reported: book it in the tiers."""
+        self.tiers.complete(job, result)

@@ -254,22 +254,26 @@ def _check_outputs(scenario: Scenario, h: VllmHarness, arrived: set[str], outcom
 
 def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
     half = h.scheduler_half
-    s = half.stats
+    s, m = half.stats, half.metrics
     outcome.stats.update(
-        preemptions=s.preemptions,
+        preemptions=m.value("preemptions_total"),
         loads=s.loads,
         loads_checked=h.loads_checked,
         stores=s.stores,
-        flushes=s.flushes,
-        deferrals=sum(s.deferrals.values()),
-        deferral_timeouts=s.deferral_timeouts,
+        flushes=m.value("flushes_total"),
+        deferrals=sum(m.breakdown("deferrals_total", "reason").values()),
+        deferral_timeouts=m.value("deferral_timeouts_total"),
         load_failures=s.load_failures,
         store_failures=s.store_failures,
-        connector_resets=s.resets,
+        connector_resets=m.value("resets_total"),
     )
     for tier in half.tiers.tiers.values():
-        outcome.stats[f"{tier.name}_spilled"] += tier.stats.spilled_chunks
-        outcome.stats[f"{tier.name}_promoted"] += tier.stats.promoted_chunks
-        outcome.stats[f"{tier.name}_found"] += tier.stats.hit_chunks
-        outcome.stats[f"{tier.name}_lookups"] += tier.stats.lookups
-        outcome.stats[f"{tier.name}_integrity_errors"] += sum(tier.stats.integrity_errors.values())
+        t = tier.metrics
+        moved = t.breakdown("transferred_chunks_total", "direction")
+        errors = t.breakdown("integrity_errors_total", "reason")
+        found = t.value("hit_tokens_total") // half.config.chunk_tokens  # chunks found
+        outcome.stats[f"{tier.name}_spilled"] += moved.get("spill", 0)
+        outcome.stats[f"{tier.name}_promoted"] += moved.get("promote", 0)
+        outcome.stats[f"{tier.name}_found"] += found
+        outcome.stats[f"{tier.name}_lookups"] += t.value("lookups_total")
+        outcome.stats[f"{tier.name}_integrity_errors"] += sum(errors.values())

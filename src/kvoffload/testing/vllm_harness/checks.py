@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
-from kvoffload.core.jobs import JobKind, StepPlan, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, StepPlan, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.vllm_harness.kv_model import KVModel, ReadMismatch
 
@@ -43,7 +43,7 @@ class Checks:
         self.expect_anomalies = expect_anomalies
         self.jobs: dict[int, TransferJob] = {}  # every job planned, by id
         self.loads_checked = 0
-        self._loads: dict[str, tuple[TransferJob, set[int]]] = {}  # and blocks failed so far
+        self._loads: dict[str, tuple[EngineJob, set[int]]] = {}  # and blocks failed so far
         self._stored: set[ChunkKey] = set()  # stored or promoted since the last reset
         self._spilled: set[ChunkKey] = set()  # spilled since the last reset
 
@@ -55,7 +55,13 @@ class Checks:
         """No load for a request with jobs in flight; loads and promotions name only
         chunks written since the last connector reset."""
         half = self.side.scheduler
-        for job in (*plan.loads, *plan.stores, *plan.spills, *plan.promotions):
+        planned: tuple[TransferJob, ...] = (
+            *plan.loads,
+            *plan.stores,
+            *plan.spills,
+            *plan.promotions,
+        )
+        for job in planned:
             self.jobs[job.job_id] = job
         for load in plan.loads:
             others = [
@@ -82,7 +88,8 @@ class Checks:
                     f"promotion {promotion.job_id} names chunks not spilled since the last "
                     "connector reset"
                 )
-        for job in (*plan.stores, *plan.promotions):
+        writes_host: tuple[TransferJob, ...] = (*plan.stores, *plan.promotions)
+        for job in writes_host:
             self._stored.update(job.keys)
         for job in plan.spills:
             self._spilled.update(job.keys)
@@ -91,7 +98,7 @@ class Checks:
         """No store copy still running on this rank reads a block this step writes."""
         for job_id in entry.copier.running():
             job = self.jobs.get(job_id)
-            if job is None or job.kind is not JobKind.STORE:
+            if not isinstance(job, EngineJob) or job.kind is not JobKind.STORE:
                 continue
             hit = written.intersection(job.block_ids)
             if hit:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from kvoffload.core.failures import ChunkFailure
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.disk import PAYLOAD_OFFSET
 from kvoffload.tiers.disk_store import DiskTierStore
@@ -33,7 +33,7 @@ class CopyGate:
         self._lanes: dict[JobKind, list[int]] = {JobKind.STORE: [], JobKind.LOAD: []}
         self._kind: dict[int, JobKind] = {}
 
-    def submitted(self, job: TransferJob) -> None:
+    def submitted(self, job: EngineJob) -> None:
         """Record ``job``'s place in its lane (call when the worker submits it). A job
         released or failed before it was submitted (a store this very step flushes)
         releases the jobs before it in its lane now, as :meth:`release` would have."""
@@ -45,7 +45,7 @@ class CopyGate:
             lane.append(job.job_id)
             self._kind[job.job_id] = job.kind
 
-    def __call__(self, job: TransferJob) -> None:
+    def __call__(self, job: EngineJob) -> None:
         with self._cv:
             self._cv.wait_for(
                 lambda: self._open or job.job_id in self._allowed or job.job_id in self._failing
@@ -109,10 +109,10 @@ class GatedTiers:
 
     def __init__(self, inner: TierLane) -> None:
         self.inner = inner
-        self.held: dict[int, TransferJob] = {}
+        self.held: dict[int, TierJob] = {}
         self._failed: list[JobResult] = []
 
-    def submit(self, job: TransferJob) -> None:
+    def submit(self, job: TierJob) -> None:
         self.held[job.job_id] = job
 
     def release(self, job_ids: Iterable[int]) -> set[int]:

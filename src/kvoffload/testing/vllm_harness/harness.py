@@ -50,7 +50,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from kvoffload.adapters.vllm.connector import KVOffloadConnector
 from kvoffload.adapters.vllm.messages import PlanMetadata
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
-from kvoffload.core.jobs import JobKind, StepPlan, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, StepPlan, TransferJob
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.testing.vllm_harness.checks import Checks, HarnessViolation
 from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
@@ -74,7 +74,7 @@ class StepRecord:
     finished_recving: set[str] = field(default_factory=set)
     invalid_blocks: set[int] = field(default_factory=set)
 
-    def loads_for(self, request_id: str) -> list[TransferJob]:
+    def loads_for(self, request_id: str) -> list[EngineJob]:
         return [j for j in self.plan.loads if j.request_id == request_id]
 
 
@@ -271,8 +271,9 @@ class VllmHarness:
 
     def loaded_tokens(self, request_id: str) -> int:
         """Tokens kvoffload planned to load into the request's blocks so far."""
-        return sum(len(j.block_ids) * self.block_size for j in self.jobs_of(JobKind.LOAD)
-                   if j.request_id == request_id)  # fmt: skip
+        loads = self.jobs_of(JobKind.LOAD)
+        return sum(len(j.block_ids) * self.block_size for j in loads
+                   if isinstance(j, EngineJob) and j.request_id == request_id)  # fmt: skip
 
     def jobs_of(self, kind: JobKind) -> list[TransferJob]:
         return [j for j in self.checks.jobs.values() if j.kind is kind]
@@ -357,8 +358,9 @@ class VllmHarness:
         if record.preempted:
             line += f"; preempted {sorted(record.preempted)}"
         self.trace.append(line)
-        for job in (*plan.loads, *plan.stores, *plan.spills, *plan.promotions):
-            where = f"blocks {list(job.block_ids)}" if job.kind.touches_engine else job.tier
+        jobs: tuple[TransferJob, ...] = (*plan.loads, *plan.stores, *plan.spills, *plan.promotions)
+        for job in jobs:
+            where = f"blocks {list(job.block_ids)}" if isinstance(job, EngineJob) else job.tier
             self.trace.append(
                 f"    {job.kind.value} {job.job_id} {job.request_id or '-'}: "
                 f"{len(job.keys)} chunks, {where}"

@@ -20,7 +20,7 @@ from kvoffload.adapters.vllm.compat import KVConnectorRole
 from kvoffload.adapters.vllm.connector import KVOffloadConnector
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.worker_side import WorkerSide
-from kvoffload.core.jobs import TransferJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, WorkerReport
 from kvoffload.testing.vllm_harness.completions import Completions
 from kvoffload.testing.vllm_harness.gates import CopyGate, GatedTiers
 from kvoffload.testing.vllm_harness.spec import LAYERS
@@ -35,7 +35,7 @@ class Rank:
     copier: TransferWorker
     gate: CopyGate
     tiers: GatedTiers | None
-    open_copies: dict[int, TransferJob] = field(default_factory=dict)  # submitted, unreported
+    open_copies: dict[int, EngineJob] = field(default_factory=dict)  # submitted, unreported
 
 
 def make_rank(
@@ -57,12 +57,12 @@ def make_rank(
     entry = Rank(rank, connector, side, copier, gate, tiers)
     store, load = copier.submit_store, copier.submit_load
 
-    def submit_store(job: TransferJob) -> None:
+    def submit_store(job: EngineJob) -> None:
         gate.submitted(job)
         entry.open_copies[job.job_id] = job
         store(job)
 
-    def submit_load(job: TransferJob) -> None:
+    def submit_load(job: EngineJob) -> None:
         gate.submitted(job)
         entry.open_copies[job.job_id] = job
         load(job)

@@ -67,6 +67,9 @@ class EngineSpec:
     enable_prefix_caching: bool = True
     async_scheduling: bool = False
     torch_threads: int | None = 1  # None: leave torch's intra-op thread count alone
+    # None: vLLM decides (its hybrid KV cache manager stays on where supported);
+    # True forces one KV cache group for every layer.
+    disable_hybrid_kv_cache_manager: bool | None = None
     kv_transfer_config: Mapping[str, Any] | None = field(default=None, hash=False)
     seed: int = 0
 
@@ -198,6 +201,8 @@ def _build(spec: EngineSpec) -> LLM:
         kwargs["kv_transfer_config"] = dict(spec.kv_transfer_config)
     if spec.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = spec.max_num_batched_tokens
+    if spec.disable_hybrid_kv_cache_manager is not None:
+        kwargs["disable_hybrid_kv_cache_manager"] = spec.disable_hybrid_kv_cache_manager
     return LLM(
         model=str(spec.model),
         skip_tokenizer_init=True,

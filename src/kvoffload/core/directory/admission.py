@@ -10,7 +10,7 @@ least recently counted forgotten first. Owned and mutated by one directory
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Sequence
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
@@ -57,3 +57,32 @@ class AdmissionFilter:
 
     def __len__(self) -> int:
         return len(self._counts)
+
+
+def sort_store_keys(
+    keys: Sequence[ChunkKey],
+    present: Container[ChunkKey],
+    in_flight: Container[ChunkKey],
+    admission: AdmissionFilter | None,
+) -> tuple[list[ChunkKey], list[ChunkKey], list[ChunkKey]]:
+    """(new, refused, present) keys of a store of ``keys``, each once, in order:
+    present ones are skipped, ones whose discarded copy is still ``in_flight`` too
+    (stored again later), and without an ``admission`` filter (a chunk coming back
+    from a lower tier was admitted once) every other key is new."""
+    seen: set[ChunkKey] = set()
+    new: list[ChunkKey] = []
+    refused: list[ChunkKey] = []
+    found: list[ChunkKey] = []
+    for key in keys:
+        if key in seen:
+            continue
+        seen.add(key)
+        if key in present:
+            found.append(key)
+        elif key in in_flight:
+            continue
+        elif admission is not None and not admission.admits(key):
+            refused.append(key)
+        else:
+            new.append(key)
+    return new, refused, found

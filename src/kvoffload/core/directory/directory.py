@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from kvoffload.core.chunk_state import ChunkState
-from kvoffload.core.directory.admission import AdmissionFilter
+from kvoffload.core.directory.admission import AdmissionFilter, sort_store_keys
 from kvoffload.core.directory.integrity import verify
 from kvoffload.core.directory.results import LookupResult, PreparedStore
 from kvoffload.core.directory.slots import _PINNED, _READY, _STORING, SlotTable
@@ -189,23 +189,8 @@ class Directory:
         and the result says ``no_room``.
         """
         table = self._slots
-        index, discarded = table.index, table.discarded
-        seen: set[ChunkKey] = set()
-        new: list[ChunkKey] = []
-        refused: list[ChunkKey] = []
-        present: list[ChunkKey] = []
-        for key in keys:
-            if key in seen:
-                continue
-            seen.add(key)
-            if key in index:
-                present.append(key)
-            elif key in discarded:
-                continue  # its old copy is still in flight; store it again later
-            elif not admit_all and not self.admission.admits(key):
-                refused.append(key)
-            else:
-                new.append(key)
+        admission = None if admit_all else self.admission
+        new, refused, present = sort_store_keys(keys, table.index, table.discarded, admission)
         if refused:
             self.metrics.count("admission_refusals_total", len(refused))
         if not new:

@@ -151,15 +151,9 @@ class OffloadScheduler:
         self, request: EngineRequest, blocks: GroupBlocks, num_external_tokens: int
     ) -> None:
         """The engine allocated ``blocks`` (the request's whole allocation, one block
-        list per KV cache group) and will load ``num_external_tokens`` into them.
-
-        The engine has the last word: whatever lookup answered, the request is tracked
-        from here with its full block list. After a lookup this is an admission: a hit
-        the engine accepted emits one load job, anything else admits the request to
-        run. Without one (vLLM resuming a request whose load landed) only the block
-        list is refreshed. Never raises on surprising input: an allocation of another
-        hit than offered, or a load into the null block or a block named twice, is an
-        anomaly whose blocks are reported invalid, so the engine recomputes them."""
+        list per KV cache group) and will load ``num_external_tokens`` into them: an
+        admission, whatever lookup answered (see
+        :mod:`kvoffload.core.scheduler.allocations`). Never raises."""
         self.allocations.on_allocated(request, blocks, num_external_tokens)
 
     # ------------------------------------------------------------ end of a request
@@ -170,22 +164,9 @@ class OffloadScheduler:
         self.builder.preempt(request_id)
 
     def on_finished(self, request_id: str) -> None:
-        """The request finished or was aborted; the engine frees its blocks now.
-
-        A running request is FINISHING: its last full chunks are stored by the next
-        plan (the freed blocks are fenced). Any other is FINISHED_DRAINING while jobs
-        are in flight; the state is dropped once none is. Idempotent."""
-        state = self.requests.get(request_id)
-        if state is None or state.finished or state.phase is Phase.DONE:
-            return
-        if state.phase is Phase.RUNNING:
-            state.computed_tokens = min(state.computed_tokens, state.request.num_computed_tokens)
-            state.move(Phase.FINISHING)
-            self.builder.finishing(request_id)
-        elif self._tracker.has_jobs(request_id):
-            state.move(Phase.FINISHED_DRAINING)
-        else:
-            self.requests.drop(state)
+        """The request finished or was aborted; the engine frees its blocks now (see
+        :meth:`StepBuilder.finish`). Idempotent."""
+        self.builder.finish(request_id)
 
     on_aborted = on_finished
 

@@ -49,10 +49,24 @@ class StepBuilder:
         self.pending_loads.append(job)
         self._fresh_blocks.update(job.moved_blocks() or job.invalid_blocks)
 
-    def finishing(self, request_id: str) -> None:
-        """A running request finished (now FINISHING): its final store goes into the
-        next plan, which moves it to FINISHED_DRAINING or DONE."""
-        self._finishing.append(request_id)
+    def finish(self, request_id: str) -> None:
+        """The request finished or was aborted; the engine frees its blocks now.
+
+        A running request is FINISHING: its last full chunks are stored by the next
+        plan (the freed blocks are fenced), which moves it to FINISHED_DRAINING or
+        DONE. Any other is FINISHED_DRAINING while jobs are in flight; the state is
+        dropped once none is. Idempotent."""
+        state = self.requests.get(request_id)
+        if state is None or state.finished or state.phase is Phase.DONE:
+            return
+        if state.phase is Phase.RUNNING:
+            state.computed_tokens = min(state.computed_tokens, state.request.num_computed_tokens)
+            state.move(Phase.FINISHING)
+            self._finishing.append(request_id)
+        elif self.requests.tracker.has_jobs(request_id):
+            state.move(Phase.FINISHED_DRAINING)
+        else:
+            self.requests.drop(state)
 
     def preempt(self, request_id: str) -> None:
         """The engine freed a running request's blocks and re-queued it: its stores

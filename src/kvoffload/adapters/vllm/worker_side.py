@@ -7,8 +7,13 @@ run this step); ``wait_for_save`` (after the forward pass) submits the remaining
 stores, which capture what this step computed; ``get_finished`` polls the results:
 finished loads are reported by request id, failed loads' blocks (and the invalid
 blocks a load names) are reported as invalid (so vLLM recomputes them), and every
-result goes back to the scheduler half in the worker metadata. Nothing here raises
-for a failed copy.
+result goes back to the scheduler half in the worker metadata. With anything but
+one full-attention KV cache group a failed load's request is reported in
+``failed_recving`` instead (:meth:`WorkerSide.take_failed`; vLLM then recomputes the
+whole request): with several groups block ids name no group and vLLM refuses
+invalid blocks; with a sliding window vLLM would recompute from the first invalid
+block with the window before it missing (its null blocks). Nothing here raises for
+a failed copy.
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ class WorkerSide:
         self._results: list[JobResult] = []
         self._instant: list[JobResult] = []  # loads of invalid blocks only: done at once
         self._invalid_blocks: set[int] = set()
+        self._failed: set[str] = set()  # failed loads reported by request (see above)
+        groups = self.geometry.kv_groups
+        self._by_request = not groups.single or groups.windowed
 
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         if self.rank_override is not None:
@@ -178,10 +186,20 @@ class WorkerSide:
             if job is None or job.kind is not JobKind.LOAD:
                 continue
             loaded.add(job.request_id)
-            self._invalid_blocks.update(job.invalid_blocks)
-            if not result.success:
-                self._invalid_blocks.update(job.moved_blocks())
+            failed = set(job.invalid_blocks) | (
+                set() if result.success else set(job.moved_blocks())
+            )
+            if failed and self._by_request:
+                self._failed.add(job.request_id)
+            else:
+                self._invalid_blocks.update(failed)
         return None, loaded or None
+
+    def take_failed(self) -> set[str]:
+        """Requests whose load failed since the last call, when failures are reported
+        by request (see the module docstring; ``get_finished`` reports them too)."""
+        failed, self._failed = self._failed, set()
+        return failed
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         invalid, self._invalid_blocks = self._invalid_blocks, set()

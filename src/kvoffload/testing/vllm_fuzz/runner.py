@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.vllm_fuzz.faults import FaultPolicy, chance
@@ -101,7 +100,7 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
         num_blocks=scenario.num_blocks,
         block_size=BLOCK_SIZE,
         world_size=world,
-        sliding_window=scenario.sliding_window,
+        groups=(scenario.sliding_window,) if scenario.sliding_window is not None else (None,),
         max_num_seqs=scenario.max_num_seqs,
         max_num_batched_tokens=64,
         cpu_bytes=scenario.host_chunks * chunk_bytes * world,
@@ -114,16 +113,7 @@ def run_scenario(scenario: Scenario, env: Environment) -> Outcome:
     outcome = Outcome(scenario, "passed")
     harness: VllmHarness | None = None
     try:
-        spec = harness_spec(scenario, env, workdir)
-        try:
-            harness = VllmHarness(env.model_path, spec)
-        except ConfigError as exc:
-            if scenario.sliding_window is not None and "SlidingWindowSpec" in str(exc):
-                outcome.status = "refused"
-                return outcome
-            raise
-        if scenario.sliding_window is not None:
-            raise HarnessViolation("a sliding-window KV cache spec was accepted")
+        harness = VllmHarness(env.model_path, harness_spec(scenario, env, workdir))
         _drive(scenario, harness, env, outcome)
     except Exception as exc:
         outcome.status = "failed"

@@ -1,17 +1,21 @@
 """The vLLM fuzzer in CI: 200 seeds, each on vLLM's Scheduler and AsyncScheduler
 (``python -m kvoffload.testing.vllm_fuzz --seeds 200`` runs the same), and proof
 that its checks catch what they claim to: bugs planted on purpose are found,
-reported with their seed and shrunk."""
+reported with their seed and shrunk. About a third of the seeds run several KV cache
+groups (full attention and sliding windows), none of them refused any more."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
+from kvoffload.core.keys import ChunkKey
+from kvoffload.core.kv_groups import KVGroups
 from kvoffload.core.scheduler import stores
 from kvoffload.testing.vllm_fuzz.__main__ import main, report
+from kvoffload.testing.vllm_fuzz.groups import draw_groups
 from kvoffload.testing.vllm_fuzz.runner import Environment, Outcome, run_scenario
 from kvoffload.testing.vllm_fuzz.scenario import random_scenario
 from kvoffload.testing.vllm_fuzz.shrink import shrink
@@ -28,7 +32,7 @@ def env(tiny_model: Path) -> Iterator[Environment]:
         environment.close()
 
 
-def first_failure(env: Environment, seeds: range) -> Outcome | None:
+def first_failure(env: Environment, seeds: Iterable[int]) -> Outcome | None:
     for seed in seeds:
         for is_async in (False, True):
             outcome = run_scenario(random_scenario(seed, is_async), env)
@@ -42,6 +46,16 @@ def test_two_hundred_seeds_on_both_schedulers_break_nothing(env: Environment) ->
     if failure is not None:
         shrunk, runs = shrink(failure, env)
         pytest.fail(report(failure, shrunk, runs))
+
+
+def test_seeds_draw_windows_alone_with_full_attention_and_of_different_sizes() -> None:
+    draws = [draw_groups(seed) for seed in range(CI_SEEDS)]
+    windowed = [g for g in draws if any(w is not None for w in g)]
+    assert sum(g == (None,) for g in draws) > CI_SEEDS // 2
+    assert any(None in g and len(g) >= 3 for g in windowed)  # full + several windows
+    assert any(None not in g for g in windowed)  # windows only
+    assert any(len({w for w in g if w is not None}) > 1 for g in windowed)
+    assert random_scenario(20001, True).groups == (None,)  # a one-group seed kept its draws
 
 
 def test_the_command_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,3 +109,19 @@ def test_a_missing_flush_fence_is_found(env: Environment, monkeypatch: pytest.Mo
     failure = first_failure(env, range(60))
     assert failure is not None
     assert "still reads blocks" in failure.message or "does not hold its own KV" in failure.message
+
+
+def test_a_chunk_of_one_group_loaded_into_another_is_found(
+    env: Environment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planted: every KV cache group's chunk is stored under the chain key, so groups
+    overwrite and load each other's chunks."""
+
+    def chain_key(self: KVGroups, key: ChunkKey, group: int) -> ChunkKey:
+        return key
+
+    monkeypatch.setattr(KVGroups, "key", chain_key)
+    seeds = [s for s in range(CI_SEEDS) if len(draw_groups(s)) > 1]
+    failure = first_failure(env, seeds[:20])
+    assert failure is not None and "does not hold its own KV" in failure.message
+    assert len(failure.scenario.groups) > 1

@@ -14,7 +14,6 @@ import pytest
 
 from kvoffload.adapters.vllm import scheduler_side
 from kvoffload.core.anomalies import Anomaly
-from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobKind, TransferJob
 from kvoffload.core.scheduler.request_state import Phase
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
@@ -78,12 +77,8 @@ def push_below_host(h: VllmHarness) -> None:
     h.reset_prefix_cache()
 
 
-# ------------------------------------------------------------ sliding windows (bug a)
-
-
-def test_a_sliding_window_kv_spec_is_refused_at_start(tiny_model: Path) -> None:
-    with pytest.raises(ConfigError, match=r"SlidingWindowSpec\(sliding_window=64\)"):
-        VllmHarness(tiny_model, sliding_window=64)
+# ------------------------------------------------------------ null and duplicate blocks (bug a)
+# (sliding windows themselves are served now: tests/vllm/test_harness_groups.py)
 
 
 @pytest.mark.parametrize("async_scheduling", MODES)

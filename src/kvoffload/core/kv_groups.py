@@ -27,6 +27,7 @@ Immutable; pure functions of their arguments.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvoffload.core.errors import ConfigError
@@ -88,6 +89,13 @@ class KVGroups:
             return key
         tag = b"kvoffload/group\x00" + group.to_bytes(4, "big")
         return ChunkKey(hashlib.blake2b(tag + key, digest_size=len(key)).digest())
+
+    def all_keys(self, keys: Sequence[ChunkKey]) -> list[ChunkKey]:
+        """Every group's key of each chain key in ``keys``, chunk after chunk (the
+        directory's keys of those chunks; ``keys`` itself with one group)."""
+        if self.single:
+            return list(keys)
+        return [self.key(k, g) for k in keys for g in range(len(self.groups))]
 
     def first_needed_chunk(self, group: int, hit_tokens: int, chunk_tokens: int) -> int:
         """The first chunk ``group`` needs to continue after ``hit_tokens`` tokens."""

@@ -33,10 +33,21 @@ class TransferBackend:
     ``tiers`` may be replaced between steps (a harness wraps it). With
     ``wait_for_loads``, :meth:`poll` first waits for the current step's loads: they
     take a millisecond or so, and reporting them at once saves the waiting request a
-    whole step (a copy hook that holds copies, in tests, needs it off)."""
+    whole step (a copy hook that holds copies, in tests, needs it off).
+
+    A failed load's blocks are noted for vLLM to recompute (:meth:`take_invalid_blocks`);
+    with ``fail_by_request`` (anything but one full-attention KV cache group) its
+    request instead (:meth:`take_failed`): with several groups block ids name no group
+    and vLLM refuses them, with a sliding window vLLM would recompute from the first
+    invalid block with the window before it missing (its null blocks)."""
 
     def __init__(
-        self, worker: TransferWorker, tiers: TierLane | None, *, wait_for_loads: bool
+        self,
+        worker: TransferWorker,
+        tiers: TierLane | None,
+        *,
+        wait_for_loads: bool,
+        fail_by_request: bool = False,
     ) -> None:
         self.worker = worker
         self.tiers = tiers
@@ -47,6 +58,8 @@ class TransferBackend:
         self._instant: list[JobResult] = []  # loads of invalid blocks only: done at once
         self._loaded: set[str] = set()
         self._invalid_blocks: set[int] = set()
+        self._failed: set[str] = set()
+        self.fail_by_request = fail_by_request
 
     def begin(self, plan: StepPlan) -> None:
         self._step_loads = tuple(job.job_id for job in plan.loads)
@@ -86,9 +99,13 @@ class TransferBackend:
             job = self._jobs.pop(result.job_id, None)
             if job is not None and job.kind is JobKind.LOAD:
                 self._loaded.add(job.request_id)
-                self._invalid_blocks.update(job.invalid_blocks)
+                failed = set(job.invalid_blocks)
                 if not result.success:
-                    self._invalid_blocks.update(job.moved_blocks())
+                    failed.update(job.moved_blocks())
+                if failed and self.fail_by_request:
+                    self._failed.add(job.request_id)
+                else:
+                    self._invalid_blocks.update(failed)
         return [WorkerReport(self.worker.rank, tuple(results))]
 
     def applied(self, reports: Sequence[WorkerReport]) -> None:
@@ -98,6 +115,11 @@ class TransferBackend:
         """Ids of the requests whose load finished (or failed) since the last call."""
         loaded, self._loaded = self._loaded, set()
         return loaded
+
+    def take_failed(self) -> set[str]:
+        """Requests whose load failed since the last call (``fail_by_request``)."""
+        failed, self._failed = self._failed, set()
+        return failed
 
     def take_invalid_blocks(self) -> set[int]:
         """Engine blocks to recompute, noted since the last call."""

@@ -40,6 +40,7 @@ from kvoffload.adapters.vllm.compat import (
     KVConnectorPromMetrics,
     KVConnectorRole,
     KVConnectorStats,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
     Request,
     SchedulerOutput,
@@ -207,6 +208,15 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._work().get_finished()
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Finished loads, and the requests whose load failed when block ids cannot
+        say what to recompute (several KV cache groups, a sliding window)."""
+        work = self._work()
+        _, finished = work.get_finished()
+        return KVConnectorTransferResults(
+            finished_recving=set(finished or ()), failed_recving=work.take_failed()
+        )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._work().get_block_ids_with_load_errors()

@@ -9,7 +9,9 @@ forward pass is launched) begins the step: the loads and tier jobs; ``wait_for_s
 (after the forward pass) ends the forward pass: the remaining stores, which capture
 what this step computed; ``get_finished`` collects: finished loads are reported by
 request id, failed loads' blocks (and the invalid blocks a load names) as invalid
-(so vLLM recomputes them), and every result goes back to the scheduler half in the
+(so vLLM recomputes them; with anything but one full-attention KV cache group the
+failed requests instead, through ``get_transfer_results``' ``failed_recving``: see
+:class:`TransferBackend`), and every result goes back to the scheduler half in the
 worker metadata. Before ``register_kv_caches`` every per-step call is a no-op.
 Nothing here raises for a failed copy.
 """
@@ -87,7 +89,13 @@ class WorkerSide:
         except BaseException:
             worker.shutdown()
             raise
-        backend = TransferBackend(worker, tiers, wait_for_loads=self.copy_hook is None)
+        groups = self.geometry.kv_groups
+        backend = TransferBackend(
+            worker,
+            tiers,
+            wait_for_loads=self.copy_hook is None,
+            fail_by_request=not groups.single or groups.windowed,
+        )
         self.runner = StepRunner(backend)
         logger.info("%s", self._summary(worker, tiers))
 
@@ -189,6 +197,11 @@ class WorkerSide:
         backend = self.runner.backend
         self._invalid_blocks.update(backend.take_invalid_blocks())
         return None, backend.take_loaded() or None
+
+    def take_failed(self) -> set[str]:
+        """Requests whose load failed since the last call, when failures are reported
+        by request (see :class:`TransferBackend`; ``get_finished`` reports them too)."""
+        return self.runner.backend.take_failed() if self.runner is not None else set()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         invalid, self._invalid_blocks = self._invalid_blocks, set()

@@ -64,7 +64,8 @@ class Allocations:
         """Admission bookkeeping: recency of the hit, reuse counts, the end of any
         deferral, a fresh store cursor and the full block list."""
         keys = state.keys.extend(state.request.block_hashes)
-        self.directory.touch(keys[: hit_tokens // self.config.chunk_tokens])
-        self.directory.record_lookups(keys)
+        groups = self.config.kv_groups
+        self.directory.touch(groups.all_keys(keys[: hit_tokens // self.config.chunk_tokens]))
+        self.directory.record_lookups(groups.all_keys(keys))
         self.deferral.end(state)
         state.admit(blocks)

@@ -20,25 +20,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.vllm_fuzz.faults import FaultPolicy, chance
-from kvoffload.testing.vllm_fuzz.scenario import BLOCK_SIZE, FaultKind, Scenario, Tiers
+from kvoffload.testing.vllm_fuzz.groups import BLOCK_SIZE, MAX_BATCHED_TOKENS
+from kvoffload.testing.vllm_fuzz.scenario import FaultKind, Scenario, Tiers
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation, TornWrites, VllmHarness
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes
 from kvoffload.tiers.disk_store import DiskTierStore
 from kvoffload.transfer.tier_worker import TierWorker
 
-BLOCK_BYTES = len(LAYERS) * HEADS * BLOCK_SIZE * 2 * HEAD_SIZE * 4  # one block, all layers
+BLOCK_BYTES = len(LAYERS) * HEADS * BLOCK_SIZE * 2 * HEAD_SIZE * 4  # one block, one group's layers
 MAX_IDLE_STEPS = 3000  # steps after the last event before a run counts as stuck
 
 
 @dataclass
 class Outcome:
     scenario: Scenario
-    status: str  # "passed" | "failed" | "refused"
+    status: str  # "passed" | "failed"
     message: str = ""
     trace: list[str] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
@@ -101,9 +101,9 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
         num_blocks=scenario.num_blocks,
         block_size=BLOCK_SIZE,
         world_size=world,
-        sliding_window=scenario.sliding_window,
+        groups=scenario.groups,
         max_num_seqs=scenario.max_num_seqs,
-        max_num_batched_tokens=64,
+        max_num_batched_tokens=MAX_BATCHED_TOKENS,
         cpu_bytes=scenario.host_chunks * chunk_bytes * world,
         extra=extra,
     )
@@ -114,16 +114,7 @@ def run_scenario(scenario: Scenario, env: Environment) -> Outcome:
     outcome = Outcome(scenario, "passed")
     harness: VllmHarness | None = None
     try:
-        spec = harness_spec(scenario, env, workdir)
-        try:
-            harness = VllmHarness(env.model_path, spec)
-        except ConfigError as exc:
-            if scenario.sliding_window is not None and "SlidingWindowSpec" in str(exc):
-                outcome.status = "refused"
-                return outcome
-            raise
-        if scenario.sliding_window is not None:
-            raise HarnessViolation("a sliding-window KV cache spec was accepted")
+        harness = VllmHarness(env.model_path, harness_spec(scenario, env, workdir))
         _drive(scenario, harness, env, outcome)
     except Exception as exc:
         outcome.status = "failed"
@@ -267,6 +258,12 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         store_failures=s.store_failures,
         connector_resets=m.value("resets_total"),
     )
+    groups = outcome.scenario.groups
+    if len(groups) > 1:
+        outcome.stats["multi_group_schedules"] += 1
+    if any(w is not None for w in groups):
+        outcome.stats["window_schedules"] += 1
+        outcome.stats["window_loads_checked"] += h.loads_checked
     for tier in half.tiers.tiers.values():
         t = tier.metrics
         moved = t.breakdown("transferred_chunks_total", "direction")

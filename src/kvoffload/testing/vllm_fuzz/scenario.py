@@ -3,6 +3,9 @@
 A :class:`Scenario` is drawn from a seed alone (:func:`random_scenario`), so a seed
 names its schedule; it is plain frozen data, so the shrinker can drop requests,
 events and faults and run what is left.
+
+KV cache groups are drawn apart (``groups.py``), so a seed that draws one
+full-attention group keeps the schedule it had before groups were drawn.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ import random
 from dataclasses import dataclass, field, replace
 
 from kvoffload.core.policies import policy_names
+from kvoffload.testing.vllm_fuzz.groups import (
+    BLOCK_SIZE,
+    describe_groups,
+    draw_groups,
+    engine_blocks,
+)
 
 
 class Tiers(enum.Enum):
@@ -83,7 +92,7 @@ class Scenario:
     max_num_seqs: int
     max_deferral_steps: int
     max_deferral_seconds: float
-    sliding_window: int | None = None
+    groups: tuple[int | None, ...] = (None,)  # None: full attention; else a window
     lower_chunks: int = 0
     requests: tuple[RequestSpec, ...] = ()
     aborts: tuple[tuple[int, str], ...] = ()  # (step, request id)
@@ -109,7 +118,7 @@ class Scenario:
             + f" eviction={self.eviction} store_threshold={self.store_threshold} "
             f"world={self.world_size} max_num_seqs={self.max_num_seqs} "
             f"deferral<={self.max_deferral_steps} steps/{self.max_deferral_seconds} s"
-            + (f" sliding_window={self.sliding_window}" if self.sliding_window else "")
+            + (f" groups={describe_groups(self.groups)}" if self.groups != (None,) else "")
         ]
         for r in self.requests:
             extra = (
@@ -130,9 +139,6 @@ class Scenario:
         return "\n".join(lines)
 
 
-BLOCK_SIZE = 16
-
-
 def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Scenario:
     """The schedule of ``seed`` (``redis``: whether a Redis tier may be drawn)."""
     rng = random.Random(f"kvoffload-vllm-fuzz:{seed}")
@@ -142,10 +148,11 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
     if tiers is Tiers.REDIS and not redis:
         tiers = Tiers.DISK
     max_request = (num_blocks - 2) * BLOCK_SIZE
+    groups = draw_groups(seed)
     scenario = Scenario(
         seed=seed,
         async_scheduling=async_scheduling,
-        num_blocks=num_blocks,
+        num_blocks=engine_blocks(num_blocks, groups),
         blocks_per_chunk=k,
         host_chunks=rng.randint(2, 24 if tiers is Tiers.HOST else 8),
         store_threshold=rng.choice((1, 1, 1, 2, 3)),
@@ -155,8 +162,12 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
         max_num_seqs=rng.randint(2, 6),
         max_deferral_steps=rng.randint(2, 40),
         max_deferral_seconds=rng.choice((0.1, 0.3, 1.0, 2.0)),  # 5-100 steps of 20 ms
-        sliding_window=rng.choice((32, 64)) if rng.random() < 0.06 else None,
+        groups=_kept_draw(rng, groups),
         lower_chunks=rng.randint(8, 64) if tiers is Tiers.DISK else 0,
+    )
+    more = (len(groups) + 1) // 2  # several groups store more chunks per token
+    scenario = replace(
+        scenario, host_chunks=scenario.host_chunks * more, lower_chunks=scenario.lower_chunks * more
     )
     revisit = rng.random() < (0.5 if tiers is not Tiers.HOST else 0.2)
     requests = _revisits(rng, max_request) if revisit else _requests(rng, max_request)
@@ -176,6 +187,13 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
         resets=resets,
         faults=_faults(rng, scenario, last + 40),
     )
+
+
+def _kept_draw(rng: random.Random, groups: tuple[int | None, ...]) -> tuple[int | None, ...]:
+    """``groups``, after the draw that once chose a sliding window (then refused at
+    start): kept, so every seed that ran before keeps its schedule."""
+    rng.random()
+    return groups
 
 
 def _requests(rng: random.Random, max_request: int) -> tuple[RequestSpec, ...]:

@@ -25,6 +25,8 @@ def simpler(scenario: Scenario) -> Iterator[Scenario]:
     for request in scenario.requests:
         if len(scenario.requests) > 1:
             yield scenario.without_request(request.request_id)
+    for g in range(len(scenario.groups) if len(scenario.groups) > 1 else 0):
+        yield replace(scenario, groups=scenario.groups[:g] + scenario.groups[g + 1 :])
     if scenario.world_size > 1:
         yield replace(scenario, world_size=1)
     if scenario.store_threshold > 1:

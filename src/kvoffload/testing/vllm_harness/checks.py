@@ -8,7 +8,7 @@ kvoffload's scheduler side and the KV model. Every failed check raises
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -52,8 +52,9 @@ class Checks:
         self._spilled.clear()
 
     def plan(self, plan: StepPlan) -> None:
-        """No load for a request with jobs in flight; loads and promotions name only
-        chunks written since the last connector reset."""
+        """No load or store names the null block; no load for a request with jobs in
+        flight; loads and promotions name only chunks written since the last
+        connector reset."""
         half = self.side.scheduler
         planned: tuple[TransferJob, ...] = (
             *plan.loads,
@@ -63,6 +64,11 @@ class Checks:
         )
         for job in planned:
             self.jobs[job.job_id] = job
+        for job in (*plan.loads, *plan.stores):
+            if self.model.null_block in job.moved_blocks():
+                raise HarnessViolation(
+                    f"{job.kind.value} {job.job_id} of {job.request_id!r} names vLLM's null block"
+                )
         for load in plan.loads:
             others = [
                 j.job_id
@@ -100,40 +106,54 @@ class Checks:
             job = self.jobs.get(job_id)
             if not isinstance(job, EngineJob) or job.kind is not JobKind.STORE:
                 continue
-            hit = written.intersection(job.block_ids)
+            hit = written.intersection(job.moved_blocks())
             if hit:
                 raise HarnessViolation(
                     f"step {step} rank {entry.rank}: store {job_id} of {job.request_id!r} still "
                     f"reads blocks {sorted(hit)} that this step writes (no flush)"
                 )
 
-    def landed(self, finished_recving: Iterable[str], invalid_blocks: set[int]) -> None:
-        """A load reported done (and failed on no rank) filled its blocks with the
-        loading request's own KV."""
+    def landed(
+        self,
+        finished_recving: Iterable[str],
+        invalid_blocks: set[int],
+        failed_recving: Collection[str] = (),
+    ) -> None:
+        """A load reported done (and failed on no rank: none of its blocks invalid,
+        its request not in ``failed_recving``) filled its blocks with the loading
+        request's own KV, of the group whose block table holds each block (a block
+        belongs to one group at a time; :data:`NO_BLOCK` entries are not written and
+        not checked)."""
         for _, invalid in self._loads.values():
             invalid.update(invalid_blocks)  # a rank may report them before the end
-        block_size = self.model.block_size
         for request_id in finished_recving:
             entry = self._loads.pop(request_id, None)
             if entry is None or entry[1].intersection(entry[0].block_ids):
                 continue
+            if request_id in failed_recving:
+                continue
             if request_id not in self.scheduler.requests:
                 continue
-            job = entry[0]
-            tokens = list(self.scheduler.requests[request_id].all_token_ids)
-            blocks = self.scheduler.kv_cache_manager.get_block_ids(request_id)[0]
-            for block in job.block_ids:
+            self._check_load(request_id, entry[0])
+            self.loads_checked += 1
+
+    def _check_load(self, request_id: str, job: TransferJob) -> None:
+        assert isinstance(job, EngineJob)  # a load
+        tokens = list(self.scheduler.requests[request_id].all_token_ids)
+        tables = self.scheduler.kv_cache_manager.get_block_ids(request_id)
+        size = self.model.block_size
+        for block in job.moved_blocks():
+            for group, blocks in enumerate(tables):
                 if block not in blocks:
                     continue
-                start = blocks.index(block) * block_size
+                start = blocks.index(block) * size
                 try:
                     self.model.check(
-                        request_id, tokens, blocks, start, start + block_size,
+                        request_id, tokens, blocks, start, start + size, group=group,
                         what=f"load {job.job_id}",
                     )  # fmt: skip
                 except ReadMismatch as exc:
                     raise HarnessViolation(str(exc)) from None
-            self.loads_checked += 1
 
     def step(self) -> None:
         """The invariants that hold after every step."""

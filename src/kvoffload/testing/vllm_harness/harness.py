@@ -18,8 +18,14 @@ step N+1 was scheduled). A scheduled step runs on every rank in vLLM's order
 ``build_connector_worker_meta``), and the ranks' outputs are merged by vLLM's own
 ``KVOutputAggregator``.
 
+The engine has the KV cache groups ``HarnessSpec.groups`` names (full attention,
+sliding windows), with vLLM's hybrid KV cache manager when there are several
+(checked at start); the fake model writes and reads each group through its own
+block table.
+
 Checked at every step (``checks.py``; a violation raises :class:`HarnessViolation`):
-every forward pass reads exactly its request's own KV; no store copy still running
+every forward pass reads exactly its request's own KV, in every group what the
+group's attention reads; no store copy still running
 reads a block the step writes; no load is planned for a request with jobs in flight;
 loads and promotions name only chunks written since the last connector reset; the
 scheduler half's invariants hold, and no internal error or anomaly was counted.
@@ -57,7 +63,13 @@ from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
 from kvoffload.testing.vllm_harness.kv_model import KVModel
 from kvoffload.testing.vllm_harness.model_runner import ModelRunner
 from kvoffload.testing.vllm_harness.ranks import Rank, make_rank, run_step
-from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS, HarnessSpec, build_configs
+from kvoffload.testing.vllm_harness.spec import (
+    HEAD_SIZE,
+    HEADS,
+    LAYERS_PER_GROUP,
+    HarnessSpec,
+    build_configs,
+)
 from kvoffload.tiers.redis_index import RedisIndex
 
 SECONDS_PER_STEP = 0.02
@@ -72,6 +84,7 @@ class StepRecord:
     scheduled: dict[str, int]
     preempted: set[str]
     finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)  # loads failed, by request
     invalid_blocks: set[int] = field(default_factory=set)
 
     def loads_for(self, request_id: str) -> list[EngineJob]:
@@ -119,14 +132,17 @@ class VllmHarness:
         self.side.scheduler.clock = lambda: self.clock
         self._deterministic_redis_index()
         world = self.spec.world_size
-        shape = (len(LAYERS), self.spec.num_blocks, HEADS, self.block_size, 2 * HEAD_SIZE)
+        shape = (LAYERS_PER_GROUP, self.spec.num_blocks, HEADS, self.block_size, 2 * HEAD_SIZE)
         self.kv = [torch.zeros(shape, dtype=torch.float32) for _ in range(world)]
-        self.model = KVModel(self.kv, self.block_size)
+        null = self.scheduler.kv_cache_manager.block_pool.null_block.block_id
+        self.model = KVModel(self.kv, self.block_size, null)
         self.ranks = [make_rank(r, vllm_config, kv_cache_config, self.kv[r]) for r in range(world)]
         self.aggregator = KVOutputAggregator(world) if world > 1 else None
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(self.block_size, sha256)
         self.runner = ModelRunner(self.scheduler, self.model)
+        if self.spec.kv_specs is None:
+            self.runner.check_groups(self.spec.groups)
         self.tokens = self.runner.tokens  # what the last step of each request read
         self.outputs: dict[str, list[int]] = {}  # the tokens the engine handed out
         self.steps: list[StepRecord] = []
@@ -270,7 +286,8 @@ class VllmHarness:
         return self.checks.loads_checked
 
     def loaded_tokens(self, request_id: str) -> int:
-        """Tokens kvoffload planned to load into the request's blocks so far."""
+        """Tokens kvoffload planned to load into the request's blocks so far (with
+        several KV cache groups: summed over the groups, blocks left out included)."""
         loads = self.jobs_of(JobKind.LOAD)
         return sum(len(j.block_ids) * self.block_size for j in loads
                    if isinstance(j, EngineJob) and j.request_id == request_id)  # fmt: skip
@@ -333,8 +350,9 @@ class VllmHarness:
         merged = runner.kv_connector_output
         if merged is not None:
             record.finished_recving = set(merged.finished_recving or ())
+            record.failed_recving = set(merged.failed_recving)
             record.invalid_blocks = set(merged.invalid_block_ids)
-        self.checks.landed(record.finished_recving, record.invalid_blocks)
+        self.checks.landed(record.finished_recving, record.invalid_blocks, record.failed_recving)
         return _Executed(output, runner, record, sampled)
 
     def _apply(self, executed: _Executed) -> None:

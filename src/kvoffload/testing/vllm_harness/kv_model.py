@@ -1,13 +1,15 @@
 """The harness's model: KV that names the tokens it was computed from, and the check
 that every forward pass reads exactly its own request's KV.
 
-The KV of position ``p`` on rank ``r``, layer ``l`` is a number derived from the
-weights version, ``r``, ``l`` and a digest of the request's tokens ``0..p``: equal
-prefixes have equal KV (as in a real model, so prefix caching and offloading are
-meaningful), and a position holding anything else (another request's KV, another
-position's, a torn copy, KV of the weights before a reset) is detected. Each value
-is an integer below 2**23, exact in float32. Sampled tokens are a function of the
-prefix digest, so a resampled position gets the same token.
+The KV of position ``p`` on rank ``r``, KV cache group ``g``, layer ``l`` is a number
+derived from the weights version, ``r``, ``g``, ``l`` and a digest of the request's
+tokens ``0..p``: equal prefixes have equal KV (as in a real model, so prefix caching
+and offloading are meaningful), and a position holding anything else (another
+request's KV, another position's, another group's, a torn copy, KV of the weights
+before a reset) is detected. Layer ``l`` of every group is the same tensor (vLLM's
+hybrid layout), reached through that group's block table. Each value is an integer
+below 2**23, exact in float32. Sampled tokens are a function of the prefix digest,
+so a resampled position gets the same token.
 
 Owned by one harness; the KV tensors are the workers' (one per rank).
 """
@@ -27,7 +29,7 @@ VOCAB = 1000
 class _Prefix:
     tokens: list[int]  # the tokens the digests were computed from
     digests: list[bytes]  # digests[p] names tokens[: p + 1]
-    values: dict[tuple[int, int, int], list[float]]  # (version, rank, layer) -> per position
+    values: dict[tuple[int, int, int, int], list[float]]  # (version, rank, group, layer)
 
 
 class ReadMismatch(AssertionError):
@@ -35,14 +37,16 @@ class ReadMismatch(AssertionError):
 
 
 class KVModel:
-    def __init__(self, kv: list[torch.Tensor], block_size: int) -> None:
-        """``kv[rank]`` is that rank's ``[layers, blocks, heads, block_size, 2*head]``."""
+    def __init__(self, kv: list[torch.Tensor], block_size: int, null_block: int = 0) -> None:
+        """``kv[rank]`` is that rank's ``[layers, blocks, heads, block_size, 2*head]``;
+        ``null_block``: the engine's placeholder block, never written."""
         self.kv = kv
         self.block_size = block_size
+        self.null_block = null_block
         self.version = 0  # bumped when the weights change (a full connector reset)
         self._prefixes: dict[str, _Prefix] = {}
         self.salts: dict[str, str] = {}  # a request's cache salt seeds its digests
-        self._values: dict[tuple[bytes, int, int, int], float] = {}
+        self._values: dict[tuple[bytes, int, int, int, int], float] = {}
 
     def digests(self, request_id: str, tokens: list[int], end: int) -> list[bytes]:
         """Digests of ``tokens[: p + 1]`` for p < ``end``."""
@@ -65,23 +69,33 @@ class KVModel:
             prefix.digests.append(last)
         return prefix.digests[:end]
 
-    def value(self, digest: bytes, rank: int, layer: int, version: int | None = None) -> float:
-        v = self.version if version is None else version
-        key = (digest, v, rank, layer)
+    def value(self, digest: bytes, rank: int, group: int, layer: int) -> float:
+        key = (digest, self.version, rank, group, layer)
         found = self._values.get(key)
         if found is None:
-            raw = hashlib.blake2b(digest + bytes((v % 256, rank, layer)), digest_size=3).digest()
+            tag = bytes((self.version % 256, rank, group, layer))
+            raw = hashlib.blake2b(digest + tag, digest_size=3).digest()
             found = self._values[key] = float(int.from_bytes(raw, "little") & 0x7FFFFF)
         return found
 
     def expected(
-        self, request_id: str, tokens: list[int], start: int, end: int, *, rank: int, layer: int
+        self,
+        request_id: str,
+        tokens: list[int],
+        start: int,
+        end: int,
+        *,
+        rank: int,
+        group: int,
+        layer: int,
     ) -> torch.Tensor:
         """The KV values of positions ``start..end-1`` (this weights version)."""
         digests = self.digests(request_id, tokens, end)
-        values = self._prefixes[request_id].values.setdefault((self.version, rank, layer), [])
+        values = self._prefixes[request_id].values.setdefault(
+            (self.version, rank, group, layer), []
+        )
         for p in range(len(values), end):
-            values.append(self.value(digests[p], rank, layer))
+            values.append(self.value(digests[p], rank, group, layer))
         return torch.tensor(values[start:end], dtype=torch.float32)
 
     def sample(self, request_id: str, tokens: list[int]) -> int:
@@ -107,13 +121,17 @@ class KVModel:
         start: int,
         end: int,
         *,
+        group: int,
         ranks: Sequence[int] | None = None,
     ) -> None:
-        """Write the KV of positions ``start..end-1`` on ``ranks`` (default: all)."""
+        """Write group ``group``'s KV of positions ``start..end-1`` through its block
+        table ``blocks`` on ``ranks`` (default: all); positions in the null block are
+        not written."""
         for _, _, kv_layer, index, values in self._places(
-            request_id, tokens, blocks, start, end, ranks=ranks
+            request_id, tokens, blocks, start, end, group=group, ranks=ranks
         ):
-            kv_layer[index[0], :, index[1], :] = values.view(-1, 1, 1)
+            keep = index[0] != self.null_block
+            kv_layer[index[0][keep], :, index[1][keep], :] = values[keep].view(-1, 1, 1)
 
     def check(
         self,
@@ -123,13 +141,15 @@ class KVModel:
         start: int,
         end: int,
         *,
+        group: int,
         what: str,
         ranks: Sequence[int] | None = None,
     ) -> None:
-        """Raise :class:`ReadMismatch` unless positions ``start..end-1`` hold the
-        request's own KV (this weights version) on every rank and layer."""
+        """Raise :class:`ReadMismatch` unless positions ``start..end-1`` of group
+        ``group`` (through its block table ``blocks``) hold the request's own KV of
+        that group (this weights version) on every rank and layer."""
         for rank, layer, kv_layer, index, want in self._places(
-            request_id, tokens, blocks, start, end, ranks=ranks
+            request_id, tokens, blocks, start, end, group=group, ranks=ranks
         ):
             got = kv_layer[index[0], :, index[1], :]
             ok = (got == want.view(-1, 1, 1)).flatten(1).all(dim=1)
@@ -137,8 +157,8 @@ class KVModel:
                 bad = start + int((~ok).nonzero()[0])
                 block = blocks[bad // self.block_size]
                 raise ReadMismatch(
-                    f"{what}: request {request_id!r} position {bad} (block {block}, "
-                    f"rank {rank}, layer {layer}) does not hold its own KV"
+                    f"{what}: request {request_id!r} position {bad} (group {group}, block "
+                    f"{block}, rank {rank}, layer {layer}) does not hold its own KV"
                 )
 
     def _places(
@@ -149,17 +169,20 @@ class KVModel:
         start: int,
         end: int,
         *,
+        group: int,
         ranks: Sequence[int] | None,
     ) -> Iterator[tuple[int, int, torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
         """(rank, layer, that layer's KV, block and offset index, expected values) of
-        positions ``start..end-1`` on ``ranks`` (default: all)."""
+        group ``group``'s positions ``start..end-1`` on ``ranks`` (default: all)."""
         if end <= start:
             return
         index = self._index(blocks, start, end)
         for rank in ranks if ranks is not None else range(len(self.kv)):
             kv = self.kv[rank]
             for layer in range(kv.shape[0]):
-                want = self.expected(request_id, tokens, start, end, rank=rank, layer=layer)
+                want = self.expected(
+                    request_id, tokens, start, end, rank=rank, group=group, layer=layer
+                )
                 yield rank, layer, kv[layer], index, want
 
     def forget(self, request_id: str) -> None:

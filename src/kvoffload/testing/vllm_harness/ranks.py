@@ -23,7 +23,7 @@ from kvoffload.adapters.vllm.worker_side import WorkerSide
 from kvoffload.core.jobs import EngineJob, WorkerReport
 from kvoffload.testing.vllm_harness.completions import Completions
 from kvoffload.testing.vllm_harness.gates import CopyGate, GatedTiers
-from kvoffload.testing.vllm_harness.spec import LAYERS
+from kvoffload.testing.vllm_harness.spec import layer_names
 from kvoffload.transfer.worker import TransferWorker
 
 
@@ -41,14 +41,19 @@ class Rank:
 def make_rank(
     rank: int, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv: torch.Tensor
 ) -> Rank:
-    """Rank ``rank``'s connector, registered over ``kv`` (``[layers, blocks, ...]``)."""
+    """Rank ``rank``'s connector, registered over ``kv`` (``[layers, blocks, ...]``) as
+    vLLM registers a hybrid model's KV: every group's layer names, layer ``i`` of
+    each group a view of ``kv[i]`` (the groups' tensors alias)."""
     connector = KVOffloadConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
     side = connector.worker_side
     assert side is not None
     gate = CopyGate()
     side.copy_hook = gate
     side.rank_override = rank
-    connector.register_kv_caches({name: kv[i] for i, name in enumerate(LAYERS)})
+    groups = len(kv_cache_config.kv_cache_groups)
+    connector.register_kv_caches(
+        {name: kv[i] for g in range(groups) for i, name in enumerate(layer_names(g))}
+    )
     assert side.runner is not None
     backend = side.runner.backend
     copier = backend.worker
@@ -99,6 +104,7 @@ def run_step(
         worker_meta = _ordered(entry, step, policy, worker_meta)
     return KVConnectorOutput(
         finished_recving=results.finished_recving or None,
+        failed_recving=results.failed_recving,
         invalid_block_ids=invalid,
         kv_connector_worker_meta=worker_meta,
     )

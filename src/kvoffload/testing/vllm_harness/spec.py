@@ -1,10 +1,17 @@
 """What a harness run is made of: vLLM's configs for a real scheduler, built locally.
 
-:class:`HarnessSpec` names everything a run varies (scheduler kind, KV cache size and
-spec, parallel ranks, kvoffload's ``kv_connector_extra_config``);
+:class:`HarnessSpec` names everything a run varies (scheduler kind, KV cache size,
+KV cache groups, parallel ranks, kvoffload's ``kv_connector_extra_config``);
 :func:`build_configs` turns it into the ``VllmConfig`` and ``KVCacheConfig`` vLLM's
 ``Scheduler`` and kvoffload's connectors are built from. The model directory only
 provides ``config.json``: the harness's model is a fake (see ``kv_model.py``).
+
+KV cache groups are laid out as vLLM's hybrid KV cache manager lays them out: every
+group has :data:`LAYERS_PER_GROUP` layers of one page size, its own layer names
+(:func:`layer_names`) and its own ``KVCacheTensor``; all groups' tensors alias from
+byte 0, so layer ``i`` of every group is the same memory (a block belongs to one
+group at a time). Several groups make vLLM's scheduler use its
+``HybridKVCacheCoordinator``.
 """
 
 from __future__ import annotations
@@ -27,65 +34,99 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    KVCacheSpec,
     KVCacheTensor,
     SlidingWindowSpec,
 )
 
 from kvoffload.testing.vllm_cpu import keep_async_scheduling
 
-LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+LAYERS_PER_GROUP = 2
 HEADS = 2
 HEAD_SIZE = 4
 MAX_MODEL_LEN = 2048
 
 
+def layer_names(group: int) -> tuple[str, ...]:
+    """Group ``group``'s layer names (group 0: layers 0 and 1, group 1: 2 and 3, ...)."""
+    first = group * LAYERS_PER_GROUP
+    return tuple(f"model.layers.{first + i}.self_attn.attn" for i in range(LAYERS_PER_GROUP))
+
+
+LAYERS = layer_names(0)
+"""The layers of one group (every group has as many): what one block holds."""
+
+
 @dataclass(frozen=True)
 class HarnessSpec:
-    """One engine; kvoffload's ``kv_connector_extra_config`` is ``cpu_bytes`` plus ``extra``."""
+    """One engine; kvoffload's ``kv_connector_extra_config`` is ``cpu_bytes`` plus ``extra``.
+
+    ``groups``: the KV cache groups in vLLM's group order, each None (full attention)
+    or a sliding window in tokens. ``kv_specs`` replaces the groups' specs outright
+    (a test of a group kvoffload cannot serve)."""
 
     async_scheduling: bool = False
     num_blocks: int = 32
     block_size: int = 16
     world_size: int = 1  # tensor-parallel workers, each with its own KV tensors
-    sliding_window: int | None = None  # a window: every layer is sliding-window attention
+    groups: tuple[int | None, ...] = (None,)
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 64
     cpu_bytes: int = 1 << 20
     extra: dict[str, Any] = field(default_factory=dict)
+    kv_specs: tuple[KVCacheSpec, ...] | None = None
 
-    def kv_spec(self) -> AttentionSpec:
-        if self.sliding_window is not None:
+    def __post_init__(self) -> None:
+        if not self.groups or any(w is not None and w < 1 for w in self.groups):
+            raise ValueError(f"groups {self.groups!r}: at least one, windows positive")
+
+    def group_spec(self, window: int | None) -> AttentionSpec:
+        """The KV cache spec of a group with ``window`` (None: full attention)."""
+        if window is not None:
             return SlidingWindowSpec(
                 block_size=self.block_size,
                 num_kv_heads=HEADS,
                 head_size=HEAD_SIZE,
                 dtype=torch.float32,
-                sliding_window=self.sliding_window,
+                sliding_window=window,
             )
         return FullAttentionSpec(
             block_size=self.block_size, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=torch.float32
         )
 
+    def specs(self) -> tuple[KVCacheSpec, ...]:
+        """Every group's KV cache spec, in group order."""
+        if self.kv_specs is not None:
+            return self.kv_specs
+        return tuple(self.group_spec(w) for w in self.groups)
+
+
+def kv_cache_config(spec: HarnessSpec) -> KVCacheConfig:
+    """vLLM's layer-outer layout for ``spec``'s groups (see the module docstring)."""
+    specs = spec.specs()
+    page = max(s.page_size_bytes for s in specs)
+    size = page * spec.num_blocks * LAYERS_PER_GROUP
+    tensors = [
+        KVCacheTensor(
+            size=size,
+            layers=list(layer_names(g)),
+            layer_stride=page * spec.num_blocks,
+            block_stride=page,
+        )
+        for g in range(len(specs))
+    ]
+    groups = [KVCacheGroupSpec(list(layer_names(g)), s) for g, s in enumerate(specs)]
+    return KVCacheConfig(
+        num_blocks=spec.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups
+    )
+
 
 def build_configs(spec: HarnessSpec, model_path: Path) -> tuple[VllmConfig, KVCacheConfig]:
     """vLLM's configs for ``spec``; async scheduling is kept on (a batch queue of two,
-    as a real engine on a GPU has it), whatever vLLM's CPU platform prefers."""
+    as a real engine on a GPU has it), whatever vLLM's CPU platform prefers; the
+    hybrid KV cache manager stays on (checked)."""
     if spec.async_scheduling:
         keep_async_scheduling()
-    kv_spec = spec.kv_spec()
-    page = kv_spec.page_size_bytes
-    kv_cache_config = KVCacheConfig(
-        num_blocks=spec.num_blocks,
-        kv_cache_tensors=[
-            KVCacheTensor(
-                size=page * spec.num_blocks * len(LAYERS),
-                layers=list(LAYERS),
-                layer_stride=page * spec.num_blocks,
-                block_stride=page,
-            )
-        ],
-        kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), kv_spec)],
-    )
     vllm_config = VllmConfig(
         model_config=ModelConfig(
             model=str(model_path),
@@ -116,4 +157,6 @@ def build_configs(spec: HarnessSpec, model_path: Path) -> tuple[VllmConfig, KVCa
             f"vLLM config has {vllm_config.max_concurrent_batches} concurrent batches, "
             f"the harness wants {want}"
         )
-    return vllm_config, kv_cache_config
+    if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
+        raise RuntimeError("vLLM turned its hybrid KV cache manager off")
+    return vllm_config, kv_cache_config(spec)

@@ -1,0 +1,99 @@
+"""The scheduler half with several KV cache groups: the directory holds one chunk per
+(group, chunk of tokens), so reuse counts and a hit's recency are per group key.
+
+Found by the vLLM fuzzer once it drew KV cache groups: admission counted and a hit
+touched the chain keys, which with several groups name no chunk in the directory;
+with ``store_threshold`` 2 nothing was ever stored, and a hit did not keep its chunks
+from being evicted first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvoffload.core.directory import Directory
+from kvoffload.core.jobs import JobResult, StepPlan, TransferJob, WorkerReport
+from kvoffload.core.keys import Namespace, block_hashes
+from kvoffload.core.kv_groups import KVGroup, KVGroups
+from kvoffload.core.scheduler import OffloadScheduler
+from kvoffload.core.scheduler_types import ScheduledRequest, SchedulerConfig, StepInput
+
+BS = 4  # tokens per block; one block per chunk
+NS = Namespace("m", "layout", "f32")
+GROUPS = KVGroups((KVGroup(), KVGroup(window=8)))
+
+
+@dataclass
+class Req:
+    request_id: str
+    tokens: list[int]
+    num_computed_tokens: int = 0
+    salt: str | None = None
+    _hashes: list[bytes] = field(default_factory=list)
+
+    @property
+    def block_hashes(self) -> list[bytes]:
+        if len(self._hashes) != len(self.tokens) // BS:
+            self._hashes = block_hashes(self.tokens, BS, self.salt)
+        return self._hashes
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def make(slots: int, **directory: object) -> OffloadScheduler:
+    config = SchedulerConfig(block_size=BS, blocks_per_chunk=1, world_size=1, kv_groups=GROUPS)
+    return OffloadScheduler(config, Directory(slots, **directory), NS)  # type: ignore[arg-type]
+
+
+def ok(jobs: tuple[TransferJob, ...]) -> WorkerReport:
+    return WorkerReport(0, tuple(JobResult(j.job_id, True) for j in jobs))
+
+
+def step(
+    s: OffloadScheduler, req: Req, start: int, tables: tuple[tuple[int, ...], ...]
+) -> StepPlan:
+    """One step computing ``req`` from ``start`` to its end; its jobs complete."""
+    scheduled = ScheduledRequest(req.request_id, start, req.num_tokens - start, tables, True)
+    plan = s.build_plan(StepInput((scheduled,)))
+    s.on_report(ok(plan.stores))
+    req.num_computed_tokens = req.num_tokens
+    return plan
+
+
+def serve(s: OffloadScheduler, req: Req, tables: tuple[tuple[int, ...], ...]) -> int:
+    """Look ``req`` up, load what is offered, compute the rest, finish; the tokens
+    loaded."""
+    hit = s.lookup(req, 0)
+    assert hit is not None
+    s.on_allocated(req, tables, hit)
+    if hit:
+        plan = s.build_plan(StepInput())
+        s.on_report(ok(plan.loads))
+    step(s, req, hit, tables)
+    s.on_finished(req.request_id)
+    s.build_plan(StepInput())
+    s.check_integrity()
+    return hit
+
+
+def test_reuse_is_counted_per_group_so_a_store_threshold_admits() -> None:
+    s = make(16, store_threshold=2)
+    doc = list(range(8))  # two chunks
+    tables = ((1, 2), (3, 4))
+    assert serve(s, Req("a", doc), tables) == 0
+    assert s.stats.stored_chunks == 0  # asked for once: not admitted
+    assert serve(s, Req("b", doc), tables) == 0
+    assert s.stats.stored_chunks == 4  # twice: both chunks of both groups
+    assert s.lookup(Req("c", [*doc, 9, 9]), 0) == 8
+
+
+def test_a_hit_keeps_its_chunks_from_being_evicted_first() -> None:
+    s = make(4, policy="lru")  # two chunks of both groups
+    first, second = [1, 2, 3, 4], [5, 6, 7, 8]
+    serve(s, Req("a", first), ((1,), (2,)))
+    serve(s, Req("b", second), ((3,), (4,)))
+    assert serve(s, Req("a2", [*first, 0, 0]), ((5, 6), (7, 8))) == 4  # touches first
+    serve(s, Req("c", [9, 9, 9, 9]), ((1,), (2,)))  # evicts the least recent: second
+    assert s.lookup(Req("a3", [*first, 1]), 0) == 4
+    assert s.lookup(Req("b2", [*second, 1]), 0) == 0

@@ -82,9 +82,13 @@ def test_reuse_is_counted_per_group_so_a_store_threshold_admits() -> None:
     doc = list(range(8))  # two chunks
     tables = ((1, 2), (3, 4))
     assert serve(s, Req("a", doc), tables) == 0
-    assert s.stats.stored_chunks == 0  # asked for once: not admitted
+    assert (
+        s.metrics.value("transferred_chunks_total", direction="store", tier="host") == 0
+    )  # asked for once: not admitted
     assert serve(s, Req("b", doc), tables) == 0
-    assert s.stats.stored_chunks == 4  # twice: both chunks of both groups
+    assert (
+        s.metrics.value("transferred_chunks_total", direction="store", tier="host") == 4
+    )  # twice: both chunks of both groups
     assert s.lookup(Req("c", [*doc, 9, 9]), 0) == 8
 
 

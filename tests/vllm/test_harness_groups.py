@@ -86,7 +86,7 @@ def test_window_groups_are_served_from_kvoffload_after_a_prefix_cache_reset(
     (load,) = h.jobs_of(JobKind.LOAD)
     assert load.request_id == "b" and len(load.keys) == loaded_chunks
     assert h.loads_checked == 1  # b's loaded blocks held b's KV of their group
-    assert h.scheduler_half.stats.lookup_hit_tokens == len(DOC)
+    assert h.scheduler_half.metrics.value("hit_tokens_total", tier="host") == len(DOC)
     assert h.scheduler_half.stats.load_failures == 0
     h.quiescent()
 
@@ -171,7 +171,7 @@ def test_a_window_block_handed_out_again_flushes_the_store_reading_it_first(
     h.policy = CompleteAll()
     h.run()
     assert h.output_tokens("a") == h.model.reference_output("a", DOC[:128], 4)
-    assert h.scheduler_half.stats.flushes > 0
+    assert h.scheduler_half.metrics.value("flushes_total") > 0
     h.quiescent()
 
 

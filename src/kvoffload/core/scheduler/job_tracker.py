@@ -159,10 +159,14 @@ class JobTracker:
         return request_id in self._by_request
 
     def has_load(self, request_id: str) -> bool:
-        return any(job.kind is JobKind.LOAD for job in self.jobs_of(request_id))
+        return self._has(request_id, JobKind.LOAD)
 
     def has_promotion(self, request_id: str) -> bool:
-        return any(job.kind is JobKind.PROMOTE for job in self.jobs_of(request_id))
+        return self._has(request_id, JobKind.PROMOTE)
+
+    def _has(self, request_id: str, kind: JobKind) -> bool:
+        ids = self._by_request.get(request_id)  # called for every request, every step
+        return ids is not None and any(self._jobs[i].job.kind is kind for i in ids)
 
     def store_ids(self, request_id: str) -> list[int]:
         """Ids of the request's store jobs in flight, in the order they were added."""

@@ -60,7 +60,8 @@ class StorePlanner:
         flush = preempted | fenced_stores(tracker, states, fresh_blocks, mine)
         if flush:
             flush &= {job.job_id for job in tracker.jobs() if job.kind is JobKind.STORE}
-        self.metrics.count("flushes_total", len(flush))
+        if flush:
+            self.metrics.count("flushes_total", len(flush))
         return flush
 
     def complete(self, completion: Completion) -> None:

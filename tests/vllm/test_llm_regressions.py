@@ -93,8 +93,10 @@ def test_a_prompt_logprobs_request_admitted_during_its_promotion_is_tracked(
             settle(llm)
         llm.reset_prefix_cache()  # doc's chunks are on the disk only
         worker = get_kv_transfer_group().worker_side
-        gated = GatedTiers(worker.tiers)
-        worker.tiers = gated
+        assert worker.runner is not None
+        backend = worker.runner.backend
+        gated = GatedTiers(backend.tiers)
+        backend.tiers = gated
         ids = [
             llm.llm_engine.add_request(str(i), TokensPrompt(prompt_token_ids=p), q)
             for i, (p, q) in enumerate(batch)
@@ -107,7 +109,7 @@ def test_a_prompt_logprobs_request_admitted_during_its_promotion_is_tracked(
         finished = step_until(llm, c_admitted)
         assert ids[1] in core.requests and gated.held  # promotions (hog's spills) held
         gated.release(set(gated.held))
-        worker.tiers = gated.inner
+        backend.tiers = gated.inner
         finished |= step_until(llm, lambda: not core.has_unfinished_requests())
         settle(llm)
         for p in fillers:

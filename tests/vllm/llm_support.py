@@ -22,17 +22,19 @@ def engine(
     dtype: str = "float32",
     *,
     kv_blocks: int = 128,
+    kv_bytes: int | None = None,
     max_num_seqs: int = 4,
     async_scheduling: bool = False,
     **more: Any,
 ) -> Iterator[Any]:
     """An LLM with kvoffload configured by ``extra`` (None: no connector) and
-    ``kv_blocks`` engine blocks of KV cache; ``more`` goes to ``LLM`` (e.g.
-    ``kv_events_config``, ``disable_log_stats``). With ``async_scheduling`` the engine
-    really runs vLLM's AsyncScheduler with a batch queue of two (the CPU platform
-    would silently run synchronously; asserted here, so a test claiming async fails
-    if it is not). Shut down on exit: collected later, it would tear down the parallel
-    groups of the next engine built in this process."""
+    ``kv_blocks`` engine blocks of the tiny Llama's KV cache (or ``kv_bytes``);
+    ``more`` goes to ``LLM`` (e.g. ``kv_events_config``, ``disable_log_stats``).
+    With ``async_scheduling`` the engine really runs vLLM's AsyncScheduler with a
+    batch queue of two (the CPU platform would silently run synchronously; asserted
+    here, so a test claiming async fails if it is not). Shut down on exit: collected
+    later, it would tear down the parallel groups of the next engine built in this
+    process."""
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     from kvoffload.testing.vllm_cpu import (
@@ -47,7 +49,7 @@ def engine(
         keep_async_scheduling()
 
     llm = LLM(
-        **cpu_llm_args(str(model), BLOCK, kv_blocks * CHUNK_BYTES, dtype),
+        **cpu_llm_args(str(model), BLOCK, kv_bytes or kv_blocks * CHUNK_BYTES, dtype),
         max_num_seqs=max_num_seqs,
         kv_transfer_config=kvoffload_transfer(extra),
         async_scheduling=async_scheduling,

@@ -8,13 +8,13 @@ prefixes (sync and really async scheduling; host memory, and a disk tier)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from llm_support import BLOCK, counted, generate, half, quiescent, settle, tokens
+from llm_support import engine as llm_engine
 
 MODES = [False, True]
 PAGE = 2 * 2 * BLOCK * 32 * 4  # one layer's block: K and V, 2 heads of 32, float32
@@ -27,44 +27,15 @@ def gemma3_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_model("tiny-gemma3", tmp_path_factory.mktemp("models"))
 
 
-@contextmanager
 def engine(
     model: Path, extra: dict[str, Any] | None, *, async_scheduling: bool, blocks: int = 320
-) -> Iterator[Any]:
+) -> AbstractContextManager[Any]:
     """An engine whose block pool (shared by every KV cache group) holds ``blocks``
     blocks (vLLM sizes a window group for a whole prefill chunk, so a six-group model
     needs about six blocks per 32 tokens of its longest request); kvoffload
-    configured by ``extra`` (None: none)."""
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-    from kvoffload.testing.vllm_cpu import (
-        cpu_llm_args,
-        engine_mode,
-        keep_async_scheduling,
-        kvoffload_transfer,
-    )
-    from vllm import LLM
-
-    if async_scheduling:
-        keep_async_scheduling()
-    llm = LLM(
-        **cpu_llm_args(str(model), BLOCK, blocks * PAGE * layers_per_group(model)),
-        max_num_seqs=4,
-        kv_transfer_config=kvoffload_transfer(extra),
-        async_scheduling=async_scheduling,
-    )
-    try:
-        mode = engine_mode(llm)
-        want = ("AsyncScheduler", 2) if async_scheduling else ("Scheduler", 1)
-        assert (mode.scheduler, mode.batch_queue) == want, f"engine runs {mode}, wanted {want}"
-        yield llm
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        cleanup_dist_env_and_memory()
-        import gc
-
-        gc.collect()
+    configured by ``extra`` (None: none). The mode is asserted (``llm_support``)."""
+    kv_bytes = blocks * PAGE * layers_per_group(model)
+    return llm_engine(model, extra, kv_bytes=kv_bytes, async_scheduling=async_scheduling)
 
 
 def layers_per_group(model: Path) -> int:

@@ -272,25 +272,19 @@ def plan_load_job(
             blocks_per_chunk=config.blocks_per_chunk,
             invalid_blocks=moved,
         )
-    if entries:
+    if entries:  # several groups or a window: NO_BLOCK marks what is not moved
         keys = [e.key for e in entries]
-        return EngineJob(
-            job_id=new_id(),
-            kind=JobKind.LOAD,
-            request_id=state.request_id,
-            keys=tuple(keys),
-            slots=directory.prepare_load(keys),
-            block_ids=tuple(b for e in entries for b in e.blocks),
-            blocks_per_chunk=config.blocks_per_chunk,
-        )
-    keys = state.keys.keys[local // chunk : (local + external) // chunk]
+        block_ids, skip = tuple(b for e in entries for b in e.blocks), 0
+    else:
+        keys = state.keys.keys[local // chunk : (local + external) // chunk]
+        block_ids, skip = moved, (local % chunk) // block_size
     return EngineJob(
         job_id=new_id(),
         kind=JobKind.LOAD,
         request_id=state.request_id,
         keys=tuple(keys),
         slots=directory.prepare_load(keys),
-        block_ids=moved,
+        block_ids=block_ids,
         blocks_per_chunk=config.blocks_per_chunk,
-        skip_blocks=(local % chunk) // block_size,
+        skip_blocks=skip,
     )

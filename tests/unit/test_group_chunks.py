@@ -84,9 +84,11 @@ def test_a_load_marks_a_partial_first_chunk_no_block() -> None:
 def test_a_store_skips_window_chunks_the_engine_may_have_freed() -> None:
     tables = BlockTables(2)
     tables.replace(([5, 6, 7, 0], [1, 2, 3, 4]))
-    entries = store_entries(tables, KEYS, 0, 4, scheduled_from=14, config=CONFIG)
+    source = store_entries(tables, KEYS, 0, 4, scheduled_from=14, config=CONFIG)
     # 14 tokens computed: the window keeps tokens from 7 (block 1) on; block 3 is null.
-    assert [(e.chunk, e.group) for e in entries] == [(0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 1)]
+    entries = list(zip(source.chunks, source.groups))
+    assert entries == [(0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 1)]
+    assert source.before(2).chunks == [0, 1, 1]
 
 
 def test_a_promotion_wants_only_what_host_memory_lacks_for_the_hit() -> None:

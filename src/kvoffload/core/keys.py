@@ -136,8 +136,15 @@ def chain_seed(namespace: Namespace, epoch: bytes = b"") -> ChunkKey:
 
 
 def next_key(prev: ChunkKey, chunk_block_hashes: Sequence[bytes]) -> ChunkKey:
-    """The key of the chunk whose engine blocks have ``chunk_block_hashes``."""
-    return ChunkKey(_digest(prev, *(_lp(bytes(h)) for h in chunk_block_hashes)))
+    """The key of the chunk whose engine blocks have ``chunk_block_hashes``: the
+    digest of ``prev`` and each hash length-prefixed (built in one buffer: this runs
+    for every chunk of every request)."""
+    parts = [prev]
+    for h in chunk_block_hashes:
+        raw = bytes(h)
+        parts.append(len(raw).to_bytes(4, "little"))
+        parts.append(raw)
+    return ChunkKey(hashlib.blake2b(b"".join(parts), digest_size=KEY_BYTES).digest())
 
 
 def keys_from_block_hashes(

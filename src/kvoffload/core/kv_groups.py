@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
@@ -66,22 +66,25 @@ class KVGroups:
     docstring). The default is one full-attention group."""
 
     groups: tuple[KVGroup, ...] = (KVGroup(),)
+    # Derived from ``groups`` once (read on every step's hot paths).
+    single: bool = field(init=False, compare=False, repr=False)
+    """One group: its chunk keys are the chain keys."""
+    windowed: bool = field(init=False, compare=False, repr=False)
+    """Some group frees blocks mid-request (a sliding window)."""
+    plain: bool = field(init=False, compare=False, repr=False)
+    """One full-attention group: chunk ``c`` is chain key ``c`` and its blocks."""
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise ConfigError("kv_groups", "needs at least one KV cache group")
+        single = len(self.groups) == 1
+        windowed = any(not g.full for g in self.groups)
+        object.__setattr__(self, "single", single)
+        object.__setattr__(self, "windowed", windowed)
+        object.__setattr__(self, "plain", single and not windowed)
 
     def __len__(self) -> int:
         return len(self.groups)
-
-    @property
-    def single(self) -> bool:
-        return len(self.groups) == 1
-
-    @property
-    def windowed(self) -> bool:
-        """True when some group frees blocks mid-request (a sliding window)."""
-        return any(not g.full for g in self.groups)
 
     def key(self, key: ChunkKey, group: int) -> ChunkKey:
         """The key of chain key ``key``'s chunk in ``group``."""

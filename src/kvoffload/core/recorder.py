@@ -93,12 +93,15 @@ class MetricsRecorder:
 
     def count(self, name: str, n: int = 1, /, **pairs: str) -> None:
         """Add ``n`` (>= 0) to the counter series ``name{pairs}``."""
-        key = (name, tuple(sorted(pairs.items())) if pairs else ())  # labels(), inlined
-        value = self.counters.get(key)
+        self.add((name, tuple(sorted(pairs.items())) if pairs else ()), n)  # labels(), inlined
+
+    def add(self, series: Series, n: int = 1) -> None:
+        """Add ``n`` (>= 0) to ``series``, a (name, labels) pair as :func:`labels` builds."""
+        value = self.counters.get(series)
         if value is None:
-            _check_counter(key)
+            _check_counter(series)
             value = 0
-        self.counters[key] = value + n
+        self.counters[series] = value + n
 
     def declare(self, name: str, **pairs: str) -> None:
         """Make the series exist (at 0 unless already counted)."""
@@ -170,6 +173,7 @@ class CounterScope:
     def __init__(self, recorder: MetricsRecorder, **fixed: str) -> None:
         self.recorder = recorder
         self.fixed = fixed
+        self._series: dict[str, Series] = {}  # name -> its series with only the fixed labels
 
     @classmethod
     def private(cls, **fixed: str) -> CounterScope:
@@ -177,7 +181,13 @@ class CounterScope:
         return cls(MetricsRecorder(), **fixed)
 
     def count(self, name: str, n: int = 1, /, **pairs: str) -> None:
-        self.recorder.count(name, n, **self.fixed, **pairs)
+        if pairs:
+            self.recorder.count(name, n, **self.fixed, **pairs)
+            return
+        series = self._series.get(name)  # the common case, on every store and eviction
+        if series is None:
+            series = self._series[name] = (name, labels(**self.fixed))
+        self.recorder.add(series, n)
 
     def declare(self, *names: str, **pairs: str) -> None:
         for name in names:

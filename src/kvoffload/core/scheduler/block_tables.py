@@ -46,10 +46,12 @@ class BlockTables:
 
     def num_blocks(self) -> int:
         """Blocks every group's table has (the tables grow together)."""
-        return min(len(t) for t in self.tables)
+        tables = self.tables
+        return len(tables[0]) if len(tables) == 1 else min(len(t) for t in tables)
 
     def all_blocks(self) -> set[int]:
-        return {b for table in self.tables for b in table}
+        tables = self.tables
+        return set(tables[0]) if len(tables) == 1 else {b for t in tables for b in t}
 
 
 def flat(blocks: GroupBlocks) -> list[int]:

@@ -9,8 +9,10 @@ they read the directory and the request's block tables and mutate nothing.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvoffload.core.directory import Directory
 from kvoffload.core.jobs import NO_BLOCK
@@ -20,10 +22,10 @@ from kvoffload.core.scheduler.block_tables import BlockTables
 from kvoffload.core.scheduler_types import SchedulerConfig
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """Group ``group``'s chunk ``chunk``: its key and its engine blocks (a load's
-    blocks the engine computes itself or never reads are :data:`NO_BLOCK`)."""
+    blocks the engine computes itself or never reads are :data:`NO_BLOCK`). A named
+    tuple: one is built per chunk a store reads, every step."""
 
     chunk: int
     group: int
@@ -38,7 +40,7 @@ def readable_chunks(
     the readable prefix common to the full-attention groups, shrunk until each window
     group's chunks after ``local_chunks`` that its window reads are readable too
     (repeated to a fixed point: every shrink can only shrink it further)."""
-    if groups.single and not groups.windowed:
+    if groups.plain:
         return directory.readable_prefix(keys)
     hit = len(keys)
     for g, group in enumerate(groups.groups):
@@ -106,6 +108,27 @@ def load_entries(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class StoreSource:
+    """What a store of chunks reads: entry ``i`` is chunk ``chunks[i]`` of group
+    ``groups[i]``, under ``keys[i]``, from the engine blocks ``blocks[i]``; chunks
+    ascend. Parallel lists rather than :class:`Entry` values: one is built for every
+    running request, every step."""
+
+    chunks: list[int]
+    groups: list[int]
+    keys: list[ChunkKey]
+    blocks: list[Sequence[int]]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def before(self, end: int) -> StoreSource:
+        """The entries of the chunks below ``end``."""
+        i = bisect_left(self.chunks, end)
+        return StoreSource(self.chunks[:i], self.groups[:i], self.keys[:i], self.blocks[:i])
+
+
 def store_entries(
     tables: BlockTables,
     keys: Sequence[ChunkKey],
@@ -114,21 +137,29 @@ def store_entries(
     *,
     scheduled_from: int,
     config: SchedulerConfig,
-) -> list[Entry]:
+) -> StoreSource:
     """The entries of chunks ``[start, end)`` a store can read now: every group's,
     except a window group's chunk whose blocks the engine may have freed (below its
     window once it counted ``scheduled_from`` tokens computed) or never held (its
     null block). Those are not stored: a later hit that needs them is shrunk."""
     groups, k = config.kv_groups, config.blocks_per_chunk
-    out = []
+    if groups.plain:
+        table = tables[0]
+        chunks = list(range(start, end))
+        blocks: list[Sequence[int]] = [table[c * k : (c + 1) * k] for c in chunks]
+        return StoreSource(chunks, [0] * len(chunks), list(keys[start:end]), blocks)
+    out = StoreSource([], [], [], [])
     for c in range(start, end):
         for g, group in enumerate(groups.groups):
-            blocks = tuple(tables[g][c * k : (c + 1) * k])
+            chunk_blocks = tables[g][c * k : (c + 1) * k]
             if not group.full:
                 live = groups.first_live_block(g, scheduled_from, config.block_size)
-                if c * k < live or config.null_block in blocks:
+                if c * k < live or config.null_block in chunk_blocks:
                     continue
-            out.append(Entry(c, g, groups.key(keys[c], g), blocks))
+            out.chunks.append(c)
+            out.groups.append(g)
+            out.keys.append(groups.key(keys[c], g))
+            out.blocks.append(chunk_blocks)
     return out
 
 

@@ -207,7 +207,7 @@ def _run_below(
     tier in front holds (a few rounds at most)."""
     allowed = state.controls.may_promote_from
     chunk, groups = config.chunk_tokens, config.kv_groups
-    if groups.single and not groups.windowed:
+    if groups.plain:
         found = tiers.find_below(keys[readable:], allowed=allowed)
         if not isinstance(found, Found):
             return found if found is UNKNOWN else None
@@ -247,7 +247,7 @@ def plan_load_job(
     block twice."""
     chunk, block_size = config.chunk_tokens, config.block_size
     entries: list[Entry] = []
-    if config.kv_groups.single and not config.kv_groups.windowed:
+    if config.kv_groups.plain:
         first_block = local // block_size
         moved = tuple(blocks[0][first_block : first_block - (-external // block_size)])
     else:

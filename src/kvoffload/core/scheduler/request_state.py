@@ -137,6 +137,7 @@ class RequestState:
         "phase",
         "promotion",
         "request",
+        "request_id",
         "scheduled_from",
         "stale_kv",
         "stored_chunks",
@@ -153,6 +154,7 @@ class RequestState:
         groups: int = 1,
     ):
         self.request = request
+        self.request_id: str = request.request_id  # the same for every request object it is given
         self.controls = controls  # what the request lets kvoffload do (request_controls.py)
         self.phase = Phase.WAITING
         self.keys = KeyChain(namespace, hashes_per_chunk, epoch)
@@ -166,10 +168,6 @@ class RequestState:
         self.promotion: PromotionWish | None = None  # wished by lookup, taken by the plan
         self.no_promotion = False  # a promotion could not be planned: none until admitted
         self.stale_kv = False  # its KV predates a connector reset: never stored
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
 
     @property
     def finished(self) -> bool:

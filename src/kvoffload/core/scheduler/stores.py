@@ -17,7 +17,7 @@ from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.scheduler.context import Context
-from kvoffload.core.scheduler.group_chunks import Entry, store_entries
+from kvoffload.core.scheduler.group_chunks import StoreSource, store_entries
 from kvoffload.core.scheduler.job_tracker import Completion, JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import SchedulerConfig
@@ -59,7 +59,7 @@ class StorePlanner:
         mine = planned if self.config.kv_groups.windowed else None
         flush = preempted | fenced_stores(tracker, states, fresh_blocks, mine)
         if flush:
-            flush &= {job.job_id for job in tracker.jobs() if job.kind is JobKind.STORE}
+            flush = {i for i in flush if (job := tracker.get(i)) and job.kind is JobKind.STORE}
         if flush:
             self.metrics.count("flushes_total", len(flush))
         return flush
@@ -86,21 +86,21 @@ def check_blocks(blocks: Sequence[int], null_block: int | None) -> tuple[Anomaly
 
 def _storable_end(
     state: RequestState,
-    entries: list[Entry],
+    source: StoreSource,
     *,
     start: int,
     end: int,
     config: SchedulerConfig,
     anomalies: AnomalyLog,
 ) -> int:
-    """``end``, or the first chunk in ``[start, end)`` whose ``entries`` name the null
-    block or a block named twice in that range (such a chunk is never stored)."""
-    blocks = [b for e in entries for b in e.blocks]
+    """``end``, or the first chunk in ``[start, end)`` whose entries in ``source`` name
+    the null block or a block named twice in that range (such a chunk is never stored)."""
+    blocks = [b for chunk_blocks in source.blocks for b in chunk_blocks]
     if check_blocks(blocks, config.null_block) is None:
         return end
     seen: set[int] = set()
     for i in range(start, end):
-        chunk_blocks = [b for e in entries if e.chunk == i for b in e.blocks]
+        chunk_blocks = [b for c, bs in zip(source.chunks, source.blocks) if c == i for b in bs]
         problem = check_blocks(chunk_blocks, config.null_block)
         if problem is None and seen.isdisjoint(chunk_blocks):
             seen.update(chunk_blocks)
@@ -142,34 +142,35 @@ def plan_store_job(
     start = state.stored_chunks
     if end <= start:
         return None
-    entries = store_entries(
+    source = store_entries(
         state.blocks, keys, start, end, scheduled_from=state.scheduled_from, config=config
     )
-    usable = _storable_end(state, entries, start=start, end=end, config=config, anomalies=anomalies)
+    usable = _storable_end(state, source, start=start, end=end, config=config, anomalies=anomalies)
     bad = usable if usable < end else None  # never stored: the cursor skips it
     end = usable
     if end <= start:
         if bad is not None:
             state.stored_chunks = bad + 1
         return None
-    entries = [e for e in entries if e.chunk < end]
-    prepared = directory.prepare_store([e.key for e in entries])
+    if bad is not None:
+        source = source.before(end)
+    prepared = directory.prepare_store(source.keys)
     room = directory.free_slots + directory.evictable_count
     while prepared.no_room and room > 0:
         # Not everything fits: store the leading chunks that do (a prefix is what a
         # later request can use); the rest is offered again next step.
-        cut = min(room, len(entries) - 1)
-        end = entries[cut].chunk if cut > 0 else start
-        entries = [e for e in entries if e.chunk < end]
+        cut = min(room, len(source) - 1)
+        end = source.chunks[cut] if cut > 0 else start
+        source = source.before(end)
         room //= 2
-        prepared = directory.prepare_store([e.key for e in entries])
+        prepared = directory.prepare_store(source.keys)
     if prepared.no_room:
         return None
     state.stored_chunks = end + 1 if end == bad else end
     if not prepared.keys:
         return None
-    source = {e.key: e.blocks for e in entries}
-    blocks = tuple(b for key in prepared.keys for b in source[key])
+    blocks_of = dict(zip(source.keys, source.blocks))
+    blocks = tuple(b for key in prepared.keys for b in blocks_of[key])
     return EngineJob(
         job_id=new_id(),
         kind=JobKind.STORE,
@@ -196,6 +197,8 @@ def fenced_stores(
     be handed again a block its window freed, which an older store of its own still
     reads: only this step's stores are exempt then."""
     fenced: set[int] = set()
+    if not fresh_blocks:
+        return fenced
     for job_id in tracker.fenced(fresh_blocks):
         job = tracker.get(job_id)
         if not isinstance(job, EngineJob):

@@ -50,9 +50,11 @@ class JobKind(enum.Enum):
     SPILL = "spill"  # host slots -> a lower tier (a TierJob)
     PROMOTE = "promote"  # a lower tier -> host slots (a TierJob)
 
+    __hash__ = object.__hash__  # singletons: by identity (hashed per job, on hot paths)
+
     @property
     def touches_engine(self) -> bool:
-        return self in (JobKind.LOAD, JobKind.STORE)
+        return self is JobKind.LOAD or self is JobKind.STORE
 
 
 @dataclass(frozen=True)

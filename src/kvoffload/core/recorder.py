@@ -151,7 +151,7 @@ class MetricsRecorder:
         queue.append(value)
 
     def observe_transfer(self, direction: str, tier: str, nbytes: int, seconds: float) -> None:
-        series = labels(direction=direction, tier=tier)
+        series = (("direction", direction), ("tier", tier))  # labels(), inlined: sorted names
         self.observe("transfer_bytes", series, float(nbytes))
         self.observe("transfer_seconds", series, seconds)
 

@@ -88,9 +88,9 @@ class StepRunner(Generic[B]):
         """Before the forward pass: :meth:`flush`, then submit the loads, spills and
         promotions not submitted yet."""
         self.flush(plan)
-        jobs: tuple[TransferJob, ...] = (*plan.loads, *plan.spills, *plan.promotions)
-        for job in jobs:
-            self._submit(job)
+        for jobs in (plan.loads, plan.spills, plan.promotions):
+            for job in jobs:
+                self._submit(job)
 
     def end_forward(self) -> None:
         """After the forward pass: tell the backend, then submit the step's stores

@@ -53,33 +53,38 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` fresh blocks (their cached content is evicted), or None if too few."""
-        if n > len(self.free):
+        free = self.free
+        if n > len(free):
             return None
         out = []
+        hash_of, cached, ref, take = self.hash_of, self.cached, self.ref, free.popitem
         for _ in range(n):
-            block, _ = self.free.popitem(last=False)
-            stale = self.hash_of[block]
+            block, _ = take(last=False)
+            stale = hash_of[block]
             if stale is not None:
-                del self.cached[stale]
-                self.hash_of[block] = None
-            self.ref[block] = 1
+                del cached[stale]
+                hash_of[block] = None
+            ref[block] = 1
             out.append(block)
         return out
 
     def release(self, blocks: Sequence[int]) -> None:
+        ref, free = self.ref, self.free
         for block in reversed(blocks):
-            self.ref[block] -= 1
-            if self.ref[block] == 0:
-                self.free[block] = None
+            left = ref[block] - 1
+            ref[block] = left
+            if left == 0:
+                free[block] = None
 
     def cache(self, blocks: Sequence[int], hashes: Sequence[bytes]) -> None:
         """Register full blocks under their hashes (first writer wins)."""
         if not self.caching:
             return
+        hash_of, cached = self.hash_of, self.cached
         for block, h in zip(blocks, hashes, strict=False):
-            if self.hash_of[block] is None and h not in self.cached:
-                self.hash_of[block] = h
-                self.cached[h] = block
+            if hash_of[block] is None and h not in cached:
+                hash_of[block] = h
+                cached[h] = block
 
     def read(self, block: int) -> bytes:
         start = block * self.block_bytes

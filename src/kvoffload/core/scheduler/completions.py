@@ -32,8 +32,10 @@ class Completions:
 
     def apply(self, report: WorkerReport) -> list[Completion]:
         """Apply one worker's results; the jobs that completed with them."""
-        tracker = self.requests.tracker
         done: list[Completion] = []
+        if not report.results:
+            return done  # most steps: nothing finished
+        tracker = self.requests.tracker
         for result in report.results:
             job = tracker.job(result.job_id)
             if job is not None:

@@ -79,6 +79,10 @@ class Phase(enum.Enum):
     FINISHED_DRAINING = "finished_draining"  # finished or aborted, jobs in flight
     DONE = "done"  # terminal; the state is dropped
 
+    # Members are singletons: hash them by identity (the transition check hashes two
+    # per move, for every request, every step; enum's default hashes the name).
+    __hash__ = object.__hash__
+
 
 _P = Phase
 TRANSITIONS: dict[tuple[Phase, Phase], str] = {

@@ -16,11 +16,14 @@ from collections.abc import Callable, Sequence
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.jobs import EngineJob, JobKind
+from kvoffload.core.metrics import labels
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.group_chunks import StoreSource, store_entries
 from kvoffload.core.scheduler.job_tracker import Completion, JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import SchedulerConfig
+
+_STORED_TO_HOST = ("transferred_chunks_total", labels(direction="store", tier="host"))
 
 
 class StorePlanner:
@@ -46,8 +49,7 @@ class StorePlanner:
             return None
         tracker.add(job)
         self.stats.stores += 1
-        chunks = len(job.keys)
-        self.metrics.count("transferred_chunks_total", chunks, direction="store", tier="host")
+        self.metrics.add(_STORED_TO_HOST, len(job.keys))
         return job
 
     def flush_set(self, preempted: set[int], fresh_blocks: set[int], planned: set[int]) -> set[int]:
@@ -100,7 +102,9 @@ def _storable_end(
         return end
     seen: set[int] = set()
     for i in range(start, end):
-        chunk_blocks = [b for c, bs in zip(source.chunks, source.blocks) if c == i for b in bs]
+        chunk_blocks = [
+            b for c, bs in zip(source.chunks, source.blocks, strict=True) if c == i for b in bs
+        ]
         problem = check_blocks(chunk_blocks, config.null_block)
         if problem is None and seen.isdisjoint(chunk_blocks):
             seen.update(chunk_blocks)
@@ -169,7 +173,7 @@ def plan_store_job(
     state.stored_chunks = end + 1 if end == bad else end
     if not prepared.keys:
         return None
-    blocks_of = dict(zip(source.keys, source.blocks))
+    blocks_of = dict(zip(source.keys, source.blocks, strict=True))
     blocks = tuple(b for key in prepared.keys for b in blocks_of[key])
     return EngineJob(
         job_id=new_id(),

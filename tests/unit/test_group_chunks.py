@@ -86,7 +86,7 @@ def test_a_store_skips_window_chunks_the_engine_may_have_freed() -> None:
     tables.replace(([5, 6, 7, 0], [1, 2, 3, 4]))
     source = store_entries(tables, KEYS, 0, 4, scheduled_from=14, config=CONFIG)
     # 14 tokens computed: the window keeps tokens from 7 (block 1) on; block 3 is null.
-    entries = list(zip(source.chunks, source.groups))
+    entries = list(zip(source.chunks, source.groups, strict=True))
     assert entries == [(0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 1)]
     assert source.before(2).chunks == [0, 1, 1]
 

@@ -100,7 +100,9 @@ def _storable_end(
         return end
     seen: set[int] = set()
     for i in range(start, end):
-        chunk_blocks = [b for c, bs in zip(source.chunks, source.blocks) if c == i for b in bs]
+        chunk_blocks = [
+            b for c, bs in zip(source.chunks, source.blocks, strict=True) if c == i for b in bs
+        ]
         problem = check_blocks(chunk_blocks, config.null_block)
         if problem is None and seen.isdisjoint(chunk_blocks):
             seen.update(chunk_blocks)
@@ -169,7 +171,7 @@ def plan_store_job(
     state.stored_chunks = end + 1 if end == bad else end
     if not prepared.keys:
         return None
-    blocks_of = dict(zip(source.keys, source.blocks))
+    blocks_of = dict(zip(source.keys, source.blocks, strict=True))
     blocks = tuple(b for key in prepared.keys for b in blocks_of[key])
     return EngineJob(
         job_id=new_id(),

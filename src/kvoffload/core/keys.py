@@ -139,7 +139,7 @@ def next_key(prev: ChunkKey, chunk_block_hashes: Sequence[bytes]) -> ChunkKey:
     """The key of the chunk whose engine blocks have ``chunk_block_hashes``: the
     digest of ``prev`` and each hash length-prefixed (built in one buffer: this runs
     for every chunk of every request)."""
-    parts = [prev]
+    parts: list[bytes] = [prev]
     for h in chunk_block_hashes:
         raw = bytes(h)
         parts.append(len(raw).to_bytes(4, "little"))

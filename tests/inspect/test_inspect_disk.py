@@ -20,8 +20,8 @@ from kvoffload.core.chunk_format import IntegrityError
 from kvoffload.core.errors import UsageError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.inspect_command import main
+from kvoffload.inspection.checks import SLOT_HEAD_BYTES
 from kvoffload.inspection.disk_scan import parse_slab_name
-from kvoffload.inspection.model import SLOT_HEAD_BYTES
 from kvoffload.tiers.disk import PAYLOAD_OFFSET, DiskStore, namespace_dir, slot_bytes
 from kvoffload.tiers.disk_index import open_disk_tier
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES
@@ -192,6 +192,9 @@ def test_counts_bytes_capacity_and_bad_slabs_without_verify(
     assert "bad magic" in c["bad_slabs"][1]["detail"]
     assert f"names namespace {NS_A.hex()} rank 0" in c["bad_slabs"][2]["detail"]
     assert (c["world_size"], c["complete_chunks"], c["shares"], c["capacity_bytes"]) == (3, 0, 0, 0)
+    # one KV cache group: every chunk is group 0
+    assert (a["chunks_per_group"], b["chunks_per_group"]) == ({"0": 2}, {"0": 2})
+    assert c["chunks_per_group"] == {"0": 0}
     assert c["slots_per_rank"] == {} and c["payload_bytes"] == {}
     assert doc["stray"] == 4
     assert doc["stray_examples"] == [
@@ -298,6 +301,46 @@ def test_a_clean_tree_verifies_with_status_0_and_cleared_slots_are_empty(
     finally:
         for store in stores:
             store.close()
+
+
+def test_chunks_are_counted_per_kv_cache_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A layout of two KV cache groups: complete chunks by the group their headers
+    name (rank 0's lone chunk 4 is incomplete and not counted); every slot verifies,
+    and the reader takes each back only as its own group. The table gets a column."""
+    stores = [DiskStore(tmp_path, NS_A, rank, PAYLOAD, SLOTS, groups=2) for rank in (0, 1)]
+    try:
+        for store in stores:
+            for slot, (i, group) in enumerate(((1, 0), (2, 1), (3, 1))):
+                store.write(slot, K(i), memoryview(data(i)), group)
+        stores[0].write(3, K(4), memoryview(data(4)), 1)
+        status, doc = run_json(["disk", str(tmp_path), "--verify"], capsys)
+        assert status == 0
+        ns = by_ns(doc)[NS_A.hex()]
+        assert (ns["complete_chunks"], ns["incomplete_chunks"]) == (3, 1)
+        assert ns["chunks_per_group"] == {"0": 1, "1": 2}
+        assert (ns["ok"], ns["bad"]) == (7, {})
+        assert reader_verdict(stores[1], 1, K(2)) == "group"  # read as group 0
+        out = memoryview(bytearray(PAYLOAD))
+        stores[1].read_into(1, K(2), out, group=1)
+        assert bytes(out) == data(2)
+        assert main(["disk", str(tmp_path)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[2].split()[:6] == [
+            "NAMESPACE",
+            "CHUNKS",
+            "INCOMPLETE",
+            "CHUNKS",
+            "PER",
+            "GROUP",
+        ]
+        assert lines[3].split()[:5] == [NS_A.hex(), "3", "1", "g0=1", "g1=2"]
+    finally:
+        for store in stores:
+            store.close()
+    _, recovery = open_disk_tier(tmp_path, NS_A, 2, SLOTS, PAYLOAD)
+    assert recovery.adopted == 3  # what the engine adopts at start: every group's chunks
 
 
 def test_a_slab_cut_in_an_empty_slot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -623,6 +666,8 @@ SLOT_DAMAGE = {
     "namespace field": (damage_slot(16, flip), "format"),
     "storage key field": (damage_slot(32, flip), "key"),
     "checksum field": (damage_slot(48, flip), "checksum"),
+    "group field": (damage_slot(56, lambda _: b"\x01\x00", 2), "group"),  # group 1 of 1
+    "reserved bytes": (damage_slot(60, flip), None),  # not covered
     "chunk key after the header": (damage_slot(64, flip), "key"),
     "sequence number": (damage_slot(80, flip), None),  # only orders copies
     "header block padding": (damage_slot(SLOT_HEAD_BYTES, flip), None),

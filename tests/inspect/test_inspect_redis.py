@@ -98,6 +98,52 @@ def test_counts_and_the_bad_value_with_read_only_commands(
     assert snapshot(redis_server) == before
 
 
+def test_chunks_are_counted_per_kv_cache_group(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Namespace A of a two-group layout: chunks 1 (group 0) and 2, 3 (group 1) on
+    both ranks, chunk 4 (group 1) on rank 0 only. Namespace B, one group: group 0.
+    Counted from the headers, with or without ``--verify``; a value whose header names
+    a group outside its own layout is bad (``group``)."""
+    client = make_client(RedisSettings(redis_server.url))
+    for rank in (0, 1):
+        store = RedisStore(client, NS_A, rank, PAYLOAD, groups=2)
+        items = [(K(i), memoryview(data(i))) for i in (1, 2, 3)]
+        store.write_many(items, (), [0, 1, 1])
+    RedisStore(client, NS_A, 0, PAYLOAD, groups=2).write_many(
+        [(K(4), memoryview(data(4)))], (), [1]
+    )
+    RedisStore(client, NS_B, 0, PAYLOAD).write_many([(K(1), memoryview(data(1)))])
+    for verify in ([], ["--verify"]):
+        status, doc = run_json(["redis", redis_server.url, *verify], capsys)
+        assert status == 0
+        a, b = by_ns(doc)[NS_A.hex()], by_ns(doc)[NS_B.hex()]
+        assert (a["complete_chunks"], a["incomplete_chunks"]) == (3, 1)
+        assert a["chunks_per_group"] == {"0": 1, "1": 2}
+        assert b["chunks_per_group"] == {"0": 1}
+    assert main(["redis", redis_server.url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines.index(next(line for line in lines if line.startswith("NAMESPACE")))
+    assert lines[head].split()[:6] == [
+        "NAMESPACE",
+        "CHUNKS",
+        "INCOMPLETE",
+        "CHUNKS",
+        "PER",
+        "GROUP",
+    ]
+    rows = {line.split()[0]: line.split() for line in lines[head + 1 : head + 3]}
+    assert rows[NS_A.hex()][1:5] == ["3", "1", "g0=1", "g1=2"]
+    assert rows[NS_B.hex()][1:4] == ["1", "0", "g0=1"]
+    raw = redis_server.client()
+    name = key_name(NS_A, K(2), 1)
+    raw.setrange(name, 56, b"\x02\x00")  # group 2 of a layout of 2
+    status, doc = run_json(["redis", redis_server.url, "--verify"], capsys)
+    assert status == 1
+    a = by_ns(doc)[NS_A.hex()]
+    assert a["bad"] == {"group": 1} and [e["name"] for e in a["bad_examples"]] == [name]
+
+
 def test_memory_settings_and_the_policy_warning(
     redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

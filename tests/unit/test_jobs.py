@@ -79,6 +79,13 @@ def test_a_tier_job_checks_its_slots(
         TierJob(1, JobKind.SPILL, keys, slots, tier, tier_slots)
 
 
+def test_a_tier_job_names_one_kv_cache_group_per_key_or_none() -> None:
+    assert TierJob(1, JobKind.SPILL, (KEY, KEY2), (0, 1), "disk").groups == ()
+    assert TierJob(2, JobKind.SPILL, (KEY, KEY2), (0, 1), "disk", groups=(0, 1)).groups == (0, 1)
+    with pytest.raises(ContractViolation, match="one KV cache group per key"):
+        TierJob(3, JobKind.SPILL, (KEY, KEY2), (0, 1), "disk", groups=(1,))
+
+
 def test_the_tracker_answers_what_a_request_has_in_flight() -> None:
     tracker = JobTracker(2)
     store = EngineJob(1, JobKind.STORE, "a", (KEY,), (0,), (7,), 1)

@@ -1,5 +1,6 @@
 """The scheduler half with several KV cache groups: the directory holds one chunk per
-(group, chunk of tokens), so reuse counts and a hit's recency are per group key.
+(group, chunk of tokens), so reuse counts and a hit's recency are per group key, and
+each chunk's group travels with its spills and promotions.
 
 Found by the vLLM fuzzer once it drew KV cache groups: admission counted and a hit
 touched the chain keys, which with several groups name no chunk in the directory;
@@ -16,6 +17,7 @@ from kvoffload.core.keys import Namespace, block_hashes
 from kvoffload.core.kv_groups import KVGroup, KVGroups
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, SchedulerConfig, StepInput
+from kvoffload.core.tiering import DirectoryTier
 
 BS = 4  # tokens per block; one block per chunk
 NS = Namespace("m", "layout", "f32")
@@ -101,3 +103,37 @@ def test_a_hit_keeps_its_chunks_from_being_evicted_first() -> None:
     serve(s, Req("c", [9, 9, 9, 9]), ((1,), (2,)))  # evicts the least recent: second
     assert s.lookup(Req("a3", [*first, 1]), 0) == 4
     assert s.lookup(Req("b2", [*second, 1]), 0) == 0
+
+
+def test_spills_and_promotions_carry_each_chunk_s_group() -> None:
+    """The host directory keeps the group of each chunk a store prepared; a spill
+    carries those groups to the lower tier, and the promotion a later hit wishes asks
+    for the same groups back (from the planner's entries), kept again on host."""
+    config = SchedulerConfig(block_size=BS, blocks_per_chunk=1, world_size=1, kv_groups=GROUPS)
+    disk = DirectoryTier(Directory(16, tier="disk"))
+    s = OffloadScheduler(config, Directory(16), NS, lower_tiers=[disk])
+    doc, tables = list(range(8)), ((1, 2), (3, 4))  # two chunks of both groups
+    req = Req("a", doc)
+    assert s.lookup(req, 0) == 0
+    s.on_allocated(req, tables, 0)
+    (store,) = step(s, req, 0, tables).stores
+    group_of = dict(zip(store.keys, s.directory.groups_of(store.slots), strict=True))
+    assert sorted(group_of.values()) == [0, 0, 1, 1]  # entries chunk by chunk, both groups
+    s.on_finished("a")
+    plan = s.build_plan(StepInput())
+    (spill,) = plan.spills
+    assert set(spill.keys) == set(group_of)
+    assert spill.groups == tuple(group_of[k] for k in spill.keys)
+    s.on_report(ok(plan.spills))
+
+    s.directory.discard(list(group_of))  # evicted from host memory, held on disk
+    again = Req("b", [*doc, 9])
+    assert s.lookup(again, 0) is None  # retry later: a promotion is wished
+    plan = s.build_plan(StepInput())
+    (promotion,) = plan.promotions
+    assert set(promotion.keys) == set(group_of)
+    assert promotion.groups == tuple(group_of[k] for k in promotion.keys)
+    assert s.directory.groups_of(promotion.slots) == promotion.groups
+    s.on_report(ok(plan.promotions))
+    assert s.lookup(again, 0) == 8
+    s.check_integrity()

@@ -9,6 +9,7 @@ import pytest
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
+from kvoffload.core.errors import ContractViolation
 from kvoffload.core.failures import (
     MISSING,
     ChunkFailure,
@@ -145,3 +146,42 @@ def test_a_promotion_that_failed_as_a_whole_frees_every_reserved_slot() -> None:
     planner.complete(job, JobResult(job.job_id, success=False, error="ConnectionError"))
     assert host.state_of(K(1)) is ChunkState.FREE and len(host) == 0
     assert disk.present_run([K(1)]) == 1  # a failed read says nothing about the copy
+
+
+def test_tier_jobs_carry_the_groups_the_host_directory_keeps() -> None:
+    host = Directory(8)
+    disk = DirectoryTier(Directory(8, tier="disk"))
+    planner = TierPlanner(host, [disk], chunk_tokens=16, grouped=True)
+    keys = [K(1), K(2), K(3)]
+    prepared = host.prepare_store(keys, groups=[0, 1, 1])
+    assert host.groups_of(prepared.slots) == (0, 1, 1)
+    host.complete_store(prepared.keys, success=True)
+    planner.note_stored(keys)
+    (spill,) = planner.plan_spills(ids)
+    assert dict(zip(spill.keys, spill.groups, strict=True)) == {K(1): 0, K(2): 1, K(3): 1}
+    planner.complete(spill, JobResult(spill.job_id, success=True))
+    host.discard([K(2), K(3)])  # evicted; the planner's entries give their groups back
+    job = planner.plan_promotion("r", "disk", [K(2), K(3)], ids, [1, 1])
+    assert job is not None and job.groups == (1, 1)
+    assert host.groups_of(job.slots) == (1, 1)  # kept with the host slots it fills
+
+
+def test_one_group_tier_jobs_carry_no_groups() -> None:
+    host, _, planner = setup()
+    stored(host, [K(1)])
+    planner.note_stored([K(1)])
+    (spill,) = planner.plan_spills(ids)
+    assert spill.groups == ()
+    planner.complete(spill, JobResult(spill.job_id, success=True))
+    host.discard([K(1)])
+    job = planner.plan_promotion("r", "disk", [K(1)], ids)
+    assert job is not None and job.groups == ()
+
+
+def test_a_store_names_one_group_per_key_or_none() -> None:
+    host = Directory(8)
+    with pytest.raises(ContractViolation):
+        host.prepare_store([K(1), K(2)], groups=[1])
+    assert len(host) == 0 and host.free_slots == 8  # unchanged
+    prepared = host.prepare_store([K(1)])
+    assert host.groups_of(prepared.slots) == (0,)

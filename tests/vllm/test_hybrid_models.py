@@ -16,6 +16,8 @@ import pytest
 from llm_support import BLOCK, counted, generate, half, quiescent, settle, tokens
 from llm_support import engine as llm_engine
 
+from kvoffload.inspection.disk_scan import inspect_disk
+
 MODES = [False, True]
 PAGE = 2 * 2 * BLOCK * 32 * 4  # one layer's block: K and V, 2 heads of 32, float32
 
@@ -125,7 +127,14 @@ def test_a_hybrid_model_is_served_from_disk(
         assert tokens(again) == plain
         assert all(o.num_cached_tokens >= 6 * BLOCK for o in again)
         assert counted(llm, "transferred_chunks_total", direction="promote", tier="disk") > 0
+        assert counted(llm, "integrity_errors_total", tier="disk", reason="group") == 0
         quiescent(llm)
+    # Every chunk on disk names its KV cache group; the groups' chunks all verify.
+    report = inspect_disk(tmp_path / "disk", None, verify=True, world_size=None)
+    (ns,) = report.namespaces
+    assert ns.bad_total == 0 and list(ns.chunks_per_group) == list(range(6))
+    assert sum(ns.chunks_per_group.values()) == ns.complete_chunks
+    assert all(n > 0 for n in ns.chunks_per_group.values())
 
 
 def test_the_window_groups_loaded_kv_is_really_used(

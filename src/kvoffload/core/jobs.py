@@ -116,10 +116,14 @@ class TierJob:
     """A spill (host slots -> lower tier ``tier``) or a promotion (``tier`` -> host
     slots). ``tier_slots``: the chunks' slots in a slotted tier, one per key, or none.
     ``request_id``: the request a promotion serves; a spill serves none (None).
+    ``groups``: the chunks' KV cache groups, one per key, or none (every chunk is group
+    0: a one-group layout, which pays nothing for them). Read from the host directory,
+    which owns a chunk's group (:class:`~kvoffload.core.directory.slots.SlotTable`);
+    a spill writes them into the tier's headers, a promotion expects them back.
 
     Raises :class:`ContractViolation` at construction when the kind is an engine
-    kind, it names no tier, the slots do not match the keys, it moves nothing, or the
-    request id does not fit the kind."""
+    kind, it names no tier, the slots or groups do not match the keys, it moves
+    nothing, or the request id does not fit the kind."""
 
     job_id: int
     kind: JobKind
@@ -128,6 +132,7 @@ class TierJob:
     tier: str
     tier_slots: tuple[int, ...] = ()
     request_id: str | None = None
+    groups: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind.touches_engine:
@@ -140,6 +145,8 @@ class TierJob:
             raise ContractViolation(f"job {self.job_id}: tier jobs name a tier")
         if self.tier_slots and len(self.tier_slots) != len(self.keys):
             raise ContractViolation(f"job {self.job_id}: one tier slot per key, or none")
+        if self.groups and len(self.groups) != len(self.keys):
+            raise ContractViolation(f"job {self.job_id}: one KV cache group per key, or none")
         if (self.request_id is None) != (self.kind is JobKind.SPILL):
             raise ContractViolation(
                 f"job {self.job_id}: a promotion serves a request, a spill none"

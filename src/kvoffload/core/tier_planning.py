@@ -10,6 +10,15 @@ host slots in the host directory and tier room in each :class:`LowerTier`:
   was already admitted once) that become READY for the chunks that arrived and are
   freed for the others.
 
+KV cache groups (``grouped``: a layout of several): a chunk's group is owned by the
+host directory's slot table (recorded when its host store or promotion is prepared);
+every spill and promotion reads it from there into :attr:`TierJob.groups`, so the
+worker writes it into the tier's headers and checks it when reading back (another
+group is an integrity miss, reason ``group``). A promotion's groups come from the
+planner's entries (:func:`~kvoffload.core.scheduler.group_chunks.wanted_entries`),
+passed to :meth:`TierPlanner.plan_promotion`. Lower tiers' own directories keep no
+group (the headers below host memory do). One group: jobs carry none.
+
 Spill admission: ``spill_after_hits`` 0 spills every chunk once its host store
 completes (write-through); N >= 1 spills a chunk once it has been loaded from host
 memory N times (counted in a bounded map).
@@ -62,8 +71,10 @@ class TierPlanner:
         chunk_tokens: int,
         spill_after_hits: int = 0,
         max_counters: int = 65536,
+        grouped: bool = False,
     ) -> None:
         self.host = host
+        self.grouped = grouped  # several KV cache groups: tier jobs carry each chunk's group
         self.tiers = {tier.name: tier for tier in tiers}
         self.chunk_tokens = chunk_tokens
         self.spill_after_hits = spill_after_hits
@@ -141,27 +152,35 @@ class TierPlanner:
             booking = tier.book_spill(keys)
             if booking is None or not booking.keys:
                 continue
+            slots = self.host.prepare_load(booking.keys)
             jobs.append(
                 TierJob(
                     job_id=new_id(),
                     kind=JobKind.SPILL,
                     keys=booking.keys,
-                    slots=self.host.prepare_load(booking.keys),
+                    slots=slots,
                     tier=name,
                     tier_slots=booking.slots,
+                    groups=self.host.groups_of(slots) if self.grouped else (),
                 )
             )
         return jobs
 
     def plan_promotion(
-        self, request_id: str, tier_name: str, keys: Sequence[ChunkKey], new_id: Callable[[], int]
+        self,
+        request_id: str,
+        tier_name: str,
+        keys: Sequence[ChunkKey],
+        new_id: Callable[[], int],
+        groups: Sequence[int] = (),
     ) -> TierJob | None:
         """A promotion (for ``request_id``) of the ``keys`` missing from host memory,
-        or None (no room, or nothing left to promote)."""
+        of KV cache groups ``groups`` (one per key; empty: all 0), or None (no room,
+        or nothing left to promote)."""
         tier = self.tiers[tier_name]
         if tier.present_run(keys) != len(keys):
             return None  # changed since the lookup
-        prepared = self.host.prepare_store(keys, admit_all=True)
+        prepared = self.host.prepare_store(keys, admit_all=True, groups=groups or None)
         if prepared.no_room or not prepared.keys:
             return None
         tier_slots = tier.book_promotion(prepared.keys)
@@ -173,6 +192,7 @@ class TierPlanner:
             tier=tier_name,
             tier_slots=tier_slots,
             request_id=request_id,
+            groups=self.host.groups_of(prepared.slots) if self.grouped else (),
         )
 
     def complete(self, job: TierJob, result: JobResult) -> None:

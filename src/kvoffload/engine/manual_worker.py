@@ -84,8 +84,8 @@ class ManualWorker:
         self.expected = expected
         self.host: list[bytes | None] = [None] * num_slots
         self.host_key: list[ChunkKey | None] = [None] * num_slots
-        # In-memory lower tiers: tier slot -> (chunk key, bytes).
-        self.lower: dict[str, dict[int, tuple[ChunkKey, bytes]]] = {}
+        # In-memory lower tiers: tier slot -> (chunk key, bytes, KV cache group).
+        self.lower: dict[str, dict[int, tuple[ChunkKey, bytes, int]]] = {}
         self.known: dict[ChunkKey, bytes] = {}  # the bytes every verified store captured
         self.pending: dict[int, PendingJob] = {}
         self.unacknowledged: dict[int, TransferJob] = {}
@@ -191,14 +191,17 @@ class ManualWorker:
     def _run_tier(self, job: TierJob, success: bool) -> tuple[tuple[int, ChunkFailure], ...]:
         """Run a spill or a promotion against the in-memory tier, slot-addressed like
         the disk tier (authoritative: a promotion whose tier slot does not hold its
-        chunk is a violation, which catches a slot reused while still needed); return
-        the chunks that did not make it (none: a job succeeds or fails whole here)."""
+        chunk, or holds it as another KV cache group than the job expects, is a
+        violation, which catches a slot reused while still needed); return the chunks
+        that did not make it (none: a job succeeds or fails whole here)."""
         self.copies += 1
         tier = self.lower.setdefault(job.tier, {})
         if len(job.tier_slots) != len(job.keys):
             raise InvariantViolation(f"step {self.step}: tier job {job.job_id} without tier slots")
+        groups = job.groups or (0,) * len(job.keys)
         if job.kind is JobKind.SPILL:
-            for key, slot, tier_slot in zip(job.keys, job.slots, job.tier_slots, strict=True):
+            each = zip(job.keys, job.slots, job.tier_slots, groups, strict=True)
+            for key, slot, tier_slot, group in each:
                 held = self.host[slot]
                 if held is None or self.host_key[slot] != key or held != self.known.get(key):
                     raise InvariantViolation(
@@ -206,11 +209,13 @@ class ManualWorker:
                         "not hold the chunk's bytes"
                     )
                 if success:
-                    tier[tier_slot] = (key, held)
+                    tier[tier_slot] = (key, held, group)
                 else:
-                    tier[tier_slot] = (key, b"\xcc")  # a torn write: never readable
+                    tier[tier_slot] = (key, b"\xcc", group)  # a torn write: never readable
             return ()
-        for key, slot, tier_slot in zip(job.keys, job.slots, job.tier_slots, strict=True):
+        for key, slot, tier_slot, group in zip(
+            job.keys, job.slots, job.tier_slots, groups, strict=True
+        ):
             if not success:
                 self.host[slot], self.host_key[slot] = b"\xcc", None  # a torn copy
                 continue
@@ -223,6 +228,11 @@ class ManualWorker:
             if stored[1] != self.known.get(key):
                 raise InvariantViolation(
                     f"step {self.step}: promotion job {job.job_id} found wrong bytes in tier"
+                )
+            if stored[2] != group:
+                raise InvariantViolation(
+                    f"step {self.step}: promotion job {job.job_id} expects group {group} of a "
+                    f"chunk spilled as group {stored[2]}"
                 )
             self.host[slot], self.host_key[slot] = stored[1], key
         return ()

@@ -15,12 +15,14 @@ the slab's payload size) and names the same chunk key. A chunk complete in sever
 slots counts once (the other slots are *duplicates*; recovery keeps the newest); a
 chunk named by a valid header but complete nowhere is *incomplete*. With ``verify``
 every used slot is also read whole and checked as the engine's reader checks it
-(:func:`~kvoffload.inspection.model.check_slot`); that changes none of the counts.
+(:func:`~kvoffload.inspection.checks.check_slot`); that changes none of the counts.
+Complete chunks are also counted by the KV cache group their headers name
+(:mod:`~kvoffload.inspection.groups`).
 
 Cost: one ``pread`` of a slot's first 88 bytes per slot and slab, slot by slot, with
 readahead off for the file so payloads are not read; with ``verify`` a second
 ``pread`` of the header block and payload of each used slot. Memory: one key per
-complete chunk.
+complete chunk, and one per chunk of a KV cache group other than 0.
 
 A slab file whose superblock is unreadable, or names another namespace or rank, is
 reported as a bad slab and not scanned. One shorter than its superblock says is
@@ -184,6 +186,7 @@ def _scan_namespace(
         world_size=world,
         complete_chunks=len(scan.complete_keys),
         incomplete_chunks=len(scan.incomplete_keys - scan.complete_keys),
+        chunks_per_group=scan.groups.per_group(scan.complete_keys),
         shares_per_rank=dict(sorted(scan.used.items())),
         bytes=sum(n * slabs[rank].stride for rank, n in scan.used.items()),
         format_versions=dict(sorted(scan.versions.items())),

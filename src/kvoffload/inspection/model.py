@@ -1,16 +1,12 @@
-"""The tally of one namespace and the integrity checks of stored shares.
+"""The report of an inspection and the tally of one namespace.
 
 A *share* is one rank's part of a chunk: one used slot of a rank's slab file (disk)
 or one value (Redis). For Redis a chunk is *complete* when every rank
 ``0 .. world_size - 1`` has a share; the world size is given (``--world-size``) or
 taken as the highest rank seen plus one. On disk a chunk is complete when every rank
-holds it in the same slot (:mod:`.disk_scan`, as start-up recovery decides).
-
-:func:`check_stored` verifies a Redis value without knowing the engine's payload size:
-the payload length is read from the header, and the value must be exactly that long.
-:func:`check_slot` verifies a disk slot as :meth:`kvoffload.tiers.disk.DiskStore.read_into`
-does, against the payload size in the slab's superblock. Pure functions and plain
-accumulators; nothing here does I/O.
+holds it in the same slot (:mod:`.disk_scan`, as start-up recovery decides). The
+checks of one share are in :mod:`.checks`. Plain data and accumulators; nothing here
+does I/O.
 """
 
 from __future__ import annotations
@@ -18,23 +14,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kvoffload.core.chunk_format import (
-    HEADER_BYTES,
-    MAGIC,
-    IntegrityError,
-    IntegrityReason,
-    check_header,
-    check_payload,
-)
-from kvoffload.core.keys import ChunkKey, shard_key
-from kvoffload.tiers.disk import KEY_OFFSET, PAYLOAD_OFFSET, parse_header_block
+from kvoffload.core.keys import ChunkKey
+from kvoffload.inspection.checks import header_fields
+from kvoffload.inspection.groups import GroupTally
 
 EXAMPLES = 5
 """How many bad shares (and stray names) a report lists, the first by name."""
-
-SLOT_HEAD_BYTES = KEY_OFFSET + 24
-"""What a slot's header block holds: the chunk header, the chunk key and the write
-sequence number (what :meth:`~kvoffload.tiers.disk.DiskStore.clear` zeroes)."""
 
 UNKNOWN_VERSION = "?"
 """The format version of a share whose header is unreadable, short or lacks the magic."""
@@ -47,90 +32,6 @@ def is_digest_hex(text: str) -> bool:
     """Whether ``text`` is a 16-byte digest or key as kvoffload names it: 32 lowercase
     hex digits."""
     return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
-
-
-def header_fields(header: bytes | memoryview) -> tuple[int, int] | None:
-    """``(format version, payload length)`` of a header that starts with the magic;
-    None for anything else (too short, another magic)."""
-    view = memoryview(header)
-    if len(view) < HEADER_BYTES or bytes(view[:4]) != MAGIC:
-        return None
-    return int.from_bytes(view[4:6], "little"), int.from_bytes(view[8:16], "little")
-
-
-def check_stored(
-    stored: bytes | memoryview, namespace_digest: bytes, key: ChunkKey, rank: int
-) -> IntegrityError | None:
-    """None when ``stored`` (one whole Redis value: header and payload) is what
-    kvoffload writes for ``rank``'s share of ``key`` in the namespace
-    ``namespace_digest``; otherwise the :class:`IntegrityError` naming the first
-    failed check.
-
-    Checks, in the order of the engine's readers: size of the header, magic, format
-    version, namespace digest, storage key (``shard_key(key, rank)``); then, with the
-    payload length ``L`` the header gives, that ``stored`` is exactly header + ``L``
-    bytes; then the xxh3 checksum.
-    """
-    view = memoryview(stored)
-    fields = header_fields(view)
-    length = fields[1] if fields is not None else 0
-    try:
-        expected = check_header(view[:HEADER_BYTES], namespace_digest, shard_key(key, rank), length)
-        end = HEADER_BYTES + length
-        if len(view) > end:
-            raise IntegrityError(IntegrityReason.SIZE, f"{len(view)} bytes, at most {end} expected")
-        check_payload(view[HEADER_BYTES:end], length, expected)
-    except IntegrityError as exc:
-        return exc
-    return None
-
-
-def slot_key(head: bytes | memoryview) -> ChunkKey:
-    """The chunk key a slot's header block names (after the chunk header); a block
-    cut short reads as zero-padded, as the disk tier's reader sees it."""
-    block = bytes(head[:SLOT_HEAD_BYTES])
-    return parse_header_block(block.ljust(SLOT_HEAD_BYTES, b"\0"))[0]
-
-
-def check_slot_header(
-    head: bytes | memoryview, namespace_digest: bytes, rank: int, payload_bytes: int
-) -> IntegrityError | None:
-    """None when the header block ``head`` (at least the chunk header and the key
-    after it) is a valid header for ``rank``'s share of the chunk it names, in a slab
-    of ``payload_bytes`` payloads: the check start-up recovery makes before adopting a
-    slot (:func:`kvoffload.tiers.disk_index.scan_slab`)."""
-    storage_key = shard_key(slot_key(head), rank)
-    try:
-        check_header(memoryview(head)[:HEADER_BYTES], namespace_digest, storage_key, payload_bytes)
-    except IntegrityError as exc:
-        return exc
-    return None
-
-
-def check_slot(
-    slot: bytes | memoryview, namespace_digest: bytes, rank: int, payload_bytes: int
-) -> IntegrityError | None:
-    """None when ``slot`` (a whole slot as read from a slab, possibly cut short by
-    the end of the file) holds a chunk the disk tier's reader accepts; otherwise the
-    :class:`IntegrityError` it would raise.
-
-    The checks of :meth:`kvoffload.tiers.disk.DiskStore.read_into`, the expected
-    chunk key being the one after the header: the chunk header (size, magic, version,
-    namespace digest, storage key ``shard_key(key, rank)``, payload length
-    ``payload_bytes`` from the slab's superblock), then the payload at
-    ``PAYLOAD_OFFSET`` (all there: ``size``; checksum). The padding after the payload
-    is not checked (neither does the reader).
-    """
-    view = memoryview(slot)
-    storage_key = shard_key(slot_key(view), rank)
-    try:
-        expected = check_header(view[:HEADER_BYTES], namespace_digest, storage_key, payload_bytes)
-        check_payload(
-            view[PAYLOAD_OFFSET : PAYLOAD_OFFSET + payload_bytes], payload_bytes, expected
-        )
-    except IntegrityError as exc:
-        return exc
-    return None
 
 
 class FirstNames:
@@ -163,12 +64,15 @@ class BadShare:
 @dataclass(frozen=True)
 class NamespaceReport:
     """What one namespace holds. ``ok``/``bad``/``bad_examples`` are filled only when
-    ``verified``; every other field always."""
+    ``verified``; every other field always. ``chunks_per_group``: the complete chunks
+    by the KV cache group their headers name (:mod:`.groups`; chunks written before
+    headers named groups count as group 0)."""
 
     namespace: str
     world_size: int
     complete_chunks: int
     incomplete_chunks: int
+    chunks_per_group: dict[int, int]
     shares_per_rank: dict[int, int]
     bytes: int
     format_versions: dict[str, int]
@@ -261,6 +165,7 @@ class NamespaceTally:
         self._lengths: Counter[int] = Counter()
         self._bad: Counter[str] = Counter()
         self._bad_names = FirstNames()
+        self._groups = GroupTally()
         self._bytes = self._ok = self._vanished = 0
 
     def seen(self, key: ChunkKey, rank: int) -> bool:
@@ -282,11 +187,12 @@ class NamespaceTally:
         self._per_rank[rank] += 1
         self._bytes += size
         fields = header_fields(header) if header is not None else None
-        if fields is None:
+        if header is None or fields is None:
             self._versions[UNKNOWN_VERSION] += 1
         else:
             self._versions[str(fields[0])] += 1
             self._lengths[fields[1]] += 1
+            self._groups.note(key, header)
         if not self.verify:
             return
         if failure is None:
@@ -302,12 +208,13 @@ class NamespaceTally:
     def report(self, world_size: int | None) -> NamespaceReport:
         ranks = world_size or max(self._per_rank, default=-1) + 1
         full = (1 << ranks) - 1
-        complete = sum(1 for mask in self._ranks.values() if mask & full == full)
+        complete = [key for key, mask in self._ranks.items() if mask & full == full]
         return NamespaceReport(
             namespace=self.digest_hex,
             world_size=ranks,
-            complete_chunks=complete,
-            incomplete_chunks=len(self._ranks) - complete,
+            complete_chunks=len(complete),
+            incomplete_chunks=len(self._ranks) - len(complete),
+            chunks_per_group=self._groups.per_group(complete),
             shares_per_rank=dict(sorted(self._per_rank.items())),
             bytes=self._bytes,
             format_versions=dict(sorted(self._versions.items())),

@@ -23,12 +23,12 @@ from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.core.errors import ConfigError, UsageError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.secrets import redact_url
+from kvoffload.inspection.checks import check_stored
 from kvoffload.inspection.model import (
     MAX_RANK,
     FirstNames,
     NamespaceTally,
     Report,
-    check_stored,
     is_digest_hex,
 )
 from kvoffload.tiers.redis_client import (

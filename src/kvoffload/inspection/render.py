@@ -2,14 +2,17 @@
 
 The JSON document is ``dataclasses.asdict`` of the report (integer dict keys become
 strings), plus ``shares`` per namespace and ``bad_total``; a namespace that was not
-verified has no ``ok``/``bad``/``bad_examples``. A disk namespace has the fields of
-:class:`~kvoffload.inspection.model.DiskNamespaceReport` too. Both forms are
-deterministic for a given report.
+verified has no ``ok``/``bad``/``bad_examples``. ``chunks_per_group`` is always there;
+the table shows it (column ``CHUNKS PER GROUP``, ``g<group>=<chunks>``) only when a
+namespace has more than one KV cache group, so one-group tables read as before. A
+disk namespace has the fields of :class:`~kvoffload.inspection.model.DiskNamespaceReport`
+too. Both forms are deterministic for a given report.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -56,9 +59,9 @@ def to_text(report: Report) -> str:
     if not report.namespaces:
         out.append("no kvoffload namespaces found")
     elif report.tier == "disk":
-        out += ["", *_table(_disk_rows(disks))]
+        out += ["", *_table(_with_groups(_disk_rows(disks), disks))]
     else:
-        out += ["", *_table(_share_rows(report.namespaces, what))]
+        out += ["", *_table(_with_groups(_share_rows(report.namespaces, what), report.namespaces))]
     if report.verified and report.namespaces:
         checked = "used slot" if report.tier == "disk" else what[:-1]
         rows = [["NAMESPACE", "OK", "BAD", "REASONS"]]
@@ -189,6 +192,18 @@ def _disk_rows(namespaces: list[DiskNamespaceReport]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _with_groups(rows: list[list[str]], namespaces: Sequence[NamespaceReport]) -> list[list[str]]:
+    """``rows`` (a header, one row per namespace, maybe a total) with the column of
+    complete chunks per KV cache group after ``INCOMPLETE``, when a namespace has more
+    than one group; else ``rows`` unchanged."""
+    if all(len(ns.chunks_per_group) <= 1 for ns in namespaces):
+        return rows
+    cells = ["CHUNKS PER GROUP"]
+    cells += [" ".join(f"g{g}={n}" for g, n in ns.chunks_per_group.items()) for ns in namespaces]
+    cells += [""] * (len(rows) - len(cells))  # the total row
+    return [[*row[:3], cell, *row[3:]] for row, cell in zip(rows, cells, strict=True)]
 
 
 def _payloads(ns: NamespaceReport) -> str:

@@ -2,8 +2,9 @@
 :mod:`kvoffload.inspection.disk_scan` for what is counted and why).
 
 :class:`SlotScan` reads each slot's header block on every rank, tallies used slots,
-format versions and complete or incomplete chunks, and with ``verify`` reads whole
-slots and records bad ones. It reads only; the slabs' descriptors stay the caller's.
+format versions, complete or incomplete chunks and the KV cache group each valid
+header names, and with ``verify`` reads whole slots and records bad ones. It reads
+only; the slabs' descriptors stay the caller's.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ import os
 from collections import Counter
 
 from kvoffload.core.keys import ChunkKey
-from kvoffload.inspection.model import (
+from kvoffload.inspection.checks import (
     SLOT_HEAD_BYTES,
-    UNKNOWN_VERSION,
-    FirstNames,
     check_slot,
     check_slot_header,
     header_fields,
     slot_key,
 )
+from kvoffload.inspection.groups import GroupTally
+from kvoffload.inspection.model import UNKNOWN_VERSION, FirstNames
 from kvoffload.inspection.slab_files import SlabFile
 from kvoffload.tiers.disk import PAYLOAD_OFFSET
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES
@@ -48,6 +49,7 @@ class SlotScan:
         self.complete_keys: set[bytes] = set()
         self.incomplete_keys: set[bytes] = set()  # minus complete_keys at the end
         self.complete_slots = 0
+        self.groups = GroupTally()  # the group of each chunk a valid header names
 
     def run(self) -> None:
         slots = max((slab.present for slab in self.slabs), default=0)
@@ -83,7 +85,11 @@ class SlotScan:
             if error is None:
                 failure = self._check_whole(slab, offset)
             self._verdict(slab, slot, failure)
-        return slot_key(head) if error is None else None
+        if error is not None:
+            return None
+        key = slot_key(head)
+        self.groups.note(key, head)
+        return key
 
     def _unreadable(self, slab: SlabFile, slot: int, exc: OSError) -> None:
         """A slot whose header block could not be read: used, of unknown version."""

@@ -31,6 +31,12 @@ then, as a :class:`~kvoffload.core.errors.ConfigError` naming ``disk_bytes``, no
 in the middle of serving; filesystems without preallocation get a sparse file.
 Files and directories are created owner-only (0600 / 0700).
 
+KV cache groups: a slab holds the chunks of every group of its layout (``groups`` of
+them, one chunk per group and chunk of tokens, each under its own key); the header of
+each records its group (:mod:`kvoffload.core.chunk_format`). The caller passes the
+group a chunk is written as and the group it expects when reading it back: the
+store keeps no group of its own.
+
 Thread-safety: calls on different slots may run concurrently (the scheduler half
 never has two jobs on one slot). Errors: ``read_into`` raises
 :class:`~kvoffload.core.chunk_format.IntegrityError` for a bad slot; I/O errors
@@ -105,8 +111,10 @@ class DiskStore:
         num_slots: int,
         *,
         o_direct: bool = False,
+        groups: int = 1,
     ) -> None:
         self.path = slab_path(root, namespace_digest, rank)
+        self.groups = groups  # the layout's KV cache groups, recorded in every header
         self.digest = namespace_digest
         self.rank = rank
         self.payload_bytes = payload_bytes
@@ -159,11 +167,14 @@ class DiskStore:
             raise IndexError(f"slot {slot} outside 0..{self.num_slots - 1}")
         return SUPERBLOCK_BYTES + slot * self.slot_bytes
 
-    def write(self, slot: int, key: ChunkKey, payload: memoryview) -> None:
-        """Store ``payload`` as ``key``'s chunk in ``slot`` (replacing what was there)."""
+    def write(self, slot: int, key: ChunkKey, payload: memoryview, group: int = 0) -> None:
+        """Store ``payload`` as ``key``'s chunk, of KV cache group ``group``, in ``slot``
+        (replacing what was there)."""
         offset = self.offset(slot)
         head = self._head_block()
-        head[:HEADER_BYTES] = encode_header(self.digest, shard_key(key, self.rank), payload)
+        head[:HEADER_BYTES] = encode_header(
+            self.digest, shard_key(key, self.rank), payload, group=group, groups=self.groups
+        )
         _TRAILER.pack_into(head, KEY_OFFSET, key, next(self._seq))
         if self.o_direct and _is_aligned(payload) and not self._pad:
             parts = [head, payload]
@@ -179,8 +190,9 @@ class DiskStore:
         if written != self.slot_bytes:
             raise OSError(errno.EIO, f"short write ({written} of {self.slot_bytes} bytes)")
 
-    def read_into(self, slot: int, key: ChunkKey, out: memoryview) -> None:
-        """Read and verify ``key``'s chunk from ``slot`` into ``out`` (``payload_bytes``)."""
+    def read_into(self, slot: int, key: ChunkKey, out: memoryview, group: int = 0) -> None:
+        """Read and verify ``key``'s chunk, of KV cache group ``group``, from ``slot``
+        into ``out`` (``payload_bytes``)."""
         offset = self.offset(slot)
         head = self._head_block()
         if not self.o_direct:
@@ -192,7 +204,9 @@ class DiskStore:
             got = os.preadv(self._direct_fd, [head, bounce], offset) - PAYLOAD_OFFSET
             out[:] = bounce[: len(out)]
         storage_key = shard_key(key, self.rank)
-        expected = check_header(head[:HEADER_BYTES], self.digest, storage_key, len(out))
+        expected = check_header(
+            head[:HEADER_BYTES], self.digest, storage_key, len(out), group=group
+        )
         if parse_header_block(head)[0] != key:
             raise IntegrityError(IntegrityReason.KEY, "chunk key after the header")
         check_payload(out[: max(0, min(got, len(out)))], len(out), expected)

@@ -2,10 +2,12 @@
 
 Every rank's slab is scanned slot by slot (headers only; payloads are verified when
 read). A slot is adopted when every rank's header in it is a valid header of this
-namespace naming the same chunk; a chunk found in several slots (an older copy not
-yet overwritten) keeps its newest copy. Chunks are entered oldest first (by write
-sequence number), so the most recently written are the last evicted. Nothing is
-modified: slots not adopted are free and will be written over.
+namespace naming the same chunk, of any KV cache group the header validly names (the
+group is checked when a promotion reads the chunk back for the group it wants); a
+chunk found in several slots (an older copy not yet overwritten) keeps its newest
+copy. Chunks are entered oldest first (by write sequence number), so the most
+recently written are the last evicted. Nothing is modified: slots not adopted are
+free and will be written over.
 
 Cost: one small read per slot and rank (about a second per million slots).
 """
@@ -62,8 +64,9 @@ def scan_slab(
                 continue  # never written (or cleared)
             key, seq = parse_header_block(head)
             try:
+                storage_key = shard_key(key, rank)
                 check_header(
-                    head[:HEADER_BYTES], namespace_digest, shard_key(key, rank), payload_bytes
+                    head[:HEADER_BYTES], namespace_digest, storage_key, payload_bytes, group=None
                 )
             except IntegrityError:
                 invalid += 1

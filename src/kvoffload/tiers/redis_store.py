@@ -5,13 +5,17 @@
 that fails verification; ``delete_many`` drops chunks. Values are a
 :mod:`kvoffload.core.chunk_format` header and the payload. Connection errors and
 timeouts raise (the tier worker fails the whole job); a missing or bad value fails
-only its chunk (a :class:`~kvoffload.core.failures.ChunkFailure`). Used from the
-worker's tier threads; redis-py clients are thread-safe.
+only its chunk (a :class:`~kvoffload.core.failures.ChunkFailure`). ``groups`` (one
+per chunk, or empty: every chunk is group 0) are the chunks' KV cache groups, written
+into each header and expected back when read: a value of another group is an
+integrity failure (``group``) and deleted like any bad value. Used from the worker's
+tier threads; redis-py clients are thread-safe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 from kvoffload.core.chunk_format import (
@@ -30,11 +34,14 @@ from kvoffload.tiers.redis_reader import get_into, set_from
 
 
 class RedisStore:
-    def __init__(self, client: Any, namespace_digest: bytes, rank: int, payload_bytes: int):
+    def __init__(
+        self, client: Any, namespace_digest: bytes, rank: int, payload_bytes: int, groups: int = 1
+    ):
         self.client = client
         self.digest = namespace_digest
         self.rank = rank
         self.payload_bytes = payload_bytes
+        self.groups = groups  # the layout's KV cache groups, recorded in every header
         # Straight from and into host slots where the client allows it (not the
         # cluster client); else redis-py's path with one copy each way.
         self.zero_copy = zero_copy(client)
@@ -43,15 +50,15 @@ class RedisStore:
         return key_name(self.digest, key, self.rank)
 
     def write_many(
-        self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int] = ()
+        self,
+        items: Sequence[tuple[ChunkKey, memoryview]],
+        slots: Sequence[int] = (),
+        groups: Sequence[int] = (),
     ) -> list[ChunkFailure | None]:
         """Store every chunk (``slots`` is for slotted tiers; Redis keys by chunk)."""
         values = [
-            (
-                self.name(key),
-                (encode_header(self.digest, shard_key(key, self.rank), payload), payload),
-            )
-            for key, payload in items
+            (self.name(key), (self._header(key, payload, group), payload))
+            for (key, payload), group in zip(items, groups or repeat(0, len(items)), strict=True)
         ]
         if self.zero_copy:  # straight from the host slot; the caller keeps it pinned
             set_from(self.client, values)
@@ -62,15 +69,24 @@ class RedisStore:
             pipe.execute()
         return [None] * len(items)
 
+    def _header(self, key: ChunkKey, payload: memoryview, group: int) -> bytes:
+        storage_key = shard_key(key, self.rank)
+        return encode_header(self.digest, storage_key, payload, group=group, groups=self.groups)
+
     def read_many(
-        self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
+        self,
+        keys: Sequence[ChunkKey],
+        slots: Sequence[int],
+        outs: Sequence[memoryview],
+        groups: Sequence[int] = (),
     ) -> list[ChunkFailure | None]:
         """Per chunk: None (read and verified into its buffer), :data:`MISSING`, or an
         ``INTEGRITY`` failure with the reason (the bad value is deleted). A failed
         chunk's buffer may hold unverified bytes."""
         failures: list[ChunkFailure | None] = []
         bad: list[str] = []
-        for key, verdict in zip(keys, self._fetch(keys, outs), strict=True):
+        verdicts = self._fetch(keys, outs, groups or [0] * len(keys))
+        for key, verdict in zip(keys, verdicts, strict=True):
             if isinstance(verdict, IntegrityError):
                 failures.append(integrity_failure(verdict.reason.value))
                 bad.append(self.name(key))
@@ -81,15 +97,17 @@ class RedisStore:
         return failures
 
     def _fetch(
-        self, keys: Sequence[ChunkKey], outs: Sequence[memoryview]
+        self, keys: Sequence[ChunkKey], outs: Sequence[memoryview], groups: Sequence[int]
     ) -> list[ChunkFailure | IntegrityError | None]:
-        """Each chunk into its buffer: None (verified), :data:`MISSING`, or the error."""
+        """Each chunk, expected of its group in ``groups``, into its buffer: None
+        (verified), :data:`MISSING`, or the error."""
         verdicts: list[ChunkFailure | IntegrityError | None] = []
         if self.zero_copy:
             names = [self.name(k) for k in keys]
             headers = [memoryview(bytearray(HEADER_BYTES)) for _ in keys]
             answers = get_into(self.client, names, headers, outs)
-            for key, answer, header, out in zip(keys, answers, headers, outs, strict=True):
+            each = zip(keys, answers, headers, outs, groups, strict=True)
+            for key, answer, header, out, group in each:
                 try:
                     if answer == "size":
                         raise IntegrityError(IntegrityReason.SIZE)
@@ -99,7 +117,11 @@ class RedisStore:
                         verdicts.append(MISSING)
                         continue
                     expected = check_header(
-                        header, self.digest, shard_key(key, self.rank), self.payload_bytes
+                        header,
+                        self.digest,
+                        shard_key(key, self.rank),
+                        self.payload_bytes,
+                        group=group,
                     )
                     check_payload(out, self.payload_bytes, expected)
                     verdicts.append(None)
@@ -109,7 +131,8 @@ class RedisStore:
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.get(self.name(key))
-        for key, value, out in zip(keys, pipe.execute(raise_on_error=False), outs, strict=True):
+        values = pipe.execute(raise_on_error=False)
+        for key, value, out, group in zip(keys, values, outs, groups, strict=True):
             if value is None:
                 verdicts.append(MISSING)
                 continue
@@ -118,7 +141,8 @@ class RedisStore:
                     if not str(value).startswith("WRONGTYPE"):
                         raise value
                     raise IntegrityError(IntegrityReason.MAGIC, "not a string value")
-                out[:] = verify(value, self.digest, shard_key(key, self.rank), self.payload_bytes)
+                storage_key = shard_key(key, self.rank)
+                out[:] = verify(value, self.digest, storage_key, self.payload_bytes, group=group)
                 verdicts.append(None)
             except IntegrityError as exc:
                 verdicts.append(exc)

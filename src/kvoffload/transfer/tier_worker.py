@@ -34,16 +34,26 @@ from kvoffload.transfer.results import ResultBook
 
 class TierStore(Protocol):
     """One rank's share of a lower tier, as the tier lane uses it. ``slots`` are the
-    chunks' tier slots (slotted tiers; empty for tiers keyed by chunk). Both return
-    one :class:`ChunkFailure` per chunk (None: done) and raise only when the tier failed as
-    a whole (connection refused, timeout)."""
+    chunks' tier slots (slotted tiers; empty for tiers keyed by chunk); ``groups`` their
+    KV cache groups (the job's :attr:`~kvoffload.core.jobs.TierJob.groups`; empty:
+    all 0), written with each chunk and expected back when it is read (a chunk of
+    another group fails as ``integrity:group``). Both return one :class:`ChunkFailure`
+    per chunk (None: done) and raise only when the tier failed as a whole (connection
+    refused, timeout)."""
 
     def write_many(
-        self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int]
+        self,
+        items: Sequence[tuple[ChunkKey, memoryview]],
+        slots: Sequence[int],
+        groups: Sequence[int] = (),
     ) -> list[ChunkFailure | None]: ...
 
     def read_many(
-        self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
+        self,
+        keys: Sequence[ChunkKey],
+        slots: Sequence[int],
+        outs: Sequence[memoryview],
+        groups: Sequence[int] = (),
     ) -> list[ChunkFailure | None]: ...
 
 
@@ -150,11 +160,12 @@ class TierWorker:
         error = ""
         try:
             views = [self.slab.slot_bytes(slot) for slot in job.slots[lo:hi]]
-            keys, tier_slots = job.keys[lo:hi], job.tier_slots[lo:hi]
+            keys, tier_slots, groups = job.keys[lo:hi], job.tier_slots[lo:hi], job.groups[lo:hi]
             if job.kind is JobKind.SPILL:
-                failures = store.write_many(list(zip(keys, views, strict=True)), tier_slots)
+                items = list(zip(keys, views, strict=True))
+                failures = store.write_many(items, tier_slots, groups)
             else:
-                failures = store.read_many(keys, tier_slots, views)
+                failures = store.read_many(keys, tier_slots, views, groups)
         except Exception as exc:  # the tier failed as a whole: every chunk of the part
             error = f"{type(exc).__name__}: {exc}"
         with parts.lock:

@@ -162,11 +162,13 @@ class WorkerSide:
                 g.chunk_bytes,
                 g.disk_slots,
                 o_direct=config.disk_o_direct,
+                groups=len(g.kv_groups),
             )
             stores["disk"] = DiskTierStore(disk)
         if config.redis_url is not None:
             client = make_client(redis_settings(config))
-            stores["redis"] = RedisStore(client, digest, self.rank, g.chunk_bytes)
+            groups = len(g.kv_groups)
+            stores["redis"] = RedisStore(client, digest, self.rank, g.chunk_bytes, groups)
         return TierWorker(worker.slab, stores, threads=config.tier_threads) if stores else None
 
     # ------------------------------------------------------------ per step

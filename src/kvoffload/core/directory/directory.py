@@ -15,6 +15,10 @@ Two-phase operations keep slots safe while bytes move:
 - ``prepare_store(keys)`` allocates STORING slots (never evicted, never readable)
   and ``complete_store(keys, success)`` makes them READY or frees them.
 
+KV cache groups: ``prepare_store(keys, groups=...)`` keeps each new chunk's group
+with its slot (the slot table owns it), ``groups_of(slots)`` reads them back for the
+tier jobs moving those chunks; without ``groups`` every chunk is group 0.
+
 Failure contract: a caller breaking a precondition (loading a chunk that is not a
 hit, completing what was not prepared) gets :class:`ContractViolation` and the
 directory is unchanged. Transfer failures are not exceptions: they arrive as
@@ -91,6 +95,11 @@ class Directory:
     def present_keys(self) -> list[ChunkKey]:
         """Every key present (STORING, READY or PINNED)."""
         return list(self._slots.index)
+
+    def groups_of(self, slots: Sequence[int]) -> tuple[int, ...]:
+        """The KV cache group of the chunk in each of ``slots`` (allocated slots)."""
+        group = self._slots.group
+        return tuple(group[slot] for slot in slots)
 
     def slot_of(self, key: ChunkKey) -> int | None:
         """The slot holding ``key`` (any state but FREE), or None."""
@@ -177,8 +186,15 @@ class Directory:
 
     # ------------------------------------------------------------------ stores
 
-    def prepare_store(self, keys: Sequence[ChunkKey], *, admit_all: bool = False) -> PreparedStore:
-        """Allocate STORING slots for the keys that are new and admitted.
+    def prepare_store(
+        self,
+        keys: Sequence[ChunkKey],
+        *,
+        admit_all: bool = False,
+        groups: Sequence[int] | None = None,
+    ) -> PreparedStore:
+        """Allocate STORING slots for the keys that are new and admitted; ``groups``
+        (one per key; None: all 0) are their KV cache groups, kept with the slots.
 
         Skipped: keys present in any state, keys whose discarded copy is still in
         flight, duplicates. Refused: keys below the admission threshold (unless
@@ -189,6 +205,9 @@ class Directory:
         and the result says ``no_room``.
         """
         table = self._slots
+        if groups is not None and len(groups) != len(keys):
+            raise ContractViolation(f"{self.tier}: prepare_store needs one group per key")
+        group_of = None if groups is None else dict(zip(keys, groups, strict=True))
         admission = None if admit_all else self.admission
         new, refused, present = sort_store_keys(keys, table.index, table.discarded, admission)
         if refused:
@@ -201,7 +220,7 @@ class Directory:
             return PreparedStore(refused=tuple(refused), no_room=True)
         slots = []
         for key in new:
-            slots.append(table.allocate(key))
+            slots.append(table.allocate(key, 0 if group_of is None else group_of[key]))
             self.admission.forget(key)
         return PreparedStore(tuple(new), tuple(slots), evicted, tuple(refused))
 

@@ -5,7 +5,10 @@ Ownership: a :class:`SlotTable` is created and held by exactly one
 primitives (``set_state``, ``allocate``, ``finish_store``, ``unlink``,
 ``drop_ready``, ``free_slot``, ``pin``, ``unpin``, ``adopt``); nobody else holds a
 reference. It owns the key -> slot index, the per-slot state, key and pin count,
-the free list, the evictable count and the discarded chunks still holding a slot.
+the free list, the evictable count, the discarded chunks still holding a slot, and
+each allocated slot's KV cache group (``group``, set when the slot is allocated for a
+store: the one owner of a host chunk's group, which tier jobs read; 0 for every chunk
+of a one-group layout).
 It knows nothing of eviction order, admission, counters or events (the
 directory's), and never raises :class:`ContractViolation`: the directory checks
 preconditions first (with ``hit_slots``, ``locate_all``, ``adoption_problem``).
@@ -39,6 +42,7 @@ class SlotTable:
         self.slot_key: list[ChunkKey | None] = [None] * num_slots
         self.state = bytearray(num_slots)
         self.pins = array("i", bytes(4 * num_slots))
+        self.group = array("H", bytes(2 * num_slots))  # the KV cache group of its chunk
         self.free = array("i", range(num_slots - 1, -1, -1))
         self.evictable = 0
         # Chunks discarded while STORING or PINNED: out of the index (they miss),
@@ -123,12 +127,14 @@ class SlotTable:
         check_transition(self.state[slot], target)
         self.state[slot] = target
 
-    def allocate(self, key: ChunkKey) -> int:
-        """Take a free slot for ``key`` (absent, not discarded) in STORING state."""
+    def allocate(self, key: ChunkKey, group: int = 0) -> int:
+        """Take a free slot for ``key`` (absent, not discarded), a chunk of KV cache
+        group ``group``, in STORING state."""
         slot = self.free.pop()
         self.set_state(slot, ChunkState.STORING)
         self.index[key] = slot
         self.slot_key[slot] = key
+        self.group[slot] = group
         return slot
 
     def free_slot(self, slot: int) -> None:
@@ -203,13 +209,15 @@ class SlotTable:
         return None
 
     def adopt(self, entries: Sequence[tuple[ChunkKey, int]]) -> None:
-        """Make each (key, slot) READY in that slot and rebuild the free list. Only
+        """Make each (key, slot) READY in that slot (group 0: adopted chunks are the
+        disk tier's, whose groups live in its headers) and rebuild the free list. Only
         when ``adoption_problem(entries)`` is None (the caller checks)."""
         for key, slot in entries:
             self.set_state(slot, ChunkState.STORING)
             self.set_state(slot, ChunkState.READY)
             self.index[key] = slot
             self.slot_key[slot] = key
+            self.group[slot] = 0
         used = {slot for _, slot in entries}
         self.free = array("i", (s for s in range(self.num_slots - 1, -1, -1) if s not in used))
         self.evictable += len(entries)

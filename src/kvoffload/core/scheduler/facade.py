@@ -64,6 +64,7 @@ class OffloadScheduler:
             lower_tiers,
             chunk_tokens=config.chunk_tokens,
             spill_after_hits=spill_after_hits,
+            grouped=not config.kv_groups.single,
         )
         self.stats = SchedulerStats()
         self.metrics = MetricsRecorder()  # every counter and histogram of this half

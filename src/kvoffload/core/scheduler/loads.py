@@ -184,11 +184,11 @@ def next_chunks_wait(
         return Deferral.LOOKUP, False
     if not isinstance(found, tuple):
         return None, False
-    tier, hit, wanted = found
+    tier, hit, wanted, wanted_groups = found
     if hit * chunk - local < chunk:
         return None, False  # less than a chunk past the engine's own hit
     new = state.promotion is None
-    state.promotion = PromotionWish(tier, tuple(wanted))
+    state.promotion = PromotionWish(tier, tuple(wanted), wanted_groups)
     return Deferral.PROMOTION, new
 
 
@@ -200,18 +200,18 @@ def _run_below(
     directory: Directory,
     tiers: TierPlanner,
     config: SchedulerConfig,
-) -> tuple[str, int, list[ChunkKey]] | Lookup | None:
-    """(tier, the hit in chunks a promotion from it makes, the keys to promote), or
-    :data:`UNKNOWN` / None. One group: the run of chain keys the first tier holds. Several:
-    the entries a hit needs beyond host memory, the hit shrunk to the first entry no
-    tier in front holds (a few rounds at most)."""
+) -> tuple[str, int, list[ChunkKey], tuple[int, ...]] | Lookup | None:
+    """(tier, the hit in chunks a promotion from it makes, the keys to promote, their
+    KV cache groups), or :data:`UNKNOWN` / None. One group: the run of chain keys the
+    first tier holds (no groups). Several: the entries a hit needs beyond host memory,
+    the hit shrunk to the first entry no tier in front holds (a few rounds at most)."""
     allowed = state.controls.may_promote_from
     chunk, groups = config.chunk_tokens, config.kv_groups
     if groups.plain:
         found = tiers.find_below(keys[readable:], allowed=allowed)
         if not isinstance(found, Found):
             return found if found is UNKNOWN else None
-        return found.tier.name, readable + found.run, keys[readable : readable + found.run]
+        return found.tier.name, readable + found.run, keys[readable : readable + found.run], ()
     hit = len(keys)
     for _ in range(4):
         wanted = wanted_entries(directory, groups, keys, readable=readable, hit=hit, chunk=chunk)
@@ -221,7 +221,8 @@ def _run_below(
         if not isinstance(found, Found):
             return found if found is UNKNOWN else None
         if found.run == len(wanted):
-            return found.tier.name, hit, [e.key for e in wanted]
+            groups_of = () if groups.single else tuple(e.group for e in wanted)
+            return found.tier.name, hit, [e.key for e in wanted], groups_of
         hit = wanted[found.run].chunk
         if hit <= readable:
             return None

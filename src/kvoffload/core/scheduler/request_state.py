@@ -111,10 +111,12 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
 @dataclass(frozen=True)
 class PromotionWish:
     """A lookup's wish: promote ``keys`` (the run after the readable host prefix) from
-    lower tier ``tier`` into host memory in the next plan."""
+    lower tier ``tier`` into host memory in the next plan. ``groups``: the KV cache
+    group of each key (the planner's entries), or none (one group: all 0)."""
 
     tier: str
     keys: tuple[ChunkKey, ...]
+    groups: tuple[int, ...] = ()
 
 
 class RequestState:

@@ -126,8 +126,9 @@ def plan_store_job(
 
     Full means: every token of the chunk has a block hash (tokens known) and KV
     (``computed_tokens``), and the request holds the chunk's blocks. Prepares the
-    store in ``directory`` and advances ``state.stored_chunks``. When not all fit, the
-    leading chunks that fit are stored; when none fits, nothing changes (the chunks
+    store in ``directory`` (with several KV cache groups, each chunk's group kept with
+    its slot) and advances ``state.stored_chunks``. When not all fit, the leading
+    chunks that fit are stored; when none fits, nothing changes (the chunks
     are offered again next step) and it returns None. Never for a request whose KV
     predates a connector reset (nor, by its caller, for one with a load in flight:
     :meth:`StorePlanner.plan`). A chunk naming the
@@ -158,7 +159,8 @@ def plan_store_job(
         return None
     if bad is not None:
         source = source.before(end)
-    prepared = directory.prepare_store(source.keys)
+    grouped = not config.kv_groups.single  # each chunk's group kept in its host slot
+    prepared = directory.prepare_store(source.keys, groups=source.groups if grouped else None)
     room = directory.free_slots + directory.evictable_count
     while prepared.no_room and room > 0:
         # Not everything fits: store the leading chunks that do (a prefix is what a
@@ -167,7 +169,7 @@ def plan_store_job(
         end = source.chunks[cut] if cut > 0 else start
         source = source.before(end)
         room //= 2
-        prepared = directory.prepare_store(source.keys)
+        prepared = directory.prepare_store(source.keys, groups=source.groups if grouped else None)
     if prepared.no_room:
         return None
     state.stored_chunks = end + 1 if end == bad else end

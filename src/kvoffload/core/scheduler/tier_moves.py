@@ -40,7 +40,7 @@ class TierMoves:
             if state.phase is not Phase.WAITING or self.requests.tracker.has_jobs(request_id):
                 continue
             job = self.tiers.plan_promotion(
-                request_id, wish.tier, wish.keys, self.requests.tracker.new_id
+                request_id, wish.tier, wish.keys, self.requests.tracker.new_id, wish.groups
             )
             if job is None:
                 state.no_promotion = True

@@ -152,9 +152,12 @@ class TornWrites:
         self.count = 0
 
     def write_many(
-        self, items: Sequence[tuple[ChunkKey, memoryview]], slots: Sequence[int]
+        self,
+        items: Sequence[tuple[ChunkKey, memoryview]],
+        slots: Sequence[int],
+        groups: Sequence[int] = (),
     ) -> list[ChunkFailure | None]:
-        results = self.inner.write_many(items, slots)
+        results = self.inner.write_many(items, slots, groups)
         store = self.inner.store
         for (key, payload), slot, failure in zip(items, slots, results, strict=True):
             if failure is None and self.torn(key):
@@ -168,9 +171,13 @@ class TornWrites:
         return results
 
     def read_many(
-        self, keys: Sequence[ChunkKey], slots: Sequence[int], outs: Sequence[memoryview]
+        self,
+        keys: Sequence[ChunkKey],
+        slots: Sequence[int],
+        outs: Sequence[memoryview],
+        groups: Sequence[int] = (),
     ) -> list[ChunkFailure | None]:
-        return self.inner.read_many(keys, slots, outs)
+        return self.inner.read_many(keys, slots, outs, groups)
 
     def close(self) -> None:
         self.inner.close()

@@ -12,6 +12,7 @@ from sim_helpers import BYTES_PER_TOKEN, CHUNK, config, seg, simulate
 from kvoffload.cli import main as cli
 from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import KVGroup, KVGroups
+from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import describe, parse_kv_groups
 from kvoffload.simulate.report import format_report
 from kvoffload.simulate.trace import TraceRequest
@@ -144,3 +145,76 @@ def test_the_command_runs_a_hybrid_model(capsys: pytest.CaptureFixture[str]) -> 
     assert data["settings"]["kv_groups"] == "full,5xwindow=1024"
     assert len(data["groups"]["stored"]) == 6
     assert "chunks per group" in captured.err
+
+
+def test_stores_read_live_blocks_of_their_group_and_fences_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under preemption, with windows freeing blocks mid-request: every store reads
+    consecutive blocks of one group's table of its request, no load names a block the
+    window needs as NO_BLOCK, and no block handed out fresh in a step is still read by
+    a store of an earlier step when the forward pass starts (the flush covered it)."""
+    from kvoffload.core.jobs import NO_BLOCK, EngineJob, JobKind
+    from kvoffload.simulate import runner
+    from kvoffload.simulate.worker import SimWorker
+
+    checked = {"stores": 0, "loads": 0, "fresh": 0}
+    state: dict[str, object] = {}
+
+    class CheckedWorker(SimWorker):
+        def submit(self, job: object) -> None:
+            sim = state["sim"]
+            assert isinstance(sim, runner._Simulation) and sim.tables is not None
+            if isinstance(job, EngineJob):
+                req = sim.engine.requests.get(job.request_id)
+                if req is not None and req.groups is not None:
+                    k = job.blocks_per_chunk
+                    for i in range(len(job.slots)):
+                        blocks = job.block_ids[i * k : (i + 1) * k]
+                        live = [b for b in blocks if b != NO_BLOCK]
+                        g = sim.tables.group_of[live[0]]
+                        table = req.groups.tables[g]
+                        at = table.index(live[0])
+                        if job.kind is JobKind.STORE:
+                            assert tuple(table[at : at + k]) == blocks
+                            checked["stores"] += 1
+                        else:
+                            assert all(sim.tables.group_of[b] == g for b in live)
+                            checked["loads"] += 1
+            super().submit(job)  # type: ignore[arg-type]
+
+        def end_forward(self) -> None:
+            fresh = state.pop("fresh", set())
+            assert isinstance(fresh, set)
+            start = self.clock.now + self.clock.stall_s
+            for finish, _, job in self._heap:
+                if job.kind is JobKind.STORE and finish > start and isinstance(job, EngineJob):
+                    assert fresh.isdisjoint(job.block_ids), "a fresh block still being stored"
+            checked["fresh"] += len(fresh)
+            super().end_forward()
+
+    monkeypatch.setattr(runner, "SimWorker", CheckedWorker)
+    groups = parse_kv_groups("full,2xwindow=48")
+    settings = config(engine_tokens=640, cpu_bytes=48 * CHUNK * 1024, kv_groups=groups,
+                      token_budget=96, decode_stride=4, prefix_caching=False,
+                      cost=CostModel(bytes_per_token=1024, host_gbps=0.002))  # fmt: skip
+    sim = runner._Simulation(settings)
+    state["sim"] = sim
+    allocate = sim.pool.allocate
+
+    def tracked(n: int) -> list[int] | None:
+        out = allocate(n)
+        fresh = state.setdefault("fresh", set())
+        assert isinstance(fresh, set)
+        fresh.update(out or ())
+        return out
+
+    monkeypatch.setattr(sim.pool, "allocate", tracked)
+    requests = [seg(i * 1e-4, ("sys", 80), (f"u{i % 7}", 40), output=20) for i in range(60)]
+    result = sim.run(requests, None)
+    assert sim.scheduler is not None
+    sim.scheduler.check_integrity()
+    assert sim.scheduler.anomalies.counts == {}
+    assert result.preemptions > 0 and result.kvoffload_hit_tokens > 0
+    assert checked["stores"] > 0 and checked["loads"] > 0 and checked["fresh"] > 0
+    assert result.flush_stall_s > 0  # stores are slow: fences had to flush some

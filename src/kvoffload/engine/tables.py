@@ -21,19 +21,18 @@ groups (a hybrid model: full attention and sliding windows) out in one pool.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kvoffload.core.scheduler_types import ScheduledRequest
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.request import Request
 
 
-@dataclass(frozen=True)
-class CachedPrefix:
+class CachedPrefix(NamedTuple):
     """The engine's prefix-cache hit of one request: ``tokens`` (whole blocks) and,
     per KV cache group, the blocks holding them (a window group's blocks below its
-    window are the null block). Nothing is acquired yet."""
+    window are the null block). Nothing is acquired yet. A named tuple: one is built
+    per admission."""
 
     tokens: int
     blocks: tuple[list[int], ...]

@@ -110,6 +110,7 @@ class _Simulation:
             kinds = c.kv_groups.describe().split(",")
             self.result.groups = GroupResult(kinds, c.num_blocks, c.request_capacity)
         self.ttfts: list[float] = []
+        self.capacity = c.request_capacity  # the longest request (None: any)
 
     def _layout(self) -> str:
         c = self.config
@@ -117,9 +118,9 @@ class _Simulation:
         return f"{layout};{describe(c.kv_groups)}" if c.hybrid else layout
 
     def _make(self, spec: TraceRequest, index: int) -> SimRequest:
-        problem = self.config.too_large(spec.prompt_tokens + spec.output)
-        if problem is not None:
-            raise UsageError(f"{spec.where}: {problem}; raise --engine-tokens")
+        need = spec.prompt_tokens + spec.output
+        if self.capacity is not None and need > self.capacity:
+            raise UsageError(f"{spec.where}: {self.config.too_large(need)}; raise --engine-tokens")
         return SimRequest(f"r{index}", spec, index, self.hasher)
 
     def run(

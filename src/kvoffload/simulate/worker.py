@@ -160,8 +160,9 @@ class SimWorker:
             tier = job.tier if isinstance(job, TierJob) else "host"
             self.traffic.chunks[(job.kind.value, tier)] += len(job.keys)
             self.traffic.jobs[job.kind.value] += 1
-            for group in self._job_groups.pop(job_id, ()):
-                self.traffic.groups[(job.kind.value, group)] += 1
+            if self._job_groups:
+                for group in self._job_groups.pop(job_id, ()):
+                    self.traffic.groups[(job.kind.value, group)] += 1
             nbytes = len(job.keys) * self.chunk_bytes
             seconds = self.cost.copy_seconds(nbytes, cost_lane)
             results.append(JobResult(job_id, True, nbytes, seconds))

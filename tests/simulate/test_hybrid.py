@@ -218,3 +218,11 @@ def test_stores_read_live_blocks_of_their_group_and_fences_hold(
     assert result.preemptions > 0 and result.kvoffload_hit_tokens > 0
     assert checked["stores"] > 0 and checked["loads"] > 0 and checked["fresh"] > 0
     assert result.flush_stall_s > 0  # stores are slow: fences had to flush some
+
+
+def test_chunks_longer_than_a_window_are_noted(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--users", "4", "--turns", "2", "--no-progress", "--engine-tokens",
+            "8192", "--kv-groups", "full,window=128"]  # fmt: skip
+    assert cli(args) == 0
+    err = capsys.readouterr().err
+    assert "note: --chunk-tokens 256 exceeds the smallest window (128)" in err

@@ -276,6 +276,14 @@ def _check_fits(summary: TraceSummary, config: SimConfig) -> None:
             f"a request needs {summary.max_request_tokens} tokens of KV, more than the engine "
             f"holds ({holds}); raise --engine-tokens"
         )
+    windows = [g.window for g in config.kv_groups.groups if g.window is not None]
+    if windows and config.chunk_tokens > min(windows):
+        print(
+            f"note: --chunk-tokens {config.chunk_tokens} exceeds the smallest window "
+            f"({min(windows)}): a window group's chunk finished over several steps has lost "
+            "its first blocks and is not stored (see docs/simulate.md)",
+            file=sys.stderr,
+        )
     if 0 < config.cpu_bytes < config.chunk_bytes:
         print(
             f"note: --cpu-bytes {format_bytes(config.cpu_bytes)} is less than one chunk "

@@ -9,9 +9,11 @@ blocks first, then the queue in order, each looked up in kvoffload's scheduler
 half and allocated its local prefix hit plus either the blocks its load fills or
 those of its first scheduled tokens. Owned by one engine.
 
-Which waiting requests hold blocks, and how computed blocks enter the prefix cache,
-are strategies (:mod:`kvoffload.engine.strategies`) given to the constructor, with
-the reference behaviour as default; ``on_admitted`` observes every admission.
+Which waiting requests hold blocks, how computed blocks enter the prefix cache
+(:mod:`kvoffload.engine.strategies`) and how a request's KV is laid out in blocks (its
+block tables, one per KV cache group: :mod:`kvoffload.engine.tables`) are strategies
+given to the constructor, with the reference behaviour (one full-attention group) as
+default; ``on_admitted`` observes every admission.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.request import Request, Status
 from kvoffload.engine.settings import EngineConfig
 from kvoffload.engine.strategies import Holders, QueueScan, RegisterFull, Registration
+from kvoffload.engine.tables import OneTable, Tables
 
 
 class _Admission(enum.Enum):
@@ -46,6 +49,7 @@ class Batcher:
         *,
         holders: Holders | None = None,
         registration: Registration | None = None,
+        tables: Tables | None = None,
         on_admitted: Callable[[Request], None] | None = None,
     ) -> None:
         self.config = config
@@ -53,6 +57,7 @@ class Batcher:
         self.scheduler = scheduler
         self.holders: Holders = holders or QueueScan()
         self.registration: Registration = registration or RegisterFull(pool, config.block_size)
+        self.tables: Tables = tables or OneTable(pool, config.block_size)
         self.on_admitted = on_admitted  # called after each admission by a lookup
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -68,7 +73,7 @@ class Batcher:
             n_new = min(req.target_tokens() - req.num_computed_tokens, budget)
             if n_new <= 0:
                 continue
-            need = self._blocks_for(req.num_computed_tokens + n_new) - len(req.block_ids)
+            need = self.tables.need(req, req.num_computed_tokens + n_new)
             for holder in self.holders.idle(self.waiting):
                 if self.pool.num_free >= need:
                     break
@@ -83,7 +88,7 @@ class Batcher:
             if req not in self.running:
                 continue
             new = self.pool.allocate(max(0, need)) or []
-            out.append((self._scheduled(req, new, n_new), req))
+            out.append((self.tables.scheduled(req, new, n_new), req))
             budget -= n_new
         if preempted:
             return out, tuple(preempted)
@@ -104,7 +109,7 @@ class Batcher:
                 if admission is _Admission.NO_BLOCKS:
                     break
             n_new = min(req.target_tokens() - req.num_computed_tokens, budget)
-            need = self._blocks_for(req.num_computed_tokens + n_new) - len(req.block_ids)
+            need = self.tables.need(req, req.num_computed_tokens + n_new)
             if req in holders and self.pool.num_free < need:
                 # Holders must not wait on each other: the later ones give way.
                 for other in reversed(self.holders.idle(self.waiting)):
@@ -121,7 +126,7 @@ class Batcher:
             self.waiting.remove(req)
             self.running.append(req)
             req.status = Status.RUNNING
-            out.append((self._scheduled(req, fresh, n_new), req))
+            out.append((self.tables.scheduled(req, fresh, n_new), req))
             budget -= n_new
         return out, tuple(preempted)
 
@@ -137,28 +142,22 @@ class Batcher:
     def _admit(self, req: Request, budget: int) -> _Admission:
         """Look a new (or preempted) request up; allocate its local hit, and either
         the blocks its load fills or those of its first scheduled tokens."""
-        bs = self.config.block_size
-        local_blocks = self.pool.cached_prefix(req.block_hashes[: (req.num_tokens - 1) // bs])
-        local = len(local_blocks) * bs
+        hit = self.tables.cached(req)
+        local = hit.tokens
         external = 0
         if self.scheduler is not None:
             answer = self.scheduler.lookup(req, local)
             if answer is RETRY_LATER:
                 return _Admission.DEFERRED
             external = answer
-        if external:
-            need = self._blocks_for(local + external) - len(local_blocks)
-        else:
-            n_new = min(req.target_tokens() - local, budget)
-            need = self._blocks_for(local + n_new) - len(local_blocks)
-        if self.pool.num_free < need + sum(1 for b in local_blocks if self.pool.ref[b] == 0):
+        # The blocks the load fills, or those of the first scheduled tokens.
+        tokens = local + (external or min(req.target_tokens() - local, budget))
+        if not self.tables.admit(req, hit, tokens, local + external):
             return _Admission.NO_BLOCKS
-        self.pool.acquire(local_blocks)
-        req.block_ids = local_blocks + (self.pool.allocate(need) or [])
         req.num_computed_tokens = local
         req.whole_allocation_next = True
         if self.scheduler is not None:
-            self.scheduler.on_allocated(req, (req.block_ids,), external)  # one KV cache group
+            self.scheduler.on_allocated(req, self.tables.tables(req), external)
         if not external:
             return _Admission.ADMITTED
         req.status = Status.WAITING_FOR_LOAD
@@ -174,28 +173,12 @@ class Batcher:
         req.num_computed_tokens = local + external if req.load_ok else local
         if req.num_computed_tokens >= req.target_tokens():
             req.num_computed_tokens = req.target_tokens() - 1
+        req.num_computed_tokens = self.tables.resume(req, req.num_computed_tokens)
         req.status = Status.WAITING
         req.load = None
         req.load_ok = None
         req.whole_allocation_next = True
         self.cache_computed(req)
-
-    def _scheduled(self, req: Request, new: list[int], n_new: int) -> ScheduledRequest:
-        req.block_ids += new
-        whole = req.whole_allocation_next
-        req.whole_allocation_next = False
-        sched = ScheduledRequest(
-            req.request_id,
-            req.num_computed_tokens,
-            n_new,
-            (tuple(req.block_ids) if whole else tuple(new),),
-            replace=whole,
-        )
-        req.num_computed_tokens += n_new
-        return sched
-
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.config.block_size)
 
     def _preempt(self, req: Request) -> None:
         """Free a running request's blocks (or a waiting one's whose load landed) and
@@ -217,8 +200,7 @@ class Batcher:
         self.waiting.insert(0, req)
 
     def free_blocks(self, req: Request) -> None:
-        self.pool.release(req.block_ids)
-        req.block_ids = []
+        self.tables.release(req)
 
     def cache_computed(self, req: Request) -> None:
         """Register the request's full computed blocks in the prefix cache."""

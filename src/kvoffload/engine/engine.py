@@ -16,7 +16,8 @@ It calls the scheduler half as the vLLM adapter does: ``lookup`` and
 The forward pass and the batch former are given to the constructor (a
 :class:`~kvoffload.engine.strategies.Model`, a
 :class:`~kvoffload.engine.batcher.Batcher` with its strategies); the defaults are the
-deterministic model and the reference batcher. ``on_finished`` observes every
+deterministic model and the reference batcher (one KV cache group; a batcher with
+other block tables needs another model). ``on_finished`` observes every
 finished request; with ``keep_finished=False`` finished requests leave ``requests``.
 """
 
@@ -34,6 +35,7 @@ from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.request import Request, Status
 from kvoffload.engine.settings import EngineConfig, StepMode
 from kvoffload.engine.strategies import DeterministicModel, Model, Sampled
+from kvoffload.engine.tables import OneTable
 
 
 class EngineWorker(Protocol):
@@ -89,6 +91,8 @@ class ReferenceEngine:
         ):
             raise ValueError("the batcher must use the engine's block pool and scheduler half")
         self.batcher = batcher or Batcher(config, self.pool, scheduler)
+        if model is None and not isinstance(self.batcher.tables, OneTable):
+            raise ValueError("the deterministic model reads one block table: give a model")
         self.model: Model = model or DeterministicModel(self.pool, config.block_size, config.vocab)
         self.on_finished = on_finished  # called after a request finished, blocks freed
         self.keep_finished = keep_finished

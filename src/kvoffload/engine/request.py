@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvoffload.core.keys import block_hashes
+
+if TYPE_CHECKING:
+    from kvoffload.engine.group_tables import RequestTables
 
 
 class Status(enum.Enum):
@@ -22,6 +26,10 @@ class Request:
     ``output`` holds applied tokens; ``pending`` tokens sampled by a forward pass
     whose output the engine has not applied yet (batch-queue stepping). Block hashes
     cover full blocks of applied tokens, salted by ``salt``.
+
+    ``block_ids`` is the request's block table with one KV cache group; with several
+    (:class:`~kvoffload.engine.group_tables.GroupTables`) ``groups`` holds every
+    group's table and ``block_ids`` is the first group's (truthy while it holds blocks).
     """
 
     def __init__(
@@ -42,6 +50,7 @@ class Request:
         self.status = Status.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.groups: RequestTables | None = None  # several KV cache groups only
         self.whole_allocation_next = True  # the next schedule sends every block id
         self.generation = 0  # bumped at preemption: stale sampled tokens are dropped
         self.load: tuple[int, int] | None = None  # (local tokens, external tokens)

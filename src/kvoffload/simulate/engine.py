@@ -9,7 +9,9 @@
   request finishes once the KV of every token but its last is computed, as in a
   real engine.
 - :func:`sim_engine` builds the reference engine with it and the batcher's fast
-  strategies (:mod:`kvoffload.simulate.batching`: the same decisions, fewer scans).
+  strategies (:mod:`kvoffload.simulate.batching`: the same decisions, fewer scans);
+  for a hybrid model, with per-group block tables
+  (:class:`~kvoffload.engine.group_tables.GroupTables`, also its registration).
 
 Everything else (block pool and prefix cache, chunked prefill, preemption, the calls
 into kvoffload's scheduler half) is the reference engine's code.
@@ -25,6 +27,7 @@ from kvoffload.core.step_runner import StepRunner
 from kvoffload.engine.batcher import Batcher
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.engine import ReferenceEngine
+from kvoffload.engine.group_tables import GroupTables
 from kvoffload.engine.request import Request, Status
 from kvoffload.engine.settings import EngineConfig
 from kvoffload.engine.strategies import Sampled
@@ -99,17 +102,20 @@ def sim_engine(
     meter: StepMeter,
     decode_stride: int,
     admissions: Admissions,
+    tables: GroupTables | None = None,
 ) -> ReferenceEngine:
     """The reference engine with the null model and the fast batcher strategies,
     running its plans on ``worker`` (through a step runner; with ``scheduler`` or
     neither); finished requests leave its ``requests``; ``admissions`` counts
-    re-admissions."""
+    re-admissions. ``tables``: several KV cache groups' tables over ``pool`` (None:
+    one full-attention group)."""
     batcher = Batcher(
         config,
         pool,
         scheduler,
         holders=TrackedHolders(),
-        registration=RegisterNew(pool, config.block_size),
+        registration=tables or RegisterNew(pool, config.block_size),
+        tables=tables,
         on_admitted=admissions.record,
     )
     return ReferenceEngine(

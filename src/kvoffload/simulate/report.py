@@ -30,6 +30,30 @@ class TierResult:
 
 
 @dataclass
+class GroupResult:
+    """A hybrid engine's KV cache groups (None in a one-group run's result).
+
+    ``kinds``: each group, ``full`` or ``window=N``. ``pool_blocks``: the engine's
+    blocks, shared by the groups (the null block included); ``request_capacity``: the
+    longest request it can hold (None: any). ``peak_blocks`` / ``peak_context_tokens``:
+    the most blocks in use and the most context tokens running requests had computed,
+    at the end of a step. ``stored`` / ``loaded``: host chunks per group."""
+
+    kinds: list[str]
+    pool_blocks: int
+    request_capacity: int | None
+    peak_blocks: int = 0
+    peak_context_tokens: int = 0
+    stored: list[int] = field(default_factory=list)
+    loaded: list[int] = field(default_factory=list)
+
+    def by_kind(self, counts: list[int]) -> tuple[int, int]:
+        """(full groups' total, window groups' total) of per-group ``counts``."""
+        full = sum(n for kind, n in zip(self.kinds, counts, strict=False) if kind == "full")
+        return full, sum(counts) - full
+
+
+@dataclass
 class SimResult:
     settings: dict[str, Any]
     cost: CostModel
@@ -56,6 +80,7 @@ class SimResult:
     ttft_p95_s: float = 0.0
     lane_busy_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    groups: GroupResult | None = None  # several KV cache groups only
 
     # ------------------------------------------------------------------ derived
 
@@ -90,8 +115,22 @@ class SimResult:
         """Prefill seconds the avoided tokens would have cost."""
         return self.avoided_tokens * self.cost.prefill_s_per_token
 
+    @property
+    def stored_bytes_per_token(self) -> float:
+        """Host bytes written per token position stored (by the group that stored the
+        most chunks; with one group the model's bytes per token)."""
+        host = self.tier("host")
+        most = max(self.groups.stored, default=0) if self.groups is not None else 0
+        if host is None or not most:
+            return 0.0
+        return host.written * self.chunk_bytes / (most * int(self.settings["chunk_tokens"]))
+
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
+        if self.groups is None:
+            del out["groups"]
+        else:
+            out["stored_bytes_per_token"] = self.stored_bytes_per_token
         out["cost"] = self.cost.as_dict()
         for t in out["tiers"]:
             for key in ("capacity", "written", "read"):
@@ -125,8 +164,7 @@ def format_report(r: SimResult) -> str:
         f"{format_bytes(s['disk_bytes'])}, redis {format_bytes(s['redis_bytes'])}; eviction "
         f"{s['eviction']}, store_threshold {s['store_threshold']}, lower_tier_admission "
         f"{s['lower_tier_admission']}",
-        f"  chunks       {s['chunk_tokens']} tokens x {c.bytes_per_token} B/token = "
-        f"{format_bytes(cb)}",
+        *_chunk_lines(r),
         f"  cost model   prefill {c.prefill_s_per_token * 1e6:.0f} us/token, decode "
         f"{c.decode_s_per_token * 1e6:.0f} us/token (one step per {s['decode_stride']} tokens); "
         f"host {c.host_gbps:g} GB/s, disk {c.disk_gbps:g} GB/s, redis {c.redis_gbps:g} GB/s",
@@ -150,6 +188,7 @@ def format_report(r: SimResult) -> str:
         f"  deferrals                 {sum(r.deferrals.values())}"
         + "".join(f", {k} {v}" for k, v in sorted(r.deferrals.items()))
         + f"; timeouts {r.deferral_timeouts}; admission refusals {r.admission_refusals}",
+        *_group_results(r),
         "",
         "Traffic         capacity     written (stored/spilled)   read (loaded/promoted)  "
         " evictions   held at end",
@@ -165,3 +204,41 @@ def format_report(r: SimResult) -> str:
         lines.append("  (no tier: host memory below one chunk, kvoffload is off)")
     lines.append(f"\n(simulated in {r.wall_s:.1f} s)")
     return "\n".join(lines)
+
+
+def _chunk_lines(r: SimResult) -> list[str]:
+    """The assumptions about chunks (and, with several groups, the groups)."""
+    s, c, g = r.settings, r.cost, r.groups
+    if g is None:
+        return [
+            f"  chunks       {s['chunk_tokens']} tokens x {c.bytes_per_token} B/token = "
+            f"{format_bytes(r.chunk_bytes)}"
+        ]
+    n = len(g.kinds)
+    capacity = "any length" if g.request_capacity is None else f"{g.request_capacity} tokens"
+    return [
+        f"  kv groups    {s['kv_groups']}: {n} groups of 1/{n} of the layers share "
+        f"{g.pool_blocks} blocks (1 null); one request holds up to {capacity}",
+        f"  chunks       one per group: {s['chunk_tokens']} tokens x {c.bytes_per_token} "
+        f"B/token / {n} groups = {format_bytes(r.chunk_bytes)}",
+    ]
+
+
+def _group_results(r: SimResult) -> list[str]:
+    """Results of a run with several KV cache groups (none with one)."""
+    g = r.groups
+    if g is None:
+        return []
+    stored_full, stored_window = g.by_kind(g.stored)
+    loaded_full, loaded_window = g.by_kind(g.loaded)
+    one_group = r.settings["engine_tokens"]
+    return [
+        f"  engine KV held            peak {g.peak_context_tokens} context tokens in "
+        f"{g.peak_blocks} of {g.pool_blocks - 1} blocks (one group in this memory: "
+        f"{one_group} tokens)",
+        f"  chunks per group          stored full {stored_full}, window {stored_window}; "
+        f"loaded full {loaded_full}, window {loaded_window}  (per group: stored "
+        f"{','.join(map(str, g.stored))}; loaded {','.join(map(str, g.loaded))})",
+        f"  host bytes per token      {r.stored_bytes_per_token:.0f} B per stored token "
+        f"(model: {r.cost.bytes_per_token} B/token)",
+    ]

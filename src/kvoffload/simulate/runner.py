@@ -20,9 +20,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 
-from kvoffload.core.config import OffloadConfig
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import UsageError
 from kvoffload.core.keys import Namespace
@@ -30,91 +28,21 @@ from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import SchedulerConfig
 from kvoffload.core.tiering import DirectoryTier
 from kvoffload.engine.block_pool import BlockPool
+from kvoffload.engine.group_tables import NULL_BLOCK, GroupTables
 from kvoffload.engine.settings import EngineConfig
 from kvoffload.simulate.batching import Admissions
 from kvoffload.simulate.content import ContentHasher
-from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.engine import sim_engine
-from kvoffload.simulate.report import SimResult, TierResult
+from kvoffload.simulate.groups import describe
+from kvoffload.simulate.report import GroupResult, SimResult, TierResult
 from kvoffload.simulate.request import SimRequest, StepMeter
+from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.trace import TraceRequest
 from kvoffload.simulate.worker import SimClock, SimWorker
 
+__all__ = ["SimConfig", "run_simulation"]  # SimConfig lives in kvoffload.simulate.settings
+
 _STUCK_STEPS = 10000
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Everything one simulation needs besides the workload; validated at
-    construction (ConfigError for kvoffload options, UsageError for the rest)."""
-
-    cpu_bytes: int
-    disk_bytes: int = 0
-    redis_bytes: int = 0
-    eviction: str = "lru"
-    store_threshold: int = 1
-    lower_tier_admission: str | int = "write_through"
-    engine_tokens: int = 262144
-    block_size: int = 64
-    chunk_tokens: int = 256
-    token_budget: int = 8192
-    max_running: int = 128
-    decode_stride: int = 128
-    max_queue: int = 256
-    prefix_caching: bool = True
-    max_deferral_steps: int = 500
-    max_deferral_seconds: float = 5.0
-    cost: CostModel = field(default_factory=CostModel)
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "token_budget", "max_running", "decode_stride", "max_queue"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise UsageError(f"--{name.replace('_', '-')}: must be an integer >= 1")
-        for name in ("cpu_bytes", "disk_bytes", "redis_bytes"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"--{name.replace('_', '-')}: must be >= 0")
-        if self.engine_tokens < self.block_size:
-            raise UsageError(f"--engine-tokens: must hold at least one block ({self.block_size})")
-        # kvoffload's own validation of its options (names the key, lists accepted values)
-        OffloadConfig(
-            cpu_bytes=max(1, self.cpu_bytes),
-            chunk_tokens=self.chunk_tokens,
-            eviction=self.eviction,
-            store_threshold=self.store_threshold,
-            lower_tier_admission=self.lower_tier_admission,
-            max_deferral_steps=self.max_deferral_steps,
-            max_deferral_seconds=self.max_deferral_seconds,
-        ).resolve_chunk_tokens(self.block_size)
-        if (self.disk_slots or self.redis_slots) and not self.host_slots:
-            raise UsageError(
-                "disk and redis tiers sit below host memory: --cpu-bytes must hold a chunk"
-            )
-
-    @property
-    def chunk_bytes(self) -> int:
-        return self.chunk_tokens * self.cost.bytes_per_token
-
-    @property
-    def host_slots(self) -> int:
-        return self.cpu_bytes // self.chunk_bytes
-
-    @property
-    def disk_slots(self) -> int:
-        return self.disk_bytes // self.chunk_bytes
-
-    @property
-    def redis_slots(self) -> int:
-        return self.redis_bytes // self.chunk_bytes
-
-    @property
-    def num_blocks(self) -> int:
-        return self.engine_tokens // self.block_size
-
-    def settings(self) -> dict[str, object]:
-        out = asdict(self)
-        del out["cost"]
-        return out
 
 
 class _Simulation:
@@ -126,6 +54,8 @@ class _Simulation:
         self.hasher = ContentHasher(c.block_size)
         self.pool = BlockPool(c.num_blocks, c.block_size)
         self.pool.data = bytearray()  # the null model never reads or writes KV bytes
+        # Several KV cache groups (or a window): per-group tables in the shared pool.
+        self.tables = GroupTables(self.pool, c.kv_groups) if c.hybrid else None
         engine_config = EngineConfig(
             num_blocks=c.num_blocks,
             block_size=c.block_size,
@@ -151,16 +81,19 @@ class _Simulation:
                     blocks_per_chunk=c.chunk_tokens // c.block_size,
                     max_deferral_steps=c.max_deferral_steps,
                     max_deferral_seconds=c.max_deferral_seconds,
+                    null_block=NULL_BLOCK if self.tables is not None else None,
+                    kv_groups=c.kv_groups,
                 ),
                 self.host,
-                Namespace(model="simulated", layout=f"{c.cost.bytes_per_token}B/token", dtype="-"),
+                Namespace(model="simulated", layout=self._layout(), dtype="-"),
                 lower_tiers=self.lower,
                 spill_after_hits=0 if admission == "write_through" else int(admission),
                 clock=lambda: self.clock.now,
             )
         self.meter = meter = StepMeter()
         if self.scheduler is not None:
-            self.worker = SimWorker(c.cost, c.chunk_bytes, self.clock, meter)
+            group_of = self.tables.group_of if self.tables is not None else None
+            self.worker = SimWorker(c.cost, c.chunk_bytes, self.clock, meter, group_of)
         self.admissions = Admissions()
         self.engine = sim_engine(
             engine_config,
@@ -170,17 +103,24 @@ class _Simulation:
             meter=meter,
             decode_stride=c.decode_stride,
             admissions=self.admissions,
+            tables=self.tables,
         )
         self.result = SimResult(c.settings(), c.cost, c.chunk_bytes)
+        if self.tables is not None:
+            kinds = c.kv_groups.describe().split(",")
+            self.result.groups = GroupResult(kinds, c.num_blocks, c.request_capacity)
         self.ttfts: list[float] = []
+        self.capacity = c.request_capacity  # the longest request (None: any)
+
+    def _layout(self) -> str:
+        c = self.config
+        layout = f"{c.cost.bytes_per_token}B/token"
+        return f"{layout};{describe(c.kv_groups)}" if c.hybrid else layout
 
     def _make(self, spec: TraceRequest, index: int) -> SimRequest:
         need = spec.prompt_tokens + spec.output
-        if -(-need // self.config.block_size) > self.config.num_blocks:
-            raise UsageError(
-                f"{spec.where}: the request needs {need} tokens of KV, more than the engine "
-                f"holds ({self.config.engine_tokens}); raise --engine-tokens"
-            )
+        if self.capacity is not None and need > self.capacity:
+            raise UsageError(f"{spec.where}: {self.config.too_large(need)}; raise --engine-tokens")
         return SimRequest(f"r{index}", spec, index, self.hasher)
 
     def run(
@@ -241,6 +181,13 @@ class _Simulation:
                 self.ttfts.append(req.first_token_at - req.arrival)
         if progress is not None and meter.finished:
             progress(len(meter.finished))
+        groups = r.groups
+        if groups is not None:  # what the engine holds at the end of the step
+            e = self.engine
+            used = self.pool.num_blocks - self.pool.num_free - 1  # not the null block
+            groups.peak_blocks = max(groups.peak_blocks, used)
+            held = sum(req.num_computed_tokens for req in e.running)
+            groups.peak_context_tokens = max(groups.peak_context_tokens, held)
 
     def _state(self) -> str:
         e = self.engine
@@ -278,6 +225,11 @@ class _Simulation:
                 held_at_end=len(self.host),
             )
         )
+        if r.groups is not None:
+            traffic = self.worker.traffic.groups
+            for g in range(len(r.groups.kinds)):
+                r.groups.stored.append(traffic[("store", g)])
+                r.groups.loaded.append(traffic[("load", g)])
         for tier in self.lower:
             r.tiers.append(
                 TierResult(

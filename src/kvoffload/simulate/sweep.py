@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from kvoffload.core.policies import policy_names
 from kvoffload.simulate.report import SimResult
-from kvoffload.simulate.runner import SimConfig, run_simulation
+from kvoffload.simulate.runner import run_simulation
+from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.trace import TraceRequest, TraceSummary
 from kvoffload.simulate.units import format_bytes
 

@@ -6,7 +6,8 @@ A job starts when it is planned (a store: after the forward pass of its step, wh
 KV it captures; a store the plan flushes: before the forward pass, which waits for
 it) and is reported at the end of the first step that ends after it finished. No
 bytes move and no job fails. The worker also keeps the traffic counters (chunks per
-job kind and tier, lane busy seconds).
+job kind and tier, lane busy seconds; with several KV cache groups, loads' and
+stores' chunks per group, read from the engine's block owners when submitted).
 
 :class:`SimClock` is the simulated time, shared by the driver, the engine's meter
 and this worker; a step's end is ``start + flush stall + compute``.
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvoffload.core.jobs import (
+    EngineJob,
     JobKind,
     JobResult,
     StepPlan,
@@ -60,6 +62,7 @@ class Traffic:
     chunks: Counter[tuple[str, str]] = field(default_factory=Counter)
     busy_s: dict[str, float] = field(default_factory=dict)  # per lane
     jobs: Counter[str] = field(default_factory=Counter)  # per kind
+    groups: Counter[tuple[str, int]] = field(default_factory=Counter)  # (kind, KV group)
 
 
 class SimWorker:
@@ -67,10 +70,16 @@ class SimWorker:
     engine drives it through a :class:`~kvoffload.core.step_runner.StepRunner`).
 
     Owns the lanes and the jobs in flight; reads the shared clock and meter, and
-    sets the clock's flush stall and step end."""
+    sets the clock's flush stall and step end. ``group_of``: the KV cache group of
+    each engine block (the engine's, read only), None with one group."""
 
     def __init__(
-        self, cost: CostModel, chunk_bytes: int, clock: SimClock, meter: StepMeter
+        self,
+        cost: CostModel,
+        chunk_bytes: int,
+        clock: SimClock,
+        meter: StepMeter,
+        group_of: Sequence[int] | None = None,
     ) -> None:
         self.cost = cost
         self.chunk_bytes = chunk_bytes
@@ -82,6 +91,8 @@ class SimWorker:
         self._after_forward = False  # jobs submitted now start at the step's end
         self.traffic = Traffic()
         self.completed_last_step = 0
+        self.group_of = group_of
+        self._job_groups: dict[int, list[int]] = {}  # engine job -> group of each chunk
 
     @staticmethod
     def _lane(job: TransferJob) -> tuple[str, str]:
@@ -111,7 +122,18 @@ class SimWorker:
     def submit(self, job: TransferJob) -> None:
         """Queue ``job`` on its lane from the step's start (before the forward pass)
         or its end (after it)."""
+        if self.group_of is not None and isinstance(job, EngineJob):
+            self._job_groups[job.job_id] = self._chunk_groups(job)
         self._start(job, self.clock.step_end if self._after_forward else self.clock.now)
+
+    def _chunk_groups(self, job: EngineJob) -> list[int]:
+        """The group of each chunk of ``job``: its blocks' (they belong to the group
+        while the job is submitted; a chunk's first block moved decides)."""
+        assert self.group_of is not None
+        groups: dict[int, int] = {}
+        for slot, _, block in job.chunk_blocks():
+            groups.setdefault(slot, self.group_of[block])
+        return [groups.get(slot, -1) for slot in job.slots]
 
     def wait(self, job_ids: frozenset[int]) -> None:
         """The forward pass starts once the named jobs finished: the clock's stall."""
@@ -138,6 +160,9 @@ class SimWorker:
             tier = job.tier if isinstance(job, TierJob) else "host"
             self.traffic.chunks[(job.kind.value, tier)] += len(job.keys)
             self.traffic.jobs[job.kind.value] += 1
+            if self._job_groups:
+                for group in self._job_groups.pop(job_id, ()):
+                    self.traffic.groups[(job.kind.value, group)] += 1
             nbytes = len(job.keys) * self.chunk_bytes
             seconds = self.cost.copy_seconds(nbytes, cost_lane)
             results.append(JobResult(job_id, True, nbytes, seconds))

@@ -1,0 +1,136 @@
+"""The settings of one simulation (:class:`SimConfig`) and what they imply: chunk
+bytes, slots per tier, the engine's blocks and what one request may hold.
+
+With one full-attention KV cache group (the default) the engine has
+``engine_tokens // block_size`` blocks and a chunk is ``chunk_tokens *
+bytes_per_token`` bytes. With ``kv_groups`` (a hybrid model,
+:mod:`kvoffload.simulate.groups`) the same memory is that many blocks per group,
+shared (one is the null block), and each group's chunk is ``1/G`` of those bytes
+(a group holds ``1/G`` of the layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from kvoffload.core.config import OffloadConfig
+from kvoffload.core.errors import UsageError
+from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
+from kvoffload.simulate.cost import CostModel
+from kvoffload.simulate.groups import describe, request_blocks, request_capacity
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one simulation needs besides the workload; validated at
+    construction (ConfigError for kvoffload options, UsageError for the rest)."""
+
+    cpu_bytes: int
+    disk_bytes: int = 0
+    redis_bytes: int = 0
+    eviction: str = "lru"
+    store_threshold: int = 1
+    lower_tier_admission: str | int = "write_through"
+    engine_tokens: int = 262144
+    block_size: int = 64
+    chunk_tokens: int = 256
+    token_budget: int = 8192
+    max_running: int = 128
+    decode_stride: int = 128
+    max_queue: int = 256
+    prefix_caching: bool = True
+    max_deferral_steps: int = 500
+    max_deferral_seconds: float = 5.0
+    cost: CostModel = field(default_factory=CostModel)
+    kv_groups: KVGroups = ONE_GROUP
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "token_budget", "max_running", "decode_stride", "max_queue"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise UsageError(f"--{name.replace('_', '-')}: must be an integer >= 1")
+        for name in ("cpu_bytes", "disk_bytes", "redis_bytes"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name.replace('_', '-')}: must be >= 0")
+        if self.cost.bytes_per_token < len(self.kv_groups):
+            raise UsageError("--bytes-per-token: must be at least one byte per KV cache group")
+        if self.engine_tokens < self.block_size:
+            raise UsageError(f"--engine-tokens: must hold at least one block ({self.block_size})")
+        # kvoffload's own validation of its options (names the key, lists accepted values)
+        OffloadConfig(
+            cpu_bytes=max(1, self.cpu_bytes),
+            chunk_tokens=self.chunk_tokens,
+            eviction=self.eviction,
+            store_threshold=self.store_threshold,
+            lower_tier_admission=self.lower_tier_admission,
+            max_deferral_steps=self.max_deferral_steps,
+            max_deferral_seconds=self.max_deferral_seconds,
+        ).resolve_chunk_tokens(self.block_size)
+        if (self.disk_slots or self.redis_slots) and not self.host_slots:
+            raise UsageError(
+                "disk and redis tiers sit below host memory: --cpu-bytes must hold a chunk"
+            )
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one group's chunk (of the chunk with one group)."""
+        return self.chunk_tokens * self.cost.bytes_per_token // len(self.kv_groups)
+
+    @property
+    def host_slots(self) -> int:
+        return self.cpu_bytes // self.chunk_bytes
+
+    @property
+    def disk_slots(self) -> int:
+        return self.disk_bytes // self.chunk_bytes
+
+    @property
+    def redis_slots(self) -> int:
+        return self.redis_bytes // self.chunk_bytes
+
+    @property
+    def num_blocks(self) -> int:
+        """The engine's blocks (every group's, the null block included)."""
+        return self.engine_tokens // self.block_size * len(self.kv_groups)
+
+    @property
+    def hybrid(self) -> bool:
+        """Not the one full-attention group: the engine keeps per-group tables."""
+        return not self.kv_groups.plain
+
+    def request_blocks(self, tokens: int) -> int:
+        """The most blocks a request of ``tokens`` tokens (prompt and output) holds."""
+        if not self.hybrid:
+            return -(-tokens // self.block_size)
+        return request_blocks(self.kv_groups, tokens, self.block_size, self.token_budget)
+
+    @property
+    def request_capacity(self) -> int | None:
+        """The longest request the engine can hold (None: any length)."""
+        if not self.hybrid:
+            return self.num_blocks * self.block_size
+        blocks = self.num_blocks - 1  # the null block
+        return request_capacity(self.kv_groups, blocks, self.block_size, self.token_budget)
+
+    def too_large(self, tokens: int) -> str | None:
+        """Why a request of ``tokens`` tokens cannot run (None: it can)."""
+        capacity = self.request_capacity
+        if capacity is None or tokens <= capacity:
+            return None
+        if not self.hybrid:
+            return (
+                f"the request needs {tokens} tokens of KV, more than the engine holds "
+                f"({self.engine_tokens})"
+            )
+        return (
+            f"the request needs {tokens} tokens of KV, more than the engine holds for one "
+            f"request ({capacity} with --kv-groups {describe(self.kv_groups)})"
+        )
+
+    def settings(self) -> dict[str, object]:
+        out = asdict(self)
+        del out["cost"]
+        del out["kv_groups"]
+        if self.hybrid:
+            out["kv_groups"] = describe(self.kv_groups)
+        return out

@@ -15,9 +15,7 @@ Two-phase operations keep slots safe while bytes move:
 - ``prepare_store(keys)`` allocates STORING slots (never evicted, never readable)
   and ``complete_store(keys, success)`` makes them READY or frees them.
 
-KV cache groups: ``prepare_store(keys, groups=...)`` keeps each new chunk's group
-with its slot (the slot table owns it), ``groups_of(slots)`` reads them back for the
-tier jobs moving those chunks; without ``groups`` every chunk is group 0.
+A chunk's KV cache group is kept with its slot (``prepare_store(groups=)``, ``groups_of``).
 
 Failure contract: a caller breaking a precondition (loading a chunk that is not a
 hit, completing what was not prepared) gets :class:`ContractViolation` and the
@@ -34,7 +32,8 @@ from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory.admission import AdmissionFilter, sort_store_keys
 from kvoffload.core.directory.integrity import verify
 from kvoffload.core.directory.results import LookupResult, PreparedStore
-from kvoffload.core.directory.slots import _PINNED, _READY, _STORING, SlotTable
+from kvoffload.core.directory.room import evict_for
+from kvoffload.core.directory.slots import _PINNED, _STORING, SlotTable
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
@@ -98,8 +97,7 @@ class Directory:
 
     def groups_of(self, slots: Sequence[int]) -> tuple[int, ...]:
         """The KV cache group of the chunk in each of ``slots`` (allocated slots)."""
-        group = self._slots.group
-        return tuple(group[slot] for slot in slots)
+        return tuple(self._slots.group[slot] for slot in slots)
 
     def slot_of(self, key: ChunkKey) -> int | None:
         """The slot holding ``key`` (any state but FREE), or None."""
@@ -114,7 +112,7 @@ class Directory:
 
     @property
     def used_slots(self) -> int:
-        return self._slots.num_slots - len(self._slots.free)
+        return self._slots.num_slots - self.free_slots
 
     @property
     def free_slots(self) -> int:
@@ -225,20 +223,11 @@ class Directory:
         return PreparedStore(tuple(new), tuple(slots), evicted, tuple(refused))
 
     def _make_room(self, needed: int, protected: list[ChunkKey]) -> tuple[ChunkKey, ...] | None:
-        if needed <= 0:
-            return ()
-        table = self._slots
-        index, state = table.index, table.state
-        shielded = {k for k in protected if state[index[k]] == _READY}
-        if table.evictable - len(shielded) < needed:
-            return None
-        victims = self.policy.evict(
-            needed, lambda k: k not in shielded and state[index[k]] == _READY
-        )
-        table.drop_ready(victims)
-        self.metrics.count("evictions_total", len(victims))
-        self._events.append(CacheEvent(EventKind.REMOVED, tuple(victims), self.tier))
-        return tuple(victims)
+        victims = evict_for(self._slots, self.policy, needed, protected)
+        if victims:
+            self.metrics.count("evictions_total", len(victims))
+            self._events.append(CacheEvent(EventKind.REMOVED, victims, self.tier))
+        return victims
 
     def complete_store(self, keys: Sequence[ChunkKey], success: bool) -> None:
         """Finish stores prepared earlier: READY on success, freed on failure. A

@@ -135,6 +135,10 @@ class JobTracker:
                 out |= jobs
         return out
 
+    def has_fences(self) -> bool:
+        """Whether any store in flight reads an engine block."""
+        return bool(self._fences)
+
     def get(self, job_id: int) -> TransferJob | None:
         tracked = self._jobs.get(job_id)
         return None if tracked is None else tracked.job

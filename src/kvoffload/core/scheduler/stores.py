@@ -57,9 +57,10 @@ class StorePlanner:
         preempted requests and those fenced by ``fresh_blocks`` (``planned``: the
         stores this step planned)."""
         tracker = self.requests.tracker
-        states = self.requests.as_dict()
-        mine = planned if self.config.kv_groups.windowed else None
-        flush = preempted | fenced_stores(tracker, states, fresh_blocks, mine)
+        flush = set(preempted)
+        if fresh_blocks and tracker.has_fences():
+            mine = planned if self.config.kv_groups.windowed else None
+            flush |= fenced_stores(tracker, self.requests.as_dict(), fresh_blocks, mine)
         if flush:
             flush = {i for i in flush if (job := tracker.get(i)) and job.kind is JobKind.STORE}
         if flush:

@@ -19,10 +19,11 @@ class TierMoves:
     def __init__(self, ctx: Context) -> None:
         self.tiers = ctx.tiers
         self.requests = ctx.requests
+        self._lower = bool(ctx.tiers)  # lower tiers are fixed at construction
 
     def plan_spills(self) -> list[TierJob]:
         """This step's spills, tracked (they belong to no request)."""
-        if not self.tiers:
+        if not self._lower:
             return []
         tracker = self.requests.tracker
         spills = self.tiers.plan_spills(tracker.new_id)
@@ -31,7 +32,9 @@ class TierMoves:
         return spills
 
     def plan_promotions(self, wished: list[str]) -> list[TierJob]:
-        jobs = []
+        jobs: list[TierJob] = []
+        if not wished:
+            return jobs
         for request_id in wished:
             state = self.requests.get(request_id)
             if state is None or state.promotion is None:

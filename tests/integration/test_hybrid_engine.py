@@ -54,12 +54,7 @@ def hybrid_engine(
 
 
 def run_to_end(e: ReferenceEngine, limit: int = 2000) -> None:
-    for _ in range(limit):
-        if e.idle:
-            break
-        e.step()
-    e.drain()
-    assert e.idle
+    assert e.run_until_idle(limit)
 
 
 PREFIX = list(range(10, 34))  # 6 blocks: longer than the windows

@@ -39,12 +39,7 @@ def engine(mode: StepMode, offload: bool, num_blocks: int = 12, caching: bool = 
 
 
 def run_to_end(e: ReferenceEngine, limit: int = 500) -> None:
-    for _ in range(limit):
-        if e.idle:
-            break
-        e.step()
-    e.drain()
-    assert e.idle
+    assert e.run_until_idle(limit)
 
 
 PROMPTS = {

@@ -169,6 +169,16 @@ class ReferenceEngine:
         if previous is not None:
             self._apply(previous)
 
+    def run_until_idle(self, max_steps: int) -> bool:
+        """Step until the engine is idle (at most ``max_steps`` steps), then apply the
+        batch still in the queue; whether it ended idle."""
+        for _ in range(max_steps):
+            if self.idle:
+                break
+            self.step()
+        self.drain()
+        return self.idle
+
     def drain(self) -> None:
         """Apply the batch still in the queue (batch-queue mode)."""
         if self._in_flight is not None:

@@ -4,9 +4,8 @@ Bookkeeping only; it never moves bytes. Ownership: the directory holds, and alon
 mutates, its :class:`~kvoffload.core.directory.slots.SlotTable` (key -> slot,
 per-slot state and pins, free list), its admission filter and the pending events;
 the eviction policy (held by the directory) owns only the order of readable chunks.
-Callers own nothing inside it and receive immutable results; the slot table's
-read-only queries are offered here by delegation. Its counters are recorded in
-``metrics`` (see :class:`Directory`).
+Callers own nothing inside it and receive immutable results; the slot table's queries
+are offered here by delegation. Its counters go to ``metrics`` (see :class:`Directory`).
 
 Two-phase operations keep slots safe while bytes move:
 
@@ -25,7 +24,6 @@ directory is unchanged. Transfer failures are not exceptions: they arrive as
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from kvoffload.core.chunk_state import ChunkState
@@ -176,7 +174,9 @@ class Directory:
         located = table.locate_all(keys, _PINNED)
         if located is None:
             raise ContractViolation(f"{self.tier}: complete_load of a chunk that is not pinned")
-        needed = Counter(slot for _, slot, _ in located)
+        needed: dict[int, int] = {}
+        for _, slot, _ in located:
+            needed[slot] = needed.get(slot, 0) + 1
         if any(table.pins[slot] < count for slot, count in needed.items()):
             raise ContractViolation(f"{self.tier}: complete_load without a matching pin")
         for key, slot, _ in located:

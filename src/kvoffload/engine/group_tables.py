@@ -33,23 +33,11 @@ from kvoffload.core.errors import ContractViolation
 from kvoffload.core.kv_groups import KVGroups
 from kvoffload.core.scheduler_types import ScheduledRequest
 from kvoffload.engine.block_pool import BlockPool
-from kvoffload.engine.request import Request, Status
+from kvoffload.engine.request import Request, RequestTables, Status
 from kvoffload.engine.tables import CachedPrefix
 
 NULL_BLOCK = 0
 """The pool block standing for a block a window group does not hold (vLLM's)."""
-
-
-class RequestTables:
-    """One request's tables, one per group (null blocks, then blocks it holds), and
-    how many leading blocks of each are registered in the prefix cache. Owned by the
-    request, written by its :class:`GroupTables` only."""
-
-    __slots__ = ("registered", "tables")
-
-    def __init__(self, tables: list[list[int]]) -> None:
-        self.tables = tables
-        self.registered = [0] * len(tables)
 
 
 class GroupTables:

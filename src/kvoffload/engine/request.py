@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from kvoffload.core.keys import block_hashes
-
-if TYPE_CHECKING:
-    from kvoffload.engine.group_tables import RequestTables
 
 
 class Status(enum.Enum):
@@ -18,6 +14,18 @@ class Status(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     ABORTED = "aborted"
+
+
+class RequestTables:
+    """One request's tables, one per group (null blocks, then blocks it holds), and
+    how many leading blocks of each are registered in the prefix cache. Owned by the
+    request, written by its :class:`~kvoffload.engine.group_tables.GroupTables` only."""
+
+    __slots__ = ("registered", "tables")
+
+    def __init__(self, tables: list[list[int]]) -> None:
+        self.tables = tables
+        self.registered = [0] * len(tables)
 
 
 class Request:

@@ -15,6 +15,7 @@ checked against the arrays before any byte moves (a bad index raises IndexError)
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -26,12 +27,10 @@ Index = npt.NDArray[np.int64]
 
 
 def _load_native() -> ModuleType | None:
-    try:
-        from kvoffload.transfer import _copykernel  # type: ignore[attr-defined]
+    try:  # the compiled submodule itself (not an attribute of the package)
+        return importlib.import_module("kvoffload.transfer._copykernel")
     except ImportError:
         return None
-    module: ModuleType = _copykernel
-    return module
 
 
 _NATIVE = _load_native()

@@ -15,21 +15,11 @@ recorder.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvoffload.core.recorder import MetricsRecorder
-from kvoffload.core.scheduler.request_state import RequestState
+from kvoffload.core.scheduler.request_state import Deferred, RequestState
 from kvoffload.core.scheduler_types import Deferral, SchedulerConfig
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """A request told *retry later*: since busy step ``since_step`` and time
-    ``since_s`` (its first deferral), last for ``reason``."""
-
-    since_step: int
-    since_s: float
-    reason: Deferral
 
 
 class DeferralClock:

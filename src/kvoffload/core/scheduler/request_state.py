@@ -57,16 +57,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvoffload.core.errors import IllegalTransition
 from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
 from kvoffload.core.request_controls import DEFAULT, RequestControls
 from kvoffload.core.scheduler.block_tables import BlockTables, GroupBlocks
-from kvoffload.core.scheduler_types import EngineRequest
-
-if TYPE_CHECKING:
-    from kvoffload.core.scheduler.deferral import Deferred
+from kvoffload.core.scheduler_types import Deferral, EngineRequest
 
 
 class Phase(enum.Enum):
@@ -106,6 +102,17 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (_P.WAITING, _P.DONE): "finished or aborted, nothing in flight",
     (_P.FINISHED_DRAINING, _P.DONE): "its last job was reported",
 }
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A request told *retry later*: since busy step ``since_step`` and time
+    ``since_s`` (its first deferral), last for ``reason`` (written only by the
+    :class:`~kvoffload.core.scheduler.deferral.DeferralClock`)."""
+
+    since_step: int
+    since_s: float
+    reason: Deferral
 
 
 @dataclass(frozen=True)

@@ -9,47 +9,23 @@ from being evicted first."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from tests.unit.test_scheduler import BS, Req, ok  # BS tokens per block; one block per chunk
 
 from kvoffload.core.directory import Directory
-from kvoffload.core.jobs import JobResult, StepPlan, TransferJob, WorkerReport
-from kvoffload.core.keys import Namespace, block_hashes
+from kvoffload.core.jobs import StepPlan
+from kvoffload.core.keys import Namespace
 from kvoffload.core.kv_groups import KVGroup, KVGroups
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, SchedulerConfig, StepInput
 from kvoffload.core.tiering import DirectoryTier
 
-BS = 4  # tokens per block; one block per chunk
 NS = Namespace("m", "layout", "f32")
 GROUPS = KVGroups((KVGroup(), KVGroup(window=8)))
-
-
-@dataclass
-class Req:
-    request_id: str
-    tokens: list[int]
-    num_computed_tokens: int = 0
-    salt: str | None = None
-    _hashes: list[bytes] = field(default_factory=list)
-
-    @property
-    def block_hashes(self) -> list[bytes]:
-        if len(self._hashes) != len(self.tokens) // BS:
-            self._hashes = block_hashes(self.tokens, BS, self.salt)
-        return self._hashes
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
 
 
 def make(slots: int, **directory: object) -> OffloadScheduler:
     config = SchedulerConfig(block_size=BS, blocks_per_chunk=1, world_size=1, kv_groups=GROUPS)
     return OffloadScheduler(config, Directory(slots, **directory), NS)  # type: ignore[arg-type]
-
-
-def ok(jobs: tuple[TransferJob, ...]) -> WorkerReport:
-    return WorkerReport(0, tuple(JobResult(j.job_id, True) for j in jobs))
 
 
 def step(

@@ -156,10 +156,11 @@ class ChunkRecorder:
     loaded: set[bytes] = field(default_factory=set)
     loaded_entries: dict[int, int] = field(default_factory=dict)  # group -> entries loaded
 
-    def on_store(self, entries: Sequence[Any], keys: Sequence[bytes]) -> None:
-        for e in entries:
-            self.chain[e.key] = (keys[e.chunk], e.group)
-            self.stored.add(e.key)
+    def on_store(self, source: Any, keys: Sequence[bytes]) -> None:
+        """``source``: a ``StoreSource`` (parallel lists: chunks, groups, keys)."""
+        for chunk, group, key in zip(source.chunks, source.groups, source.keys, strict=True):
+            self.chain[key] = (keys[chunk], group)
+            self.stored.add(key)
 
     def on_load(self, entries: Sequence[Any]) -> None:
         from kvoffload.core.jobs import NO_BLOCK

@@ -45,8 +45,6 @@ HEADER_BYTES = 64
 MAX_GROUPS = 1 << 16
 """The most KV cache groups a header can name (two bytes each field)."""
 _HEADER = struct.Struct("<4sHHQ16s16sQHH4x")
-_GROUP = struct.Struct("<HH")
-_GROUP_OFFSET = 56
 
 
 class IntegrityReason(enum.Enum):
@@ -95,7 +93,7 @@ def encode_header(
 def header_group(header: bytes | memoryview) -> tuple[int, int]:
     """``(group, groups)`` a header names, unchecked (``header`` holds at least
     :data:`HEADER_BYTES`); ``(0, 1)`` for every header written before the fields."""
-    group, more = _GROUP.unpack_from(header, _GROUP_OFFSET)
+    *_, group, more = _HEADER.unpack_from(header)
     return int(group), int(more) + 1
 
 

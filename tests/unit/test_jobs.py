@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
+from kvoffload.core.jobs import NO_SLOT, EngineJob, JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.job_tracker import JobTracker
 
@@ -105,3 +105,56 @@ def test_the_tracker_answers_what_a_request_has_in_flight() -> None:
         tracker.record(rank, JobResult(2, False))
         tracker.record(rank, JobResult(3, True))  # a spill: in no request's index
     assert not tracker.has_jobs("a") and tracker.has_jobs("b") and len(tracker) == 1
+
+
+def _tier_load(slots: tuple[int, ...], **kw: object) -> EngineJob:
+    keys = tuple(ChunkKey(bytes([i]) * 16) for i in range(len(slots)))
+    fields: dict[str, object] = {"tier": "disk"}
+    fields.update(kw)
+    return EngineJob(
+        job_id=7,
+        kind=JobKind.LOAD,
+        request_id="r",
+        keys=keys,
+        slots=slots,
+        block_ids=tuple(range(10, 10 + 2 * len(slots) - 1)),
+        blocks_per_chunk=2,
+        skip_blocks=1,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_a_tier_load_reads_its_no_slot_chunks_from_its_tier() -> None:
+    job = _tier_load((4, NO_SLOT, NO_SLOT), tier_slots=(9, 8))
+    assert job.host_chunks() == (0,) and job.tier_chunks() == (1, 2)
+    host = job.part(job.host_chunks(), (4,))
+    assert (host.keys, host.slots, host.block_ids, host.skip_blocks) == (
+        job.keys[:1],
+        (4,),
+        (10,),
+        1,
+    )
+    staged = job.part(job.tier_chunks(), (0, 1))
+    assert staged.block_ids == (11, 12, 13, 14) and staged.skip_blocks == 0
+    assert staged.tier is None and staged.job_id == job.job_id
+    both = job.part((0, 2), (4, 0))
+    assert both.block_ids == (10, 13, 14) and both.skip_blocks == 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _tier_load((4, NO_SLOT), tier=None),  # NO_SLOT without a tier
+        lambda: _tier_load((4, 5)),  # a tier, no chunk from it
+        lambda: _tier_load((NO_SLOT, NO_SLOT), tier_slots=(1,)),
+        lambda: _tier_load((NO_SLOT, NO_SLOT), groups=(1,)),
+    ],
+)
+def test_a_tier_load_checks_its_tier_fields(make: Callable[[], EngineJob]) -> None:
+    with pytest.raises(ContractViolation):
+        make()
+
+
+def test_only_a_load_reads_from_a_tier() -> None:
+    with pytest.raises(ContractViolation):
+        EngineJob(7, JobKind.STORE, "r", (ChunkKey(b"k" * 16),), (NO_SLOT,), (1, 2), 2, tier="disk")

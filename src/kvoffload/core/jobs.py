@@ -24,6 +24,13 @@ block id may be :data:`NO_BLOCK`: that block of that chunk is not written (a hyb
 model's load skips blocks the engine computed itself or that lie below a sliding
 window; such loads use ``skip_blocks == 0``). Stores never name it.
 
+A load may read some of its chunks straight from a lower tier (a *tier load*): their
+slot is :data:`NO_SLOT` and they come from ``tier`` (at ``tier_slots``, one per such
+chunk, in a slotted tier; their KV cache ``groups``, one per such chunk, or none: all
+0), through the worker's bounded staging area, verified before they reach an engine
+block; the other chunks come from host slots as usual. Host memory needs no room for
+them. :meth:`EngineJob.part` cuts a job into such pieces.
+
 A load may also name ``invalid_blocks``: engine blocks the engine expects this load
 to fill that kvoffload cannot supply (an anomaly, or offloading turned off after an
 internal error). The worker reports them as failed loads when the job ends, so the
@@ -33,6 +40,7 @@ engine recomputes them; such a load may have no chunk at all.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -42,6 +50,9 @@ from kvoffload.core.keys import ChunkKey
 
 NO_BLOCK = -1
 """A load's placeholder block id: this block of the chunk is not moved."""
+
+NO_SLOT = -1
+"""A tier load's placeholder host slot: this chunk is read from the job's lower tier."""
 
 
 class JobKind(enum.Enum):
@@ -73,11 +84,16 @@ class EngineJob:
     blocks_per_chunk: int
     skip_blocks: int = 0
     invalid_blocks: tuple[int, ...] = ()  # loads: blocks to report invalid (see above)
+    tier: str | None = None  # tier loads: where the NO_SLOT chunks come from
+    tier_slots: tuple[int, ...] = ()  # one per NO_SLOT chunk (slotted tiers), or none
+    groups: tuple[int, ...] = ()  # one KV cache group per NO_SLOT chunk, or none (all 0)
 
     def __post_init__(self) -> None:
         k = self.blocks_per_chunk
         if not self.kind.touches_engine:
             raise ContractViolation(f"job {self.job_id}: a {self.kind.value} is a tier job")
+        if self.tier is not None or NO_SLOT in self.slots:
+            self._check_tier_load()
         if k <= 0 or len(self.keys) != len(self.slots):
             raise ContractViolation(f"job {self.job_id}: needs one slot per key and k > 0")
         if self.invalid_blocks and self.kind is not JobKind.LOAD:
@@ -93,6 +109,46 @@ class EngineJob:
                 f"job {self.job_id}: {len(self.block_ids)} blocks for {len(self.slots)} "
                 f"chunks of {k} (skip {self.skip_blocks})"
             )
+
+    def _check_tier_load(self) -> None:
+        from_tier = self.slots.count(NO_SLOT)
+        if self.kind is not JobKind.LOAD or not self.tier or not from_tier:
+            raise ContractViolation(
+                f"job {self.job_id}: only a load reads chunks (slot NO_SLOT) from a named tier"
+            )
+        if self.tier_slots and len(self.tier_slots) != from_tier:
+            raise ContractViolation(f"job {self.job_id}: one tier slot per tier chunk, or none")
+        if self.groups and len(self.groups) != from_tier:
+            raise ContractViolation(f"job {self.job_id}: one group per tier chunk, or none")
+
+    def tier_chunks(self) -> tuple[int, ...]:
+        """Indices (in the job) of the chunks read from :attr:`tier`, in order."""
+        return tuple(i for i, slot in enumerate(self.slots) if slot == NO_SLOT)
+
+    def host_chunks(self) -> tuple[int, ...]:
+        """Indices (in the job) of the chunks read from host slots, in order."""
+        return tuple(i for i, slot in enumerate(self.slots) if slot != NO_SLOT)
+
+    def part(self, chunks: Sequence[int], slots: Sequence[int]) -> EngineJob:
+        """The same job (same id, request and kind) for only ``chunks`` (ascending
+        indices into this job), read from ``slots`` (one per chunk: host slots, or a
+        staging area's): the engine blocks of exactly those chunks, ``skip_blocks``
+        kept when chunk 0 is among them. No tier fields: every chunk of a part comes
+        from ``slots``."""
+        k, skip = self.blocks_per_chunk, self.skip_blocks
+        blocks: list[int] = []
+        for c in chunks:
+            blocks.extend(self.block_ids[max(0, c * k - skip) : (c + 1) * k - skip])
+        return EngineJob(
+            job_id=self.job_id,
+            kind=self.kind,
+            request_id=self.request_id,
+            keys=tuple(self.keys[c] for c in chunks),
+            slots=tuple(slots),
+            block_ids=tuple(blocks),
+            blocks_per_chunk=k,
+            skip_blocks=skip if chunks and chunks[0] == 0 else 0,
+        )
 
     def chunk_blocks(self) -> list[tuple[int, int, int]]:
         """(slot, block index inside the chunk, engine block id) for every block moved."""
@@ -181,11 +237,13 @@ class StepPlan:
 class JobResult:
     """One worker's result of one job.
 
-    ``failed_chunks`` (tier jobs only): chunks of an otherwise successful job that did
-    not make it, as (index in the job, :class:`ChunkFailure`), e.g.
+    ``failed_chunks`` (tier jobs and tier loads): chunks of the job that did not make
+    it, as (index in the job, :class:`ChunkFailure`), e.g.
     ``(1, ChunkFailure(FailureKind.INTEGRITY, "checksum"))`` (``str()``:
-    ``"integrity:checksum"``) or ``(0, MISSING)``. ``success=False`` means no chunk
-    made it.
+    ``"integrity:checksum"``) or ``(0, MISSING)``. For a tier job ``success=False``
+    means no chunk made it; a load succeeds only when every chunk landed (the engine
+    needs them all), so a tier load with a chunk missing or corrupt fails and lists
+    that chunk here (the scheduler half forgets the tier's bad copy).
 
     ``error`` (failed jobs): why, as free text (``"worker is shut down: ..."``, the
     exception of an engine copy or of a tier that failed as a whole), or, for a tier

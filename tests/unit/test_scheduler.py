@@ -125,6 +125,24 @@ def test_lookup_hits_misses_and_the_one_chunk_rule() -> None:
     s.check_integrity()
 
 
+def test_a_hit_after_the_engine_s_own_chunks_needs_no_host_copy_of_them() -> None:
+    """The engine's prefix cache keeps a shared prefix (a system prompt) that is never
+    loaded, so host eviction takes its chunks first; the chunks after it still hit.
+    Found by the e2e tiers benchmark: the host prefix was counted from chunk 0, so a
+    request whose first chunk had left host memory never got a hit."""
+    s, _ = make(k=2)  # chunk = 8 tokens
+    plan = run_prefill(s, Req("a", list(range(24))), [1, 2, 3, 4, 5, 6])
+    s.on_report(ok(plan.stores))
+    s.on_finished("a")
+    s.build_plan(StepInput())
+    (store,) = plan.stores
+    s.directory.discard([store.keys[0]])  # chunk 0 left host memory
+    assert s.lookup(Req("b", [*range(24), 7]), 0) == 0  # the engine lacks it too: no hit
+    assert s.lookup(Req("c", [*range(24), 7]), 8) == 16  # it has it: chunks 1-2 hit
+    assert s.lookup(Req("d", [*range(24), 7]), 4) == 0  # chunk 0 would be read: no hit
+    s.check_integrity()
+
+
 def test_a_hit_emits_one_load_job_with_a_partial_first_chunk() -> None:
     s, _ = make(k=2)
     store_prompt(s, Req("a", list(range(24))), [1, 2, 3, 4, 5, 6])

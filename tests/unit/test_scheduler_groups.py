@@ -85,7 +85,13 @@ def test_spills_and_promotions_carry_each_chunk_s_group() -> None:
     """The host directory keeps the group of each chunk a store prepared; a spill
     carries those groups to the lower tier, and the promotion a later hit wishes asks
     for the same groups back (from the planner's entries), kept again on host."""
-    config = SchedulerConfig(block_size=BS, blocks_per_chunk=1, world_size=1, kv_groups=GROUPS)
+    config = SchedulerConfig(
+        block_size=BS,
+        blocks_per_chunk=1,
+        world_size=1,
+        kv_groups=GROUPS,
+        direct_tier_loads=False,
+    )
     disk = DirectoryTier(Directory(16, tier="disk"))
     s = OffloadScheduler(config, Directory(16), NS, lower_tiers=[disk])
     doc, tables = list(range(8)), ((1, 2), (3, 4))  # two chunks of both groups
@@ -112,4 +118,38 @@ def test_spills_and_promotions_carry_each_chunk_s_group() -> None:
     assert s.directory.groups_of(promotion.slots) == promotion.groups
     s.on_report(ok(plan.promotions))
     assert s.lookup(again, 0) == 8
+    s.check_integrity()
+
+
+def test_a_tier_load_reads_each_chunk_s_group_from_the_tier() -> None:
+    """With direct tier loads, a hit held on disk only is offered at once and loaded
+    straight into the engine's blocks of both groups: one load job, every chunk read
+    from the tier (NO_SLOT) with its group, the tier's copies pinned until reported."""
+    config = SchedulerConfig(block_size=BS, blocks_per_chunk=1, world_size=1, kv_groups=GROUPS)
+    disk = DirectoryTier(Directory(16, tier="disk"))
+    s = OffloadScheduler(config, Directory(16), NS, lower_tiers=[disk])
+    doc, tables = list(range(8)), ((1, 2), (3, 4))
+    req = Req("a", doc)
+    assert s.lookup(req, 0) == 0
+    s.on_allocated(req, tables, 0)
+    (store,) = step(s, req, 0, tables).stores
+    group_of = dict(zip(store.keys, s.directory.groups_of(store.slots), strict=True))
+    s.on_finished("a")
+    plan = s.build_plan(StepInput())
+    s.on_report(ok(plan.spills))
+    s.directory.discard(list(group_of))  # evicted from host memory, held on disk
+
+    again = Req("b", [*doc, 9])
+    assert s.lookup(again, 0) == 8  # offered at once: no promotion, no deferral
+    s.on_allocated(again, ((5, 6, 7), (8, 9, 10)), 8)
+    plan = s.build_plan(StepInput())
+    (load,) = plan.loads
+    assert not plan.promotions and load.tier == "disk"
+    assert load.tier_chunks() == tuple(range(len(load.keys))) and set(load.keys) == set(group_of)
+    assert load.groups == tuple(group_of[k] for k in load.keys)
+    assert disk.directory.pinned_count == len(load.keys)
+    s.check_integrity()
+    s.on_report(ok(plan.loads))
+    assert disk.directory.pinned_count == 0
+    assert disk.metrics.value("transferred_chunks_total", direction="load") == 4
     s.check_integrity()

@@ -105,7 +105,12 @@ def test_a_full_tier_refuses_the_spill_and_counts_it() -> None:
     assert first.keys == (K(9),)  # storing: neither readable nor evictable
     planner.note_stored([K(1), K(2)])
     assert planner.plan_spills(ids) == []
-    assert disk.metrics.value("no_room_total") == 1 and host.pinned_count == 0
+    assert disk.metrics.value("no_room_total") == 1
+    # still queued, still pinned in host memory: not evicted before it is copied down
+    assert host.pinned_count == 2 and planner.has_queued()
+    disk.directory.complete_store([K(9)], success=True)  # the tier's slot is evictable now
+    (job,) = planner.plan_spills(ids)
+    assert job.keys == (K(1),) and host.pinned_count == 2  # K(2): no room yet, still queued
 
 
 @pytest.mark.parametrize(
@@ -185,3 +190,52 @@ def test_a_store_names_one_group_per_key_or_none() -> None:
     assert len(host) == 0 and host.free_slots == 8  # unchanged
     prepared = host.prepare_store([K(1)])
     assert host.groups_of(prepared.slots) == (0,)
+
+
+def test_a_chunk_waiting_for_its_spill_is_never_evicted_stores_wait_instead() -> None:
+    """Write-through: a queued or spilling chunk holds a host pin, so a store that
+    would need to evict it is refused (no_room) rather than the chunk lost; once the
+    spill is reported, the chunk is evictable and its eviction is not counted as
+    without a copy."""
+    host, disk, planner = setup()
+    keys = [K(i) for i in range(8)]  # fills host memory
+    stored(host, keys)
+    planner.note_stored(keys)
+    assert host.prepare_store([K(20)], admit_all=True).no_room  # queued: pinned
+    (job,) = planner.plan_spills(ids)
+    assert host.prepare_store([K(20)], admit_all=True).no_room  # spilling: pinned
+    planner.complete(job, JobResult(job.job_id, success=True))
+    prepared = host.prepare_store([K(20)], admit_all=True)
+    assert len(prepared.evicted) == 1  # copied down: evictable
+    assert host.metrics.value("evicted_without_copy_total") == 0
+
+
+def test_a_failed_spill_frees_its_chunks_and_their_eviction_is_counted() -> None:
+    host, disk, planner = setup()
+    keys = [K(i) for i in range(8)]
+    stored(host, keys)
+    planner.note_stored(keys)
+    (job,) = planner.plan_spills(ids)
+    planner.complete(job, JobResult(job.job_id, success=False, error="disk gone"))
+    assert host.pinned_count == 0  # the tier is failing: the chunks stay readable, evictable
+    host.prepare_store([K(20), K(21)], admit_all=True)
+    assert host.metrics.value("evicted_without_copy_total") == 2
+
+
+def test_a_chunk_discarded_while_queued_leaves_the_queue_and_its_slot_frees() -> None:
+    host, disk, planner = setup()
+    stored(host, [K(1), K(2)])
+    planner.note_stored([K(1), K(2)])
+    host.discard([K(1)])  # pinned by the queue: out of the index, slot held
+    assert host.free_slots == 6
+    (job,) = planner.plan_spills(ids)
+    assert job.keys == (K(2),) and host.free_slots == 7  # K(1)'s pin dropped, slot free
+    assert planner.queued_pins() == 0
+
+
+def test_a_reset_drops_the_queues_pins() -> None:
+    host, disk, planner = setup()
+    stored(host, [K(1), K(2)])
+    planner.note_stored([K(1), K(2)])
+    planner.reset()
+    assert host.pinned_count == 0 and planner.queued_pins() == 0 and not planner.has_queued()

@@ -62,6 +62,7 @@ class OffloadConfig:
     redis_password_env: str | None = None
     redis_password: str | None = field(default=None, repr=False)
     lower_tier_admission: str | int = "write_through"
+    lower_tier_loads: str = "direct"
     metrics_port: int | None = None
     max_deferral_steps: int = 500
     max_deferral_seconds: float = 5.0

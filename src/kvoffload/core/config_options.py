@@ -178,6 +178,16 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: v == "write_through" or _int_at_least(1)(v),
     ),
     Option(
+        "lower_tier_loads",
+        "direct | promote",
+        "direct",
+        "How a hit in the disk or Redis tier reaches the engine: read straight into the "
+        "engine's blocks through a small staging area (direct: offered at once, needs no "
+        "host-memory room), or first promoted into host memory while the request waits "
+        "(promote: needs host room for the whole run).",
+        lambda v: v in ("direct", "promote"),
+    ),
+    Option(
         "metrics_port",
         "integer 1..65535",
         None,

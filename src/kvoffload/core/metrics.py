@@ -107,6 +107,13 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef("evictions_total", "counter", "Chunks evicted to make room, per tier.", ("tier",)),
     MetricDef(
+        "evicted_without_copy_total",
+        "counter",
+        "Chunks evicted from host memory that no lower tier held (only with a lower tier; "
+        "write-through keeps it near 0: a chunk waiting for its spill is not evicted).",
+        ("tier",),
+    ),
+    MetricDef(
         "admission_refusals_total",
         "counter",
         "Chunks not stored because they were not reused enough yet (store_threshold).",

@@ -88,6 +88,11 @@ class SchedulerConfig:
     ``kv_groups``: the engine's KV cache groups (:mod:`kvoffload.core.kv_groups`);
     every request then has one block table per group.
 
+    ``direct_tier_loads``: a hit in a lower tier is offered at once and loaded from
+    there straight into the engine's blocks (a tier load, through the worker's bounded
+    staging area); off, it is first promoted into host memory (which needs room for
+    the whole run) while the request waits.
+
     ``testing_disable_inflight_deferral`` exists only so the interleaving explorer
     can show that it finds the race this deferral prevents; never set it otherwise.
     """
@@ -100,6 +105,7 @@ class SchedulerConfig:
     max_deferral_seconds: float = 5.0
     null_block: int | None = None
     kv_groups: KVGroups = ONE_GROUP
+    direct_tier_loads: bool = True
     testing_disable_inflight_deferral: bool = False
 
     def __post_init__(self) -> None:

@@ -23,6 +23,23 @@ Spill admission: ``spill_after_hits`` 0 spills every chunk once its host store
 completes (write-through); N >= 1 spills a chunk once it has been loaded from host
 memory N times (counted in a bounded map).
 
+Nothing queued is lost (decision 0009): a chunk queued for a tier's spill holds one
+host pin for that tier (taken when it is queued, carried by its spill job, dropped
+when the job is reported), so host eviction, which takes only unpinned chunks, never
+takes a chunk still waiting to be copied down. A tier with no room now keeps its
+queue for the next plan; meanwhile host stores that find no unpinned chunk to evict
+are refused (``no_room_total``): stores are throttled, never copies lost. A failed
+spill drops its pin (the tier is failing; the chunk stays readable in host memory
+and may be evicted). A discarded chunk leaves the queue at the next plan (its pin
+frees its slot). Each host eviction of a chunk no lower tier holds is counted
+(``evicted_without_copy_total``, host labels).
+
+Tier loads (a load whose trailing or scattered chunks come straight from a lower
+tier, see :class:`~kvoffload.core.jobs.EngineJob`): :meth:`TierPlanner.book_tier_load`
+checks and books the tier's chunks (a slotted tier pins them), and
+:meth:`TierPlanner.complete_tier_load` releases them, forgetting the copies the
+worker found missing or corrupt.
+
 Counts, in each tier's ``metrics``: lookups and hit tokens (chunks found times
 ``chunk_tokens``), promoted and failed chunks, integrity errors by reason (the part
 of the failure's text after ``integrity:``), missing chunks.
@@ -32,13 +49,13 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
 from kvoffload.core.failures import ChunkFailure, FailureKind, error_failure
-from kvoffload.core.jobs import JobKind, JobResult, TierJob
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.tiering import DirectoryTier, LowerTier
 
@@ -81,6 +98,9 @@ class TierPlanner:
         self._max_counters = max_counters
         self._queues: dict[str, dict[ChunkKey, None]] = {name: {} for name in self.tiers}
         self._hits: OrderedDict[ChunkKey, int] = OrderedDict()
+        if self.tiers:
+            host.metrics.declare("evicted_without_copy_total")
+            host.on_evict = self._note_evicted
 
     def __bool__(self) -> bool:
         return bool(self.tiers)
@@ -129,30 +149,60 @@ class TierPlanner:
         self._queue(ripe)
 
     def _queue(self, keys: Sequence[ChunkKey]) -> None:
+        """Queue the readable ``keys`` for every tier, one host pin per tier queue."""
+        host = self.host
+        readable = [k for k in dict.fromkeys(keys) if host.slot_of(k) is not None]
+        readable = [k for k in readable if host.state_of(k) is not ChunkState.STORING]
         for queue in self._queues.values():
-            queue.update(dict.fromkeys(keys))
+            new = [k for k in readable if k not in queue]
+            if new:
+                host.prepare_load(new)
+                queue.update(dict.fromkeys(new))
 
     def has_queued(self) -> bool:
         return any(self._queues.values())
 
+    def queued_pins(self) -> int:
+        """Host pins the spill queues hold (one per queued key and tier)."""
+        return sum(len(queue) for queue in self._queues.values())
+
+    def _note_evicted(self, victims: Sequence[ChunkKey]) -> None:
+        """Host evicted ``victims``: count those no lower tier is known to hold."""
+        tiers = self.tiers.values()
+        lost = sum(1 for key in victims if not any(tier.holds(key) for tier in tiers))
+        if lost:
+            self.host.metrics.count("evicted_without_copy_total", lost)
+
     # ------------------------------------------------------------ jobs
 
     def plan_spills(self, new_id: Callable[[], int]) -> list[TierJob]:
-        """Spills of the queued chunks still in host memory (pinned there until
-        reported), one per tier with room; they serve no request. Empties the queues."""
+        """Spills of the queued chunks, one per tier with room (they serve no request);
+        each job carries its chunks' queue pins. A tier without room keeps its queue
+        for the next plan; chunks discarded meanwhile, or the tier holds already,
+        leave the queue and drop their pin."""
         jobs = []
+        host = self.host
         for name, queue in self._queues.items():
-            keys = [
-                k for k in queue if self.host.state_of(k) in (ChunkState.READY, ChunkState.PINNED)
-            ]
+            if not queue:
+                continue
+            keys = [k for k in queue if host.slot_of(k) is not None]
+            if len(keys) != len(queue):
+                host.complete_load([k for k in queue if host.slot_of(k) is None])
             queue.clear()
             if not keys:
                 continue
             tier = self.tiers[name]
             booking = tier.book_spill(keys)
-            if booking is None or not booking.keys:
+            if booking is None:
+                queue.update(dict.fromkeys(keys))  # no room below yet: retry next plan
                 continue
-            slots = self.host.prepare_load(booking.keys)
+            queue.update(dict.fromkeys(booking.later))  # no room for them yet
+            if len(booking.keys) + len(booking.later) != len(keys):
+                booked = {*booking.keys, *booking.later}
+                host.complete_load([k for k in keys if k not in booked])  # held already
+            if not booking.keys:
+                continue
+            slots = host.slots_of(booking.keys)  # pinned by the queue: the job's pins now
             jobs.append(
                 TierJob(
                     job_id=new_id(),
@@ -195,6 +245,45 @@ class TierPlanner:
             groups=self.host.groups_of(prepared.slots) if self.grouped else (),
         )
 
+    def book_tier_load(self, tier_name: str, keys: Sequence[ChunkKey]) -> tuple[int, ...] | None:
+        """Book ``keys`` of tier ``tier_name`` for a tier load (kept until
+        :meth:`complete_tier_load`): their tier slots (slotted tier) or ``()``; None,
+        booking nothing, when the tier is known to lack one of them (a tier that cannot
+        tell now is booked: a chunk gone by read time fails the load, a miss)."""
+        tier = self.tiers.get(tier_name)
+        if tier is None:
+            return None
+        run = tier.present_run(keys)
+        if run is not None and run != len(keys):
+            return None
+        return tier.book_promotion(keys)
+
+    def complete_tier_load(self, job: EngineJob, result: JobResult) -> None:
+        """A tier load every worker reported: release its tier chunks, forget those
+        found missing or corrupt, count the outcome under the tier's labels."""
+        if job.tier is None:
+            return
+        tier = self.tiers[job.tier]
+        mine = job.tier_chunks()
+        failed = {i: f for i, f in result.failed_chunks if i in set(mine)}
+        if not result.success and not failed:
+            cause = error_failure(str(result.error) or "failed")
+            failed = dict.fromkeys(mine, cause)
+        keys = [job.keys[i] for i in mine]
+        gone = [job.keys[i] for i, failure in failed.items() if failure.copy_gone]
+        tier.release_promotion(keys, gone)
+        tier.metrics.count("transferred_chunks_total", len(mine) - len(failed), direction="load")
+        tier.metrics.count("failed_chunks_total", len(failed), direction="load")
+        self._count_failures(tier, failed.values())
+
+    def _count_failures(self, tier: LowerTier, failures: Iterable[ChunkFailure]) -> None:
+        for failure in failures:
+            if failure.kind is FailureKind.INTEGRITY:
+                # the reason: the part of the text "integrity:<reason>" after the colon
+                tier.metrics.count("integrity_errors_total", reason=failure.detail)
+            elif failure.kind is FailureKind.MISSING:
+                tier.metrics.count("missing_chunks_total")
+
     def complete(self, job: TierJob, result: JobResult) -> None:
         """Book a spill's or a promotion's outcome (aggregated over every worker)."""
         tier = self.tiers[job.tier]
@@ -217,17 +306,15 @@ class TierPlanner:
         tier.release_promotion(job.keys, gone)
         tier.metrics.count("transferred_chunks_total", len(ok), direction="promote")
         tier.metrics.count("failed_chunks_total", len(bad), direction="promote")
-        for failure in failed.values():
-            if failure.kind is FailureKind.INTEGRITY:
-                # the reason: the part of the text "integrity:<reason>" after the colon
-                tier.metrics.count("integrity_errors_total", reason=failure.detail)
-            elif failure.kind is FailureKind.MISSING:
-                tier.metrics.count("missing_chunks_total")
+        self._count_failures(tier, failed.values())
 
     def reset(self) -> None:
         """A connector reset: every tier forgets what it holds; queued spills and hit
-        counts (old keys) are dropped. Jobs in flight complete into the reset tiers."""
+        counts (old keys) are dropped (with their host pins). Jobs in flight complete
+        into the reset tiers."""
         for queue in self._queues.values():
+            if queue:
+                self.host.complete_load(list(queue))
             queue.clear()
         self._hits.clear()
         for tier in self.tiers.values():

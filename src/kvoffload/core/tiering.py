@@ -34,19 +34,22 @@ from kvoffload.core.recorder import CounterScope
 
 @dataclass(frozen=True)
 class SpillBooking:
-    """What a spill job must write: ``keys``, at ``slots`` in a slotted tier."""
+    """What a spill job must write: ``keys``, at ``slots`` in a slotted tier;
+    ``later``: keys the tier has no room for yet (to offer again next plan)."""
 
     keys: tuple[ChunkKey, ...]
     slots: tuple[int, ...] = ()
+    later: tuple[ChunkKey, ...] = ()
 
 
 def declare_tier_counters(metrics: CounterScope) -> None:
     """The series every lower tier exports from the start (at 0): lookups, hit
-    tokens, chunks spilled and promoted and those that failed, chunks missing,
+    tokens, chunks spilled, promoted and loaded straight into the engine (tier loads)
+    and those that failed, chunks missing,
     refused spills (a directory tier's directory counts these; the Redis index never
     refuses one)."""
     metrics.declare("lookups_total", "hit_tokens_total", "missing_chunks_total", "no_room_total")
-    for direction in ("spill", "promote"):
+    for direction in ("spill", "promote", "load"):
         metrics.declare("transferred_chunks_total", "failed_chunks_total", direction=direction)
 
 
@@ -58,6 +61,10 @@ class LowerTier(Protocol):
         """How many leading ``keys`` the tier holds; None while it cannot tell yet
         (ask again later). No side effect on the tier's contents."""
 
+    def holds(self, key: ChunkKey) -> bool:
+        """Whether the tier is known to hold ``key`` now (no I/O, no side effect; a
+        non-authoritative tier answers from what it saw)."""
+
     def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
         """``keys`` (all present) are about to be read: keep them until released.
         Their slots in a slotted tier, else ``()``."""
@@ -66,7 +73,8 @@ class LowerTier(Protocol):
         """The read of ``keys`` ended; ``bad`` ones were missing or corrupt: forget them."""
 
     def book_spill(self, keys: Sequence[ChunkKey]) -> SpillBooking | None:
-        """Reserve room for the ``keys`` not held yet; None when there is no room."""
+        """Reserve room for the ``keys`` not held yet (as many as fit, the others
+        ``later``); None when there is no room at all."""
 
     def complete_spill(self, written: Sequence[ChunkKey], failed: Sequence[ChunkKey]) -> None:
         """The spill job ended: ``written`` are held now, ``failed`` are not."""
@@ -94,6 +102,9 @@ class DirectoryTier:
     def present_run(self, keys: Sequence[ChunkKey]) -> int:
         return self.directory.readable_prefix(keys)
 
+    def holds(self, key: ChunkKey) -> bool:
+        return self.directory.readable_prefix((key,)) == 1
+
     def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
         return self.directory.prepare_load(keys)
 
@@ -102,10 +113,18 @@ class DirectoryTier:
         self.directory.discard(bad)  # the worker that found a bad copy already cleared it
 
     def book_spill(self, keys: Sequence[ChunkKey]) -> SpillBooking | None:
-        prepared = self.directory.prepare_store(keys)
+        directory = self.directory
+        prepared = directory.prepare_store(keys)
+        if not prepared.no_room:
+            return SpillBooking(prepared.keys, prepared.slots)
+        # Counted by the directory (no_room_total); book the leading keys that fit.
+        room = directory.free_slots + directory.evictable_count
+        if room <= 0:
+            return None
+        prepared = directory.prepare_store(keys[:room])
         if prepared.no_room:
-            return None  # counted by the directory (no_room_total)
-        return SpillBooking(prepared.keys, prepared.slots)
+            return None
+        return SpillBooking(prepared.keys, prepared.slots, tuple(keys[room:]))
 
     def complete_spill(self, written: Sequence[ChunkKey], failed: Sequence[ChunkKey]) -> None:
         if written:

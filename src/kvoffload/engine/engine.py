@@ -154,7 +154,7 @@ class ReferenceEngine:
         )
         busy = self.waiting or self.running or unapplied
         jobs = self.scheduler is not None and (
-            self.scheduler.jobs_in_flight() or self.scheduler.request_ids()
+            self.scheduler.has_pending_work() or self.scheduler.request_ids()
         )
         return not busy and not jobs
 

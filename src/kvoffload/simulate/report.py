@@ -19,7 +19,9 @@ class TierResult:
 
     ``written``: chunks copied into the tier (host: stores from the engine; a lower
     tier: spills from host memory). ``read``: chunks copied out of it (host: loads
-    into the engine; a lower tier: promotions into host memory)."""
+    into the engine; a lower tier: promotions into host memory and tier loads into the
+    engine). ``evicted_without_copy`` (host, with a lower tier): evicted chunks no
+    lower tier held."""
 
     tier: str
     capacity_chunks: int
@@ -27,6 +29,7 @@ class TierResult:
     read: int = 0
     evictions: int = 0
     held_at_end: int = 0
+    evicted_without_copy: int = 0
 
 
 @dataclass
@@ -202,6 +205,13 @@ def format_report(r: SimResult) -> str:
         )
     if not r.tiers:
         lines.append("  (no tier: host memory below one chunk, kvoffload is off)")
+    host = r.tier("host")
+    if host is not None and len(r.tiers) > 1:
+        share = host.evicted_without_copy / host.evictions if host.evictions else 0.0
+        lines.append(
+            f"  host evictions without a lower-tier copy: {host.evicted_without_copy} "
+            f"({share:.1%} of {host.evictions})"
+        )
     lines.append(f"\n(simulated in {r.wall_s:.1f} s)")
     return "\n".join(lines)
 

@@ -223,6 +223,9 @@ class _Simulation:
                 read=chunks[("load", "host")],
                 evictions=self.host.metrics.value("evictions_total"),
                 held_at_end=len(self.host),
+                evicted_without_copy=self.host.metrics.value("evicted_without_copy_total")
+                if self.lower
+                else 0,
             )
         )
         if r.groups is not None:

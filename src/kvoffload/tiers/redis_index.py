@@ -88,6 +88,11 @@ class RedisIndex:
                     return i
             return len(keys)
 
+    def holds(self, key: ChunkKey) -> bool:
+        with self._lock:
+            entry = self._known.get(key)
+        return entry is not None and entry[0]
+
     def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
         return ()  # nothing to pin: the server may evict, a read then misses
 

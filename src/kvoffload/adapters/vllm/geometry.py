@@ -67,6 +67,7 @@ class Geometry:
             max_deferral_steps=config.max_deferral_steps,
             max_deferral_seconds=config.max_deferral_seconds,
             kv_groups=self.kv_groups,
+            direct_tier_loads=config.lower_tier_loads == "direct",
         )
 
 

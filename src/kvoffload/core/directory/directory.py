@@ -16,6 +16,9 @@ Two-phase operations keep slots safe while bytes move:
 
 A chunk's KV cache group is kept with its slot (``prepare_store(groups=)``, ``groups_of``).
 
+``on_evict`` (set by the owner, e.g. the tier planner): called with the chunks each
+eviction took, after they left the directory (it must not call back into it).
+
 Failure contract: a caller breaking a precondition (loading a chunk that is not a
 hit, completing what was not prepared) gets :class:`ContractViolation` and the
 directory is unchanged. Transfer failures are not exceptions: they arrive as
@@ -24,7 +27,7 @@ directory is unchanged. Transfer failures are not exceptions: they arrive as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory.admission import AdmissionFilter, sort_store_keys
@@ -74,6 +77,7 @@ class Directory:
         self.metrics.declare(*DIRECTORY_COUNTERS)
         self._slots = SlotTable(num_slots)
         self._events: list[CacheEvent] = []
+        self.on_evict: Callable[[tuple[ChunkKey, ...]], None] | None = None
 
     # ------------------------------------------------------------ queries (no side effects)
 
@@ -96,6 +100,14 @@ class Directory:
     def groups_of(self, slots: Sequence[int]) -> tuple[int, ...]:
         """The KV cache group of the chunk in each of ``slots`` (allocated slots)."""
         return tuple(self._slots.group[slot] for slot in slots)
+
+    def slots_of(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
+        """The slots of present ``keys`` (any state but FREE), in order; a key that is
+        not present is a :class:`ContractViolation`."""
+        index = self._slots.index
+        if any(key not in index for key in keys):
+            raise ContractViolation(f"{self.tier}: slots_of a chunk that is not present")
+        return tuple(index[key] for key in keys)
 
     def slot_of(self, key: ChunkKey) -> int | None:
         """The slot holding ``key`` (any state but FREE), or None."""
@@ -227,6 +239,8 @@ class Directory:
         if victims:
             self.metrics.count("evictions_total", len(victims))
             self._events.append(CacheEvent(EventKind.REMOVED, victims, self.tier))
+            if self.on_evict is not None:
+                self.on_evict(victims)
         return victims
 
     def complete_store(self, keys: Sequence[ChunkKey], success: bool) -> None:

@@ -40,17 +40,23 @@ def verify_scheduler(
     orphans = [j.job_id for j in jobs if j.request_id is not None and j.request_id not in states]
     if orphans:
         _fail(f"jobs {orphans} belong to no request")
-    pins = _keys_of(jobs, JobKind.LOAD, JobKind.SPILL)
+    queued = tiers.queued_pins() if tiers is not None else 0
+    pins = _host_keys_of(jobs, JobKind.LOAD, JobKind.SPILL) + queued
     if directory.pinned_count != pins:
-        _fail(f"{directory.pinned_count} pins held, in-flight loads and spills account for {pins}")
+        _fail(
+            f"{directory.pinned_count} pins held, in-flight loads and spills and queued "
+            f"spills account for {pins}"
+        )
     storing = _keys_of(jobs, JobKind.STORE, JobKind.PROMOTE)
     if directory.storing_count != storing:
         _fail(f"{directory.storing_count} slots storing, in-flight jobs account for {storing}")
     for tier in tiers.directory_tiers() if tiers is not None else ():
         tier.directory.check_integrity()
         mine = [j for j in jobs if isinstance(j, TierJob) and j.tier == tier.name]
-        if tier.directory.pinned_count != _keys_of(mine, JobKind.PROMOTE):
-            _fail(f"tier {tier.name}: pins do not match its in-flight promotions")
+        tier_loads = [j for j in jobs if isinstance(j, EngineJob) and j.tier == tier.name]
+        reads = _keys_of(mine, JobKind.PROMOTE) + sum(len(j.tier_chunks()) for j in tier_loads)
+        if tier.directory.pinned_count != reads:
+            _fail(f"tier {tier.name}: pins do not match its in-flight promotions and tier loads")
         if tier.directory.storing_count != _keys_of(mine, JobKind.SPILL):
             _fail(f"tier {tier.name}: storing slots do not match its in-flight spills")
     fences = sum(
@@ -86,6 +92,16 @@ def _check_request(state: RequestState, jobs: Sequence[TransferJob]) -> None:
         _fail(f"{request_id!r} is draining with nothing in flight")
     if phase is Phase.FINISHED_DRAINING and not jobs:
         _fail(f"{request_id!r} finished, drained, still tracked")
+
+
+def _host_keys_of(jobs: Sequence[TransferJob], *kinds: JobKind) -> int:
+    """Chunks the jobs of ``kinds`` read or write in host memory (a tier load's tier
+    chunks are not there)."""
+    return sum(
+        len(job.host_chunks()) if isinstance(job, EngineJob) and job.tier else len(job.keys)
+        for job in jobs
+        if job.kind in kinds
+    )
 
 
 def _keys_of(jobs: Sequence[TransferJob], *kinds: JobKind) -> int:

@@ -143,7 +143,7 @@ class OffloadScheduler:
             self.on_preempted(request.request_id)  # only a preempted request is re-looked-up
         state.request = request
         state.blocks.clear()
-        state.lookup_hit = None
+        state.lookup_hit, state.lookup_tier = None, None
         return self.loads.answer(state, request, num_computed_tokens)
 
     # -------------------------------------------------------------- allocation

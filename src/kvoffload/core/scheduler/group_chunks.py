@@ -36,16 +36,20 @@ class Entry(NamedTuple):
 def readable_chunks(
     directory: Directory, groups: KVGroups, keys: Sequence[ChunkKey], local_chunks: int, chunk: int
 ) -> int:
-    """The longest hit, in chunks of ``keys``, every group can serve from ``directory``:
-    the readable prefix common to the full-attention groups, shrunk until each window
-    group's chunks after ``local_chunks`` that its window reads are readable too
-    (repeated to a fixed point: every shrink can only shrink it further)."""
+    """The longest hit, in chunks of ``keys``, every group can serve from ``directory``
+    on top of the engine's own ``local_chunks`` (whole chunks it computed: they need
+    not be in ``directory``): the readable run after them common to the full-attention
+    groups, shrunk until each window group's chunks after ``local_chunks`` that its
+    window reads are readable too (repeated to a fixed point: every shrink can only
+    shrink it further)."""
+    local_chunks = min(local_chunks, len(keys))
     if groups.plain:
-        return directory.readable_prefix(keys)
+        return local_chunks + directory.readable_prefix(keys[local_chunks:])
     hit = len(keys)
     for g, group in enumerate(groups.groups):
         if group.full:
-            hit = min(hit, directory.readable_prefix([groups.key(k, g) for k in keys[:hit]]))
+            tail = [groups.key(k, g) for k in keys[local_chunks:hit]]
+            hit = min(hit, local_chunks + directory.readable_prefix(tail))
     windows = [g for g, group in enumerate(groups.groups) if not group.full]
     while True:
         before = hit

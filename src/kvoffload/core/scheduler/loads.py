@@ -1,21 +1,26 @@
 """The load family: lookup's answer, the load job of an admitted hit, its completion.
 
 :class:`LoadPlanner` owns both ends of a load: it answers lookups from the host
-directory (waiting for a pending store or a lower tier when that can still make a
-hit), plans the one load job of an admitted hit (pinning its chunks), and completes
-it (unpinning; a failed load discards the chunks, whose copies may be torn). The
+directory and the lower tiers (waiting for a pending store, or for a lower tier that
+cannot tell yet, when that can still make a hit), plans the one load job of an
+admitted hit (pinning its host chunks; its chunks a lower tier holds are read from
+there, a *tier load*, booked in the tier), and completes it (unpinning; a failed load
+discards its host chunks, whose copies may be torn, unless the failure was the tier's
+chunks, which the tier then forgets). With ``direct_tier_loads`` off, a lower tier's
+run is instead promoted into host memory first while the request waits. The
 functions below it are pure over the state they are given (they mutate only what
 their docstrings name).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.chunk_state import ChunkState
-from kvoffload.core.directory import Directory
-from kvoffload.core.jobs import NO_BLOCK, EngineJob, JobKind
+from kvoffload.core.directory import Directory, LookupStatus
+from kvoffload.core.jobs import NO_BLOCK, NO_SLOT, EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
@@ -98,6 +103,8 @@ class LoadPlanner:
             )
             if wished:
                 self.wished.append(state.request_id)
+            if isinstance(reason, TierHit):
+                state.lookup_tier, readable, reason = reason.tier, reason.chunks, None
             if reason is not None:
                 if not self.deferral.expired(state):
                     self.deferral.defer(state, reason)
@@ -129,29 +136,48 @@ class LoadPlanner:
             blocks=blocks,
             config=self.config,
             directory=self.directory,
+            tiers=self.tiers,
             new_id=self.requests.tracker.new_id,
             anomalies=self.anomalies,
         )
         self.requests.tracker.add(job)
         if job.keys:
             self.stats.loads += 1
-            chunks = len(job.keys)
-            self.metrics.count("transferred_chunks_total", chunks, direction="load", tier="host")
-            self.metrics.count("hit_tokens_total", external, tier="host")
+            host = len(job.host_chunks()) if job.tier is not None else len(job.keys)
+            tier_tokens = (len(job.keys) - host) * self.config.chunk_tokens
+            if job.tier is not None and job.slots[0] == NO_SLOT:
+                tier_tokens -= local % self.config.chunk_tokens  # its first chunk starts inside
+            self.metrics.count("transferred_chunks_total", host, direction="load", tier="host")
+            self.metrics.count("hit_tokens_total", external - tier_tokens, tier="host")
         return job
 
     def complete(self, completion: Completion) -> None:
-        """The directory side of a finished load: unpin; on failure the copy may be
-        torn, so nobody loads these chunks again (and the request recomputes instead
-        of retrying: no retry loops)."""
+        """The directory side of a finished load: unpin its host chunks (a tier load's
+        tier chunks are released in the tier planner); on failure the copy may be
+        torn, so nobody loads these host chunks again (and the request recomputes
+        instead of retrying: no retry loops) unless only tier chunks failed."""
         job = completion.job
-        self.directory.complete_load(job.keys)
+        assert isinstance(job, EngineJob)  # the completions route only loads here
+        keys = job.keys if job.tier is None else tuple(job.keys[i] for i in job.host_chunks())
+        self.directory.complete_load(keys)
+        if job.tier is not None:
+            self.tiers.complete_tier_load(job, completion.result)
         if completion.success:
-            self.tiers.note_loaded(job.keys)
+            self.tiers.note_loaded(keys)
             return
-        self.directory.discard(job.keys)
         self.stats.load_failures += 1
-        self.metrics.count("failed_chunks_total", len(job.keys), direction="load", tier="host")
+        if completion.result.failed_chunks:
+            return  # the tier's chunks failed (counted under its labels)
+        self.directory.discard(keys)
+        self.metrics.count("failed_chunks_total", len(keys), direction="load", tier="host")
+
+
+class TierHit(NamedTuple):
+    """:func:`next_chunks_wait`: offer a hit of ``chunks`` chunks now, those past the
+    host prefix read from lower tier ``tier`` (a tier load)."""
+
+    tier: str
+    chunks: int
 
 
 def next_chunks_wait(
@@ -163,12 +189,14 @@ def next_chunks_wait(
     directory: Directory,
     tiers: TierPlanner,
     config: SchedulerConfig,
-) -> tuple[Deferral | None, bool]:
+) -> tuple[Deferral | TierHit | None, bool]:
     """Whether the chunks after the readable prefix (``readable`` chunks of ``keys``)
-    are worth waiting for: a host store of the next one is in flight, or a lower tier
-    holds the next ones (their promotion is then wished in ``state.promotion``, for the
-    next plan). Returns the reason to wait (None: do not) and whether the promotion
-    wish is new."""
+    are worth waiting for: a host store of the next one is in flight, a lower tier
+    cannot tell yet, or (``direct_tier_loads`` off) a lower tier holds the next ones
+    (their promotion is then wished in ``state.promotion``, for the next plan); with
+    ``direct_tier_loads`` a lower tier's run is a :class:`TierHit` to offer now.
+    Returns the reason to wait or the tier hit (None: neither) and whether the
+    promotion wish is new."""
     if state.no_promotion:
         return None, False
     chunk, groups = config.chunk_tokens, config.kv_groups
@@ -187,6 +215,8 @@ def next_chunks_wait(
     tier, hit, wanted, wanted_groups = found
     if hit * chunk - local < chunk:
         return None, False  # less than a chunk past the engine's own hit
+    if config.direct_tier_loads:
+        return TierHit(tier, hit), False
     new = state.promotion is None
     state.promotion = PromotionWish(tier, tuple(wanted), wanted_groups)
     return Deferral.PROMOTION, new
@@ -238,14 +268,17 @@ def plan_load_job(
     blocks: GroupBlocks,
     config: SchedulerConfig,
     directory: Directory,
+    tiers: TierPlanner,
     new_id: Callable[[], int],
     anomalies: AnomalyLog,
 ) -> EngineJob:
-    """The load of ``external`` tokens past ``local`` into the request's blocks, its
-    chunks pinned in ``directory``; a load of only invalid blocks (the engine
-    recomputes them; counted as an anomaly, ``state.load_failed`` set) when the engine
-    asked for another hit than ``offered`` or the blocks name the null block or a
-    block twice."""
+    """The load of ``external`` tokens past ``local`` into the request's blocks: its
+    host chunks pinned in ``directory``, the others (a tier load, when the lookup
+    offered a hit in lower tier ``state.lookup_tier``) booked in that tier. A load of
+    only invalid blocks (the engine recomputes them; counted as an anomaly,
+    ``state.load_failed`` set) when the engine asked for another hit than ``offered``,
+    the blocks name the null block or a block twice, or a chunk is in neither host
+    memory nor the lower tier any more."""
     chunk, block_size = config.chunk_tokens, config.block_size
     entries: list[Entry] = []
     if config.kv_groups.plain:
@@ -259,8 +292,19 @@ def plan_load_job(
         problem = (Anomaly.EXTERNAL_TOKENS, f"{external} external tokens, {offered} offered")
     else:
         problem = check_blocks(moved, config.null_block)
-    if problem is not None:
-        kind, detail = problem
+    if entries:  # several groups or a window: NO_BLOCK marks what is not moved
+        keys = [e.key for e in entries]
+        block_ids, skip = tuple(b for e in entries for b in e.blocks), 0
+    else:
+        keys = state.keys.keys[local // chunk : (local + external) // chunk]
+        block_ids, skip = moved, (local % chunk) // block_size
+    sources = None
+    if problem is None:
+        sources = _sources(keys, entries, state.lookup_tier, directory, tiers)
+        if sources is None:
+            problem = (Anomaly.CHUNK_GONE, "a chunk left every tier since the lookup")
+    if problem is not None or sources is None:
+        kind, detail = problem or (Anomaly.EXTERNAL_TOKENS, "")
         anomalies.note(kind, f"load for request {state.request_id!r}: {detail}; recomputed")
         state.load_failed = True
         return EngineJob(
@@ -273,19 +317,45 @@ def plan_load_job(
             blocks_per_chunk=config.blocks_per_chunk,
             invalid_blocks=moved,
         )
-    if entries:  # several groups or a window: NO_BLOCK marks what is not moved
-        keys = [e.key for e in entries]
-        block_ids, skip = tuple(b for e in entries for b in e.blocks), 0
-    else:
-        keys = state.keys.keys[local // chunk : (local + external) // chunk]
-        block_ids, skip = moved, (local % chunk) // block_size
+    slots, tier, tier_slots, groups = sources
     return EngineJob(
         job_id=new_id(),
         kind=JobKind.LOAD,
         request_id=state.request_id,
         keys=tuple(keys),
-        slots=directory.prepare_load(keys),
+        slots=slots,
         block_ids=block_ids,
         blocks_per_chunk=config.blocks_per_chunk,
         skip_blocks=skip,
+        tier=tier,
+        tier_slots=tier_slots,
+        groups=groups,
     )
+
+
+def _sources(
+    keys: Sequence[ChunkKey],
+    entries: Sequence[Entry],
+    tier: str | None,
+    directory: Directory,
+    tiers: TierPlanner,
+) -> tuple[tuple[int, ...], str | None, tuple[int, ...], tuple[int, ...]] | None:
+    """Where each of ``keys`` is read from: (slots, with :data:`NO_SLOT` for the chunks
+    read from ``tier``; that tier (None: host memory only); their tier slots; their KV
+    cache groups when ``entries`` name several). Pins the host chunks and books the
+    tier's; None, changing nothing, when a chunk is in neither."""
+    status = directory.lookup(keys).statuses
+    from_tier = [i for i, st in enumerate(status) if st is not LookupStatus.HIT]
+    if not from_tier:
+        return directory.prepare_load(keys), None, (), ()
+    if tier is None:
+        return None
+    tier_keys = [keys[i] for i in from_tier]
+    tier_slots = tiers.book_tier_load(tier, tier_keys)
+    if tier_slots is None:
+        return None
+    host_keys = [k for k, st in zip(keys, status, strict=True) if st is LookupStatus.HIT]
+    host_slots = iter(directory.prepare_load(host_keys))
+    slots = tuple(NO_SLOT if st is not LookupStatus.HIT else next(host_slots) for st in status)
+    groups = tuple(entries[i].group for i in from_tier) if tiers.grouped and entries else ()
+    return slots, tier, tier_slots, groups

@@ -48,7 +48,8 @@ Owned and mutated only by the scheduler half; who writes what:
 - ``blocks`` (one table per KV cache group): cleared at lookup and preemption, set
   by :meth:`admit` and the step builder; ``computed_tokens`` and
   ``scheduled_from``: the step builder (``computed_tokens`` clamped at finish);
-- ``lookup_hit``: written by lookup, taken by the allocation; ``load_failed``: the
+- ``lookup_hit`` and ``lookup_tier`` (the lower tier the offered hit reads, for a
+  tier load): written by lookup, read by the allocation; ``load_failed``: the
   load planner and the completions; ``stale_kv``: :meth:`rekey` sets it,
   :meth:`admit` clears it.
 """
@@ -146,6 +147,7 @@ class RequestState:
         "keys",
         "load_failed",
         "lookup_hit",
+        "lookup_tier",
         "no_promotion",
         "phase",
         "promotion",
@@ -176,6 +178,7 @@ class RequestState:
         self.computed_tokens = 0
         self.scheduled_from = 0
         self.lookup_hit: tuple[int, int] | None = None  # (local tokens, external tokens)
+        self.lookup_tier: str | None = None  # the lower tier the offered hit reads, if any
         self.deferred: Deferred | None = None  # written only by the DeferralClock
         self.load_failed = False  # a load of this request failed: it recomputes from now on
         self.promotion: PromotionWish | None = None  # wished by lookup, taken by the plan

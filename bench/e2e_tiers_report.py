@@ -1,0 +1,200 @@
+"""The report of the "tiers" workload (``bench/e2e_tiers.py``): TTFT against
+never-evicting, kvoffload's counters, tier throughput against the baselines, targets."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from e2e_common import identical, med, mismatches, per_round_ratio, target
+from e2e_metrics import Counts
+from e2e_tiers import KVOFFLOAD, MAX_RUNNING, REFERENCE, TIER_THREADS, Rate, Results, TierSetup
+from kvoffload.core.chunk_format import HEADER_BYTES
+from kvoffload.demos.chat_demo import BLOCK
+
+MiB = 1 << 20
+
+
+def ratio(res: Results, config: str) -> float | None:
+    """Median over rounds of this config's mean TTFT / never-evicting's in the same round."""
+    num = [r.mean_ttft_s for r in res.runs.get(config, [])]
+    return per_round_ratio(num, [r.mean_ttft_s for r in res.runs[REFERENCE]])
+
+
+def ttft_table(res: Results) -> list[str]:
+    base = res.runs[REFERENCE][0] if res.runs[REFERENCE] else None
+    lines = [
+        f"  {'config':<16}{'mean TTFT':>10}{'p90':>9}{'/ never-ev.':>12}{'engine hits':>13}"
+        f"{'connector hits':>16}{'outputs identical':>19}"
+    ]
+    for c in res.configs:
+        runs = res.runs[c]
+        if not runs:
+            lines.append(f"  {c:<16}not available: {res.failed.get(c, 'did not run')}")
+            continue
+        r = ratio(res, c)
+        lines.append(
+            f"  {c:<16}{med(runs, lambda x: x.mean_ttft_s):>9.3f}s"
+            f"{med(runs, lambda x: x.ttft_percentile(0.9)):>8.3f}s"
+            f"{f'{r:.3f}x' if r is not None else 'n/a':>12}"
+            f"{med(runs, lambda x: float(x.local_hit_tokens)):>13.0f}"
+            f"{med(runs, lambda x: float(x.external_hit_tokens)):>16.0f}"
+            f"{identical(base, runs):>19}"
+        )
+    return lines
+
+
+def _median(counts: list[Counts], get: Callable[[Counts], float | None]) -> str:
+    values = [v for v in (get(c) for c in counts) if v is not None]
+    return f"{statistics.median(values):.0f}" if values else "n/a"
+
+
+def _chunks(direction: str, tier: str) -> Callable[[Counts], float | None]:
+    return lambda c: c.value("transferred_chunks_total", direction=direction, tier=tier)
+
+
+def _series(name: str, **pairs: str) -> Callable[[Counts], float | None]:
+    return lambda c: c.value(name, **pairs)
+
+
+COUNTER_ROWS: tuple[tuple[str, Callable[[Counts], float | None]], ...] = (
+    ("host stores (chunks)", _chunks("store", "host")),
+    ("host evictions", _series("evictions_total", tier="host")),
+    ("evicted without copy", lambda c: c.evicted_without_copy()),
+    ("host no room", _series("no_room_total", tier="host")),
+    ("spills to disk", _chunks("spill", "disk")),
+    ("spills to redis", _chunks("spill", "redis")),
+    ("disk evictions", _series("evictions_total", tier="disk")),
+    ("promotions from disk", _chunks("promote", "disk")),
+    ("promotions from redis", _chunks("promote", "redis")),
+    ("disk lookups", _series("lookups_total", tier="disk")),
+    ("redis lookups", _series("lookups_total", tier="redis")),
+    ("tokens found on disk", _series("hit_tokens_total", tier="disk")),
+    ("tokens found in redis", _series("hit_tokens_total", tier="redis")),
+    ("tokens loaded (host->engine)", _series("hit_tokens_total", tier="host")),
+    ("host loads (chunks)", _chunks("load", "host")),
+    ("lookup deferrals", _series("deferrals_total", reason="lookup")),
+    ("deferrals, all reasons", _series("deferrals_total")),
+    ("deferral timeouts", _series("deferral_timeouts_total")),
+    ("failed chunks", _series("failed_chunks_total")),
+    ("missing chunks", _series("missing_chunks_total")),
+    ("anomalies", _series("anomalies_total")),
+    ("runs not settled at the end", lambda c: float(not c.settled)),
+)
+
+
+def counter_table(res: Results) -> list[str]:
+    cols = [c for c in KVOFFLOAD if res.counts.get(c)]
+    if not cols:
+        return ["  no kvoffload run"]
+    lines = [f"  {'':<30}" + "".join(f"{c:>15}" for c in cols)]
+    for label, get in COUNTER_ROWS:
+        lines.append(f"  {label:<30}" + "".join(f"{_median(res.counts[c], get):>15}" for c in cols))
+    return lines
+
+
+RATE_ROWS = (  # label, config, direction, tier, baseline key
+    ("spill host->disk", "host10+disk", "spill", "disk", "disk write"),
+    ("promote disk->host", "host10+disk", "promote", "disk", "disk read"),
+    ("spill host->redis", "host10+redis", "spill", "redis", "redis SET"),
+    ("promote redis->host", "host10+redis", "promote", "redis", "redis GET"),
+)
+
+
+def _rate(values: list[Rate]) -> Rate | None:
+    if not values:
+        return None
+    return statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
+
+
+def rate_table(setup: TierSetup, res: Results) -> list[str]:
+    lines = [
+        f"  {'transfer':<22}{'chunks/s':>10}{'GB/s':>8}   {'baseline':<26}{'chunks/s':>10}"
+        f"{'GB/s':>8}{'GB/s ratio':>12}"
+    ]
+    names = {
+        "disk write": "dd-like O_DIRECT write",
+        "disk read": "dd-like O_DIRECT read",
+        "redis SET": "redis-benchmark SET new",
+        "redis GET": "redis-benchmark GET",
+    }
+    rows = [row for row in RATE_ROWS if row[1] in res.configs]
+    if not rows:
+        return ["  no tier configuration ran"]
+    for label, config, direction, tier, key in rows:
+        ours = _rate([r for r in (c.rate(direction, tier) for c in res.counts[config]) if r])
+        base = _rate([b[key] for b in res.baselines if key in b])
+        cells = f"{ours[0]:>10.0f}{ours[1]:>8.2f}" if ours else f"{'n/a':>10}{'n/a':>8}"
+        bcells = f"{base[0]:>10.0f}{base[1]:>8.2f}" if base else f"{'n/a':>10}{'n/a':>8}"
+        share = f"{ours[1] / base[1]:.2f}x" if ours and base and base[1] else "n/a"
+        lines.append(f"  {label:<22}{cells}   {names[key]:<26}{bcells}{share:>12}")
+    lines.append(
+        f"  (kvoffload: bytes / summed job seconds of the transfer histograms; baselines: "
+        f"{setup.baseline_chunks()} chunks of {setup.chunk_bytes} B, redis value "
+        f"{HEADER_BYTES + setup.chunk_bytes} B, -c {TIER_THREADS} -P {setup.redis_pipeline})"
+    )
+    return lines
+
+
+def without_copy_share(res: Results, config: str) -> float | None:
+    counts = res.counts.get(config) or []
+    shares = []
+    for c in counts:
+        lost = c.evicted_without_copy()
+        if lost is None:
+            return None
+        evicted = c.value("evictions_total", tier="host")
+        shares.append(lost / evicted if evicted else 0.0)
+    return statistics.median(shares) if shares else None
+
+
+def target_lines(res: Results) -> list[str]:
+    lines = [
+        target("host10+disk mean TTFT / never-evicting", ratio(res, "host10+disk"), "<=", 1.10),
+        target("host10+redis mean TTFT / never-evicting", ratio(res, "host10+redis"), "<=", 1.15),
+        target("host-big mean TTFT / never-evicting", ratio(res, "host-big"), "<=", 1.02),
+    ]
+    for c in ("host10+disk", "host10+redis"):
+        share = without_copy_share(res, c)
+        lines.append(target(f"{c} evicted without copy / host evictions", share, "<=", 0.01, ""))
+    return lines
+
+
+def report(setup: TierSetup, res: Results) -> tuple[list[str], bool]:
+    """The workload's report and whether its outputs (and kvoffload's runs) are all right."""
+    w, ws = setup.workload, setup.workload.working_set_tokens()
+    small, big = setup.small_tokens(), setup.big_tokens()
+    lines = [
+        f"tiers: model {setup.preset!r} float32 greedy, {w.users} users x {w.turns} turns, "
+        f"system prompt {w.system_tokens}, messages {w.user_tokens[0]}-{w.user_tokens[1]}, "
+        f"answers {w.output_tokens}; working set {ws} tokens ({setup.working_bytes() / MiB:.0f} "
+        f"MiB), longest request {setup.longest()} tokens; max_num_seqs {MAX_RUNNING} everywhere",
+        f"  small engine KV {small} tokens ({small / ws:.0%} of histories, "
+        f"{(small - BLOCK) / setup.longest():.1f} longest requests); never-evicting {big} tokens; "
+        f"host-big {setup.host_big() / MiB:.1f} MiB; host10 {setup.host_small() / MiB:.1f} MiB "
+        f"({setup.host_small() // setup.chunk_bytes} chunks); disk {setup.host_big() / MiB:.1f} "
+        f"MiB (O_DIRECT {setup.disk_o_direct}) under {setup.root}; {setup.runs} run(s), medians; "
+        "ratios: median over rounds of the same round's ratio",
+        *ttft_table(res),
+        "",
+        "kvoffload counters during the workload (median over runs):",
+        *counter_table(res),
+        "",
+        "tier transfer throughput (medians) vs baselines measured in the same run:",
+        *rate_table(setup, res),
+    ]
+    ok = True
+    base = res.runs[REFERENCE][0] if res.runs[REFERENCE] else None
+    if base is None:
+        lines.append(f"!!! OUTPUTS NOT CHECKED: {REFERENCE} did not run")
+        ok = False
+    for c in res.configs:
+        if base is not None and res.runs[c]:
+            differ, total = mismatches(base, res.runs[c])
+            if differ:
+                lines.append(f"!!! OUTPUT MISMATCH: {c}: {differ}/{total} requests differ")
+                ok = False
+        if c in KVOFFLOAD and c in res.failed:
+            lines.append(f"!!! {c} did not run: {res.failed[c]}")
+            ok = False
+    return lines, ok

@@ -43,7 +43,8 @@ class FakeClient:
         self.latency = 0.0001
         self.error: Exception | None = None
         self.during: Callable[[], None] | None = None
-        self.probes: list[list[str]] = []
+        self.probes: list[list[str]] = []  # the value names each probe asked about
+        self.commands: list[list[tuple[str, ...]]] = []  # and its EXISTS commands
 
     def hold(self, *keys: ChunkKey, ranks: int = 1) -> None:
         self.held.update(key_name(DIGEST, k, r) for k in keys for r in range(ranks))
@@ -56,21 +57,22 @@ class FakeClient:
 class FakePipeline:
     def __init__(self, client: FakeClient) -> None:
         self.client = client
-        self.names: list[str] = []
+        self.commands: list[tuple[str, ...]] = []
 
-    def exists(self, name: str) -> None:
-        self.names.append(name)
+    def exists(self, *names: str) -> None:
+        self.commands.append(names)
 
     def execute(self) -> list[int]:
         c = self.client
-        c.probes.append(self.names)
+        c.probes.append([n for names in self.commands for n in names])
+        c.commands.append(self.commands)
         if c.during is not None:
             during, c.during = c.during, None
             during()
         c.clock.now += c.latency
         if c.error is not None:
             raise c.error
-        return [int(n in c.held) for n in self.names]
+        return [sum(n in c.held for n in names) for names in self.commands]  # EXISTS counts
 
 
 def make(world_size: int = 1, probe: str = "sync") -> tuple[RedisIndex, FakeClient, Clock]:
@@ -149,7 +151,7 @@ def test_unknown_keys_are_probed_in_the_lookup_on_a_healthy_server() -> None:
     keys = [K(1), K(2), K(3), K(4)]
     assert index.present_run(keys) == 2  # answered in the call, never None
     assert counts(index) == (1, 4, 0)
-    assert client.probes[0] == [key_name(DIGEST, k, r) for k in keys for r in (0, 1)]
+    assert client.commands[0] == [tuple(key_name(DIGEST, k, r) for r in (0, 1)) for k in keys]
     assert index.present_run(keys) == 2 and counts(index) == (1, 4, 0)  # cached
     clock.now += index.ttl_s + 1  # probe answers live ttl_s (other engines' chunks)
     assert index.present_run(keys) == 2 and counts(index) == (2, 8, 0)

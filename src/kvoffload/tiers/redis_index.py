@@ -7,7 +7,7 @@ least recently learnt pushed out first) of what it knows:
 - chunks this engine wrote (``complete_spill``) or read back (``release_promotion``
   without finding them missing) are present until a read of them misses, they are
   pushed out, or ``reset``;
-- what a probe (a pipelined ``EXISTS`` of every rank's share; a chunk is present when
+- what a probe (pipelined ``EXISTS`` of every rank's share; a chunk is present when
   every share exists) answered: present for ``ttl_s``, absent for a tenth of that
   (another instance may store the chunk any moment).
 
@@ -53,7 +53,7 @@ from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.recorder import CounterScope
 from kvoffload.core.tiering import SpillBooking, declare_tier_counters
-from kvoffload.tiers.redis_client import key_name
+from kvoffload.tiers.redis_client import LazyCluster, key_name
 
 MAX_CACHED = 1 << 17
 PROBE = 256
@@ -89,6 +89,7 @@ class RedisIndex:
         declare_tier_counters(self.metrics)
         self.metrics.declare("probes_total", "probed_keys_total", "lookup_deferrals_total")
         self.query_errors = 0
+        self._per_share = isinstance(client, LazyCluster) and world_size > 1
         self._clock = clock
         self._lock = threading.Condition()
         self._known: OrderedDict[ChunkKey, tuple[bool, float]] = OrderedDict()
@@ -241,11 +242,21 @@ class RedisIndex:
         return True
 
     def _exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Whether every rank's share of each key exists: one ``EXISTS`` of all shares
+        per key (it counts those that exist), or one per share on a cluster (a chunk's
+        shares live in different slots)."""
         pipe = self.client.pipeline(transaction=False)
+        ranks = range(self.world_size)
         for key in keys:
-            for rank in range(self.world_size):
-                pipe.exists(key_name(self.digest, key, rank))
+            names = [key_name(self.digest, key, rank) for rank in ranks]
+            if self._per_share:
+                for name in names:
+                    pipe.exists(name)
+            else:
+                pipe.exists(*names)
         answers = pipe.execute()
+        if not self._per_share:
+            return [n == self.world_size for n in answers]
         n = self.world_size
         return [all(answers[i * n : (i + 1) * n]) for i in range(len(keys))]
 

@@ -14,10 +14,10 @@ least recently learnt pushed out first) of what it knows:
 ``present_run`` answers from the cache up to the first unknown key, then probes the
 unknown keys from there (at most ``PROBE``, up to the first known-absent one):
 
-- ``probe="sync"`` (production): in the call, one round trip. A probe slower than
-  ``sync_probe_s`` (measured on ``clock``) still answers, then the next ``retry_s``
-  probe in the background (below), so a slow server costs at most one slow lookup per
-  ``retry_s``.
+- ``probe="sync"`` (production): in the call, one round trip (about 100 µs on
+  loopback). A probe slower than ``sync_probe_s`` (measured on ``clock``) still
+  answers; lookups then probe in the background (below) for ``retry_s``, so a slow
+  server costs at most one slow lookup per ``retry_s``.
 - ``probe="async"``, or a sync index in its background spell: the keys are queued
   and the call answers None ("ask again", a one-step deferral in the scheduler half);
   the query thread answers them, or :meth:`pump` with ``background=False``.
@@ -34,8 +34,10 @@ Counters (``metrics``, besides the tier counters): ``probes_total`` (round trips
 ``probed_keys_total`` (chunks asked about), ``lookup_deferrals_total`` (lookups
 answered None).
 
-Thread-safety: one lock guards the cache, the queue and the counters, shared by the
-scheduler's thread and the query thread; no I/O is done holding it. ``reset`` makes
+Mutates only its own state: the cache, the queue, the back-off, its events and its
+counters. Thread-safety: one lock guards the cache, the queue, the back-off and the
+probe counters, shared by the scheduler's thread and the query thread; no I/O is done
+holding it; events are the scheduler thread's. ``reset`` makes
 answers of probes in flight be dropped. Owned by one scheduler half; ``close`` stops
 the thread (lookups then never defer).
 """

@@ -99,10 +99,24 @@ def test_the_index_asks_the_server_and_needs_every_rank(redis_server: RedisServe
     try:
         store(redis_server, 0).write_many([(K(i), memoryview(data(i))) for i in range(3)])
         store(redis_server, 1).write_many([(K(i), memoryview(data(i))) for i in range(2)])
-        assert index.present_run([K(0), K(1), K(2)]) is None  # asked, not known yet
-        assert wait_known(index, [K(0), K(1), K(2)]) == 2  # K(2) lacks rank 1's share
+        # Asked in the lookup, one round trip; K(2) lacks rank 1's share.
+        assert index.present_run([K(0), K(1), K(2)]) == 2
+        assert index.metrics.value("probes_total") == 1
+        assert index.metrics.value("lookup_deferrals_total") == 0
         booking = index.book_spill([K(0), K(5)])
         assert booking is not None and booking.keys == (K(5),)  # K(0) is known present
+    finally:
+        index.close()
+
+
+def test_the_index_in_background_mode_answers_on_its_thread(redis_server: RedisServer) -> None:
+    client = make_client(RedisSettings(redis_server.url))
+    index = RedisIndex(client, DIGEST, world_size=1, probe="async")
+    try:
+        store(redis_server).write_many([(K(1), memoryview(data(1)))])
+        assert index.present_run([K(1)]) is None  # asked, not known yet
+        assert wait_known(index, [K(1)]) == 1
+        assert index.metrics.value("lookup_deferrals_total") >= 1
     finally:
         index.close()
 
@@ -111,7 +125,8 @@ def test_a_server_that_is_down_killed_or_restarted_never_blocks(
     redis_server: RedisServer,
 ) -> None:
     client = make_client(RedisSettings(redis_server.url, timeout_ms=200))
-    index = RedisIndex(client, DIGEST, world_size=1, retry_s=0.2)
+    # A generous budget: the probes stay in the lookup even on a fresh connection.
+    index = RedisIndex(client, DIGEST, world_size=1, retry_s=0.2, sync_probe_s=1.0)
     s = store(redis_server, timeout_ms=200)
     try:
         s.write_many([(K(1), memoryview(data(1)))])
@@ -119,15 +134,19 @@ def test_a_server_that_is_down_killed_or_restarted_never_blocks(
         redis_server.kill()
         with pytest.raises(redis.ConnectionError):
             s.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
-        index.present_run([K(7)])  # an unknown key: the query fails, the index backs off
-        assert wait_known(index, [K(7)]) == 0
-        assert index.query_errors >= 1
+        # An unknown key: the probe in the lookup fails, a miss; the index backs off.
+        assert index.present_run([K(7)]) == 0 and index.query_errors == 1
         assert index.present_run([K(8), K(9)]) == 0  # down: answered at once, no query
+        assert index.query_errors == 1
         redis_server.restart()  # back, empty
+        time.sleep(0.25)  # past the back-off: probed in the background until one answers
         deadline = time.monotonic() + 10
-        while wait_known(index, [K(1)]) != 0 or index.present_run([K(10)]) == 0:
+        while wait_known(index, [K(1)]) != 0:  # K(1)'s answer lapses; asked: gone
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        probes = index.metrics.value("probes_total")
+        assert index.present_run([K(10)]) == 0  # asked in the lookup again
+        assert index.metrics.value("probes_total") == probes + 1
         assert s.write_many([(K(1), memoryview(data(1)))]) == [None]
     finally:
         index.close()

@@ -138,6 +138,27 @@ METRICS: tuple[MetricDef, ...] = (
         "Chunks a tier was expected to hold but did not have when read (a miss).",
         ("tier",),
     ),
+    MetricDef(
+        "probes_total",
+        "counter",
+        "Round trips a remote tier's index made to learn which chunks its server holds "
+        "(one pipelined EXISTS of every rank's share, during a lookup or in the "
+        "background), per tier.",
+        ("tier",),
+    ),
+    MetricDef(
+        "probed_keys_total",
+        "counter",
+        "Chunks a remote tier's index asked its server about, per tier.",
+        ("tier",),
+    ),
+    MetricDef(
+        "lookup_deferrals_total",
+        "counter",
+        "Lookups a remote tier answered ask-again (its probe was queued or in flight; "
+        "the request waits a step), per tier.",
+        ("tier",),
+    ),
     MetricDef("preemptions_total", "counter", "Requests preempted while kvoffload tracked them."),
     MetricDef(
         "anomalies_total",

@@ -1,37 +1,65 @@
 """The scheduler half's view of the Redis/Valkey tier (a :class:`LowerTier`).
 
 Redis is not authoritative: the server evicts by its own policy and other engine
-instances add chunks. So the index *asks*: ``present_run`` answers from a short-lived
-cache of ``EXISTS`` results and, for keys it does not know, queues a query on a
-background thread and answers None ("ask again", which the scheduler half turns
-into a bounded deferral). A chunk counts as present when every rank's share exists.
-Positive answers live ``ttl_s``; negative ones a tenth of that (another instance may
-store the chunk any moment). While the server does not answer (down, slow beyond
-its timeout), the index says "absent" for ``retry_s`` without asking, so lookups
-never wait on a dead tier.
+instances add chunks. The index keeps a bounded cache (``MAX_CACHED`` entries, the
+least recently learnt pushed out first) of what it knows:
 
-Thread-safety: the cache is shared between the scheduler's thread and the query
-thread under one lock. Owned by one scheduler half; ``close`` stops the thread.
-With ``background=False`` there is no thread: queued queries run when the owner calls
-:meth:`pump` (deterministic harnesses and fuzzers).
+- chunks this engine wrote (``complete_spill``) or read back (``release_promotion``
+  without finding them missing) are present until a read of them misses, they are
+  pushed out, or ``reset``;
+- what a probe (pipelined ``EXISTS`` of every rank's share; a chunk is present when
+  every share exists) answered: present for ``ttl_s``, absent for a tenth of that
+  (another instance may store the chunk any moment).
+
+``present_run`` answers from the cache up to the first unknown key, then probes the
+unknown keys from there (at most ``PROBE``, up to the first known-absent one):
+
+- ``probe="sync"`` (production): in the call, one round trip (about 100 µs on
+  loopback). A probe slower than ``sync_probe_s`` (measured on ``clock``) still
+  answers; lookups then probe in the background (below) for ``retry_s``, so a slow
+  server costs at most one slow lookup per ``retry_s``.
+- ``probe="async"``, or a sync index in its background spell: the keys are queued
+  and the call answers None ("ask again", a one-step deferral in the scheduler half);
+  the query thread answers them, or :meth:`pump` with ``background=False``.
+
+None is answered only while a probe of the key is queued or in flight. A probe that
+raises (server down, slower than the client's timeout, refused credentials) is a
+miss and a back-off: for ``retry_s`` every lookup answers 0 at once, without asking
+(what the cache knows is kept for later); after that a sync index probes in the
+background until one probe answers, so a server that hangs never stalls two lookups
+in a row. Nothing raises out of the index's lookups; ``query_errors`` counts failed
+probes.
+
+Counters (``metrics``, besides the tier counters): ``probes_total`` (round trips),
+``probed_keys_total`` (chunks asked about), ``lookup_deferrals_total`` (lookups
+answered None).
+
+Mutates only its own state: the cache, the queue, the back-off, its events and its
+counters. Thread-safety: one lock guards the cache, the queue, the back-off and the
+probe counters, shared by the scheduler's thread and the query thread; no I/O is done
+holding it; events are the scheduler thread's. ``reset`` makes
+answers of probes in flight be dropped. Owned by one scheduler half; ``close`` stops
+the thread (lookups then never defer).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.recorder import CounterScope
 from kvoffload.core.tiering import SpillBooking, declare_tier_counters
-from kvoffload.tiers.redis_client import key_name
+from kvoffload.tiers.redis_client import LazyCluster, key_name
 
 MAX_CACHED = 1 << 17
 PROBE = 256
+LASTING = math.inf  # the expiry of what this engine wrote or read back
 
 
 class RedisIndex:
@@ -45,22 +73,33 @@ class RedisIndex:
         *,
         ttl_s: float = 2.0,
         retry_s: float = 2.0,
+        sync_probe_s: float = 0.005,
+        probe: Literal["sync", "async"] = "sync",
         clock: Callable[[], float] = time.monotonic,
         background: bool = True,
     ) -> None:
+        if probe not in ("sync", "async"):
+            raise ValueError(f"probe={probe!r}; accepted: 'sync', 'async'")
         self.client = client
         self.digest = namespace_digest
         self.world_size = world_size
         self.ttl_s = ttl_s
         self.retry_s = retry_s
+        self.sync_probe_s = sync_probe_s
+        self.probe = probe
         self.metrics = CounterScope.private(tier=self.name)
         declare_tier_counters(self.metrics)
+        self.metrics.declare("probes_total", "probed_keys_total", "lookup_deferrals_total")
         self.query_errors = 0
+        self._per_share = isinstance(client, LazyCluster) and world_size > 1
         self._clock = clock
         self._lock = threading.Condition()
         self._known: OrderedDict[ChunkKey, tuple[bool, float]] = OrderedDict()
-        self._wanted: dict[ChunkKey, None] = {}
-        self._down_until = 0.0
+        self._wanted: dict[ChunkKey, None] = {}  # queued for the query thread / pump
+        self._asking: set[ChunkKey] = set()  # in the query thread's probe now
+        self._down_until = 0.0  # a probe raised: unknown keys are absent until then
+        self._async_until = 0.0  # a sync index probes in the background until then
+        self._epoch = 0  # bumped by reset: answers of older probes are dropped
         self._closed = False
         self._events: list[CacheEvent] = []
         self._thread: threading.Thread | None = None
@@ -76,17 +115,24 @@ class RedisIndex:
         now = self._clock()
         with self._lock:
             if now < self._down_until:
-                return 0
-            for i, key in enumerate(keys):
-                entry = self._known.get(key)
-                if entry is None or entry[1] < now:
-                    for k in keys[i : i + PROBE]:
-                        self._wanted[k] = None
-                    self._lock.notify()
-                    return None
-                if not entry[0]:
-                    return i
-            return len(keys)
+                return 0  # down: absent, without asking
+            run, unknown = self._known_run(keys, now)
+            if not unknown or self._closed:
+                return run
+            batch = self._unknown_window(keys, run, now)
+            if self.probe == "async" or now < self._async_until:
+                self._defer(batch)
+                return None
+            epoch = self._epoch
+        began = self._clock()
+        if not self._probe(batch, epoch):
+            return 0  # failed: backing off (a miss)
+        took = self._clock() - began
+        with self._lock:
+            if took > self.sync_probe_s:
+                self._async_until = max(self._async_until, self._clock() + self.retry_s)
+            run, _ = self._known_run(keys, now)  # an unknown key past the window ends it
+            return run
 
     def holds(self, key: ChunkKey) -> bool:
         with self._lock:
@@ -97,6 +143,8 @@ class RedisIndex:
         return ()  # nothing to pin: the server may evict, a read then misses
 
     def release_promotion(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey]) -> None:
+        missed = set(bad)
+        self._remember([k for k in keys if k not in missed], present=True, lasting=True)
         self._remember(bad, present=False)
         if bad:
             self._events.append(CacheEvent(EventKind.REMOVED, tuple(bad), self.name))
@@ -112,7 +160,7 @@ class RedisIndex:
         return SpillBooking(tuple(fresh))
 
     def complete_spill(self, written: Sequence[ChunkKey], failed: Sequence[ChunkKey]) -> None:
-        self._remember(written, present=True)
+        self._remember(written, present=True, lasting=True)
         self.metrics.count("transferred_chunks_total", len(written), direction="spill")
         self.metrics.count("failed_chunks_total", len(failed), direction="spill")
         if written:
@@ -128,22 +176,113 @@ class RedisIndex:
         with self._lock:
             self._known.clear()
             self._wanted.clear()
+            self._asking.clear()
+            self._epoch += 1
 
     def held_count(self) -> int:
         now = self._clock()
         with self._lock:
             return sum(1 for present, expires in self._known.values() if present and expires >= now)
 
-    # ------------------------------------------------------------ internals
+    # ------------------------------------------------------------ lookups (lock held)
 
-    def _remember(self, keys: Sequence[ChunkKey], present: bool) -> None:
-        expires = self._clock() + (self.ttl_s if present else self.ttl_s / 10)
+    def _known_run(self, keys: Sequence[ChunkKey], now: float) -> tuple[int, bool]:
+        """How many leading ``keys`` are known present, and whether the next one is
+        unknown (False: known absent, or the end)."""
+        for i, key in enumerate(keys):
+            entry = self._known.get(key)
+            if entry is None or entry[1] < now:
+                return i, True
+            if not entry[0]:
+                return i, False
+        return len(keys), False
+
+    def _unknown_window(self, keys: Sequence[ChunkKey], start: int, now: float) -> list[ChunkKey]:
+        """The unknown keys from ``keys[start]`` (unknown): at most ``PROBE``, up to
+        the first known-absent key."""
+        batch: list[ChunkKey] = []
+        for key in keys[start:]:
+            entry = self._known.get(key)
+            if entry is None or entry[1] < now:
+                batch.append(key)
+                if len(batch) == PROBE:
+                    break
+            elif not entry[0]:
+                break
+        return batch
+
+    def _defer(self, batch: list[ChunkKey]) -> None:
+        """Queue ``batch`` (what is not asked already) for the query thread or pump."""
+        for key in batch:
+            if key not in self._asking:
+                self._wanted[key] = None
+        self._lock.notify()
+        self.metrics.count("lookup_deferrals_total")
+
+    # ------------------------------------------------------------ probes
+
+    def _probe(self, batch: Sequence[ChunkKey], epoch: int) -> bool:
+        """Ask the server about ``batch`` (lock not held) and remember the answers
+        unless a reset came in between; False when the probe raised (backing off)."""
+        try:
+            present = self._exists(batch)
+        except Exception:  # down, slow beyond the client's timeout, refused: a miss
+            with self._lock:
+                self.query_errors += 1
+                self.metrics.count("probes_total")
+                self.metrics.count("probed_keys_total", len(batch))
+                self._down_until = self._clock() + self.retry_s
+                self._wanted.clear()  # answered absent while down; asked again after
+                if self.probe == "sync":  # sync again only once a background probe answers
+                    self._async_until = math.inf
+            return False
         with self._lock:
-            for key in keys:
-                self._known[key] = (present, expires)
-                self._known.move_to_end(key)
-            while len(self._known) > MAX_CACHED:
-                self._known.popitem(last=False)
+            self.metrics.count("probes_total")
+            self.metrics.count("probed_keys_total", len(batch))
+            if epoch == self._epoch:
+                self._remember_locked(
+                    [k for k, here in zip(batch, present, strict=True) if here], True, False
+                )
+                self._remember_locked(
+                    [k for k, here in zip(batch, present, strict=True) if not here], False, False
+                )
+        return True
+
+    def _exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Whether every rank's share of each key exists: one ``EXISTS`` of all shares
+        per key (it counts those that exist), or one per share on a cluster (a chunk's
+        shares live in different slots)."""
+        pipe = self.client.pipeline(transaction=False)
+        ranks = range(self.world_size)
+        for key in keys:
+            names = [key_name(self.digest, key, rank) for rank in ranks]
+            if self._per_share:
+                for name in names:
+                    pipe.exists(name)
+            else:
+                pipe.exists(*names)
+        answers = pipe.execute()
+        if not self._per_share:
+            return [n == self.world_size for n in answers]
+        n = self.world_size
+        return [all(answers[i * n : (i + 1) * n]) for i in range(len(keys))]
+
+    def _remember(self, keys: Sequence[ChunkKey], present: bool, lasting: bool = False) -> None:
+        with self._lock:
+            self._remember_locked(keys, present, lasting)
+
+    def _remember_locked(self, keys: Sequence[ChunkKey], present: bool, lasting: bool) -> None:
+        if lasting:
+            expires = LASTING
+        else:
+            expires = self._clock() + (self.ttl_s if present else self.ttl_s / 10)
+        for key in keys:
+            self._known[key] = (present, expires)
+            self._known.move_to_end(key)
+        while len(self._known) > MAX_CACHED:
+            self._known.popitem(last=False)
+
+    # ------------------------------------------------------------ background
 
     def _loop(self) -> None:
         while True:
@@ -163,32 +302,22 @@ class RedisIndex:
             batch = list(self._wanted)[:PROBE]
             for key in batch:
                 del self._wanted[key]
+            self._asking.update(batch)
+            epoch = self._epoch
         if not batch:
             return
-        try:
-            present = self._exists(batch)
-        except Exception:  # the server is down or slow: absent for a while
-            self.query_errors += 1
-            with self._lock:
-                self._down_until = self._clock() + self.retry_s
-            return
-        for key, here in zip(batch, present, strict=True):
-            self._remember([key], here)
-
-    def _exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            for rank in range(self.world_size):
-                pipe.exists(key_name(self.digest, key, rank))
-        answers = pipe.execute()
-        n = self.world_size
-        return [all(answers[i * n : (i + 1) * n]) for i in range(len(keys))]
+        answered = self._probe(batch, epoch)
+        with self._lock:
+            self._asking.difference_update(batch)
+            if answered and self._async_until == math.inf:
+                self._async_until = 0.0  # the server answers again: sync probes resume
 
     def retry_now(self) -> None:
         """Forget the back-off: ask the server again at the next lookup (e.g. after an
         operator restarted it)."""
         with self._lock:
             self._down_until = 0.0
+            self._async_until = 0.0
 
     def close(self) -> None:
         with self._lock:

@@ -159,13 +159,19 @@ class VllmHarness:
 
     def _deterministic_redis_index(self) -> None:
         """Swap the scheduler side's Redis index for one without its thread, in logical
-        time (the harness answers its queries after each step)."""
+        time, probing in the background (the harness answers its queries after each
+        step: lookups of unknown chunks are deferred a step)."""
         old = self.side.redis_index
         if old is None:
             return
         old.close()
         index = RedisIndex(
-            old.client, old.digest, old.world_size, background=False, clock=lambda: self.clock
+            old.client,
+            old.digest,
+            old.world_size,
+            probe="async",
+            background=False,
+            clock=lambda: self.clock,
         )
         self.side.redis_index = index
         self.side.scheduler.tiers.tiers[index.name] = index

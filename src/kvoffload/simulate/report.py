@@ -19,7 +19,8 @@ class TierResult:
 
     ``written``: chunks copied into the tier (host: stores from the engine; a lower
     tier: spills from host memory). ``read``: chunks copied out of it (host: loads
-    into the engine; a lower tier: promotions into host memory)."""
+    into the engine; a lower tier: promotions into host memory and tier loads' chunks
+    read straight into the engine)."""
 
     tier: str
     capacity_chunks: int

@@ -350,3 +350,14 @@ def test_shutdown_fails_staged_loads_and_never_raises(rig: Rig) -> None:
     assert result.job_id == late.job_id and "shut down" in str(result.error)
     rig.staged.shutdown()  # idempotent
     assert rig.staged.poll() == []
+
+
+def test_parts_keep_the_first_chunks_skipped_blocks(rig: Rig) -> None:
+    rig.put("disk", {k: (2 * k, k) for k in range(3)})
+    want = rig.blocks(range(6))
+    before = record(rig.engine, 20)
+    job = tier_load(rig.job_id(), range(3), [NO_SLOT] * 3, range(21, 26), at=range(3), skip=1)
+    result = rig.run(job)  # parts [0, 1] (block 0 of chunk 0 skipped) and [2]
+    assert result.success and result.nbytes == 5 * (CHUNK // K)
+    assert rig.blocks(range(21, 26)) == want[1:]
+    assert record(rig.engine, 20) == before

@@ -109,7 +109,7 @@ def counted(llm: Any, name: str, **labels: str) -> int:
 
 def settle(llm: Any) -> None:
     """Step the engine until kvoffload has nothing in flight. Each step first waits
-    for the worker's copies and tier jobs to finish (so the step's report delivers
+    for the worker's copies, tier jobs and tier loads to finish (so the step's report delivers
     them: completion is driven by the test, not by timing); vLLM keeps stepping an
     idle engine while the connector has pending work."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
@@ -121,6 +121,8 @@ def settle(llm: Any) -> None:
             return
         if worker.tiers is not None:
             assert worker.tiers.wait(worker.tiers.running(), timeout=60)
+        if worker.staged is not None:
+            assert worker.staged.wait(worker.staged.running(), timeout=60)
         worker.worker.wait(worker.worker.running())
         llm.llm_engine.step()  # as the engine loop does (stats go to the stat loggers)
     h = half(llm)

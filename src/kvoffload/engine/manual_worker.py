@@ -20,7 +20,21 @@ While it works it checks what the scheduler half promised, raising
   pass of the step that planned a store may write that store's blocks);
 - a store captures exactly the KV its key names, a load reads exactly the bytes
   stored under its key, from a chunk of the loading request's own key chain
-  (``expected`` gives the reference bytes; see :mod:`kvoffload.testing.oracle`).
+  (``expected`` gives the reference bytes; see :mod:`kvoffload.testing.oracle`);
+- a spill reads a host slot holding its chunk's bytes; a promotion or a tier load
+  reads a tier slot holding its chunk, as the KV cache group it expects, with the
+  bytes a store captured (the lower tiers are slot-addressed like the disk tier and
+  authoritative: this catches a tier slot reused while still needed).
+
+Tier loads (a load whose ``NO_SLOT`` chunks come from ``job.tier``): the host chunks
+are read as any load's, the tier chunks from the in-memory tier. A tier slot marked
+by :meth:`ManualWorker.damage` is found corrupt when read (as the disk tier's checksum
+finds a torn write): the chunk fails as ``integrity:checksum`` and the tier drops it,
+in a promotion or in a tier load. A tier load the policy fails fails with the chunks
+``fail_tier_load(job)`` names (default: its first tier chunk found corrupt, its copy
+dropped); its host chunks' blocks get garbage (a torn copy), its tier chunks' blocks
+are never written unless every tier chunk was verified (a bad chunk never reaches an
+engine block).
 """
 
 from __future__ import annotations
@@ -28,8 +42,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvoffload.core.failures import ChunkFailure
+from kvoffload.core.failures import ChunkFailure, integrity_failure
 from kvoffload.core.jobs import (
+    NO_BLOCK,
+    NO_SLOT,
     EngineJob,
     JobKind,
     JobResult,
@@ -40,10 +56,9 @@ from kvoffload.core.jobs import (
 )
 from kvoffload.core.keys import ChunkKey
 from kvoffload.engine.block_pool import BlockPool
+from kvoffload.engine.memory_tiers import TORN_BYTES, InvariantViolation, MemoryTiers
 
-
-class InvariantViolation(AssertionError):
-    """A promise of the scheduler half was broken (found by a check, not a crash)."""
+__all__ = ["InvariantViolation", "ManualWorker", "PendingJob"]
 
 
 @dataclass
@@ -58,11 +73,21 @@ class PendingJob:
 
 CompletionPolicy = Callable[[int, Sequence[PendingJob]], dict[int, bool]]
 Expected = Callable[[EngineJob, int], bytes]  # (job, index of a chunk in it) -> bytes
+Failures = tuple[tuple[int, ChunkFailure], ...]  # (index of a chunk in the job, why)
+FailTierLoad = Callable[[EngineJob], Failures]  # a failed tier load's failed chunks
+
+TORN = integrity_failure("checksum")
+"""How a damaged tier slot reads: the checksum of a torn write does not match."""
 
 
 def complete_everything(step: int, jobs: Sequence[PendingJob]) -> dict[int, bool]:
     """The default policy: every runnable job completes successfully at once."""
     return {p.job.job_id: True for p in jobs}
+
+
+def first_chunk_torn(job: EngineJob) -> Failures:
+    """The default failure of a tier load: its first tier chunk is found corrupt."""
+    return ((job.tier_chunks()[0], TORN),)
 
 
 class ManualWorker:
@@ -77,16 +102,18 @@ class ManualWorker:
         world_size: int = 1,
         policy: CompletionPolicy = complete_everything,
         expected: Expected | None = None,
+        fail_tier_load: FailTierLoad = first_chunk_torn,
     ) -> None:
         self.pool = pool
         self.world_size = world_size
         self.policy = policy
         self.expected = expected
+        self.fail_tier_load = fail_tier_load
         self.host: list[bytes | None] = [None] * num_slots
         self.host_key: list[ChunkKey | None] = [None] * num_slots
-        # In-memory lower tiers: tier slot -> (chunk key, bytes, KV cache group).
-        self.lower: dict[str, dict[int, tuple[ChunkKey, bytes, int]]] = {}
         self.known: dict[ChunkKey, bytes] = {}  # the bytes every verified store captured
+        self.tiers = MemoryTiers(self.known)  # the in-memory lower tiers
+        self.lower = self.tiers.slots  # tier -> tier slot -> (chunk key, bytes, group)
         self.pending: dict[int, PendingJob] = {}
         self.unacknowledged: dict[int, TransferJob] = {}
         self.step = 0
@@ -140,14 +167,32 @@ class ManualWorker:
         chosen = self.policy(self.step, runnable) if runnable else {}
         results = []
         for job_id, success in chosen.items():
-            pending = self.pending.pop(job_id)
-            failed: tuple[tuple[int, ChunkFailure], ...] = ()
-            if isinstance(pending.job, TierJob):
-                failed = self._run_tier(pending.job, success)
-            elif not pending.ran:
-                self._run(pending, success)
-            results.append(JobResult(job_id, success, len(pending.job.keys), failed_chunks=failed))
+            results.append(self._complete(self.pending.pop(job_id), success))
         return [WorkerReport(rank, tuple(results)) for rank in range(self.world_size)]
+
+    def _complete(self, pending: PendingJob, success: bool) -> JobResult:
+        """Run ``pending`` (unless a flush ran it) with the policy's ``success``; its
+        result (a promotion succeeds when some chunk made it, a tier load when all did)."""
+        job = pending.job
+        failed: Failures = ()
+        if isinstance(job, TierJob):
+            failed = self._run_tier(job, success)
+            done = success and len(failed) < len(job.keys)
+        elif job.tier is not None:
+            failed = self._run_tier_load(job, success)
+            done = success and not failed
+        else:
+            if not pending.ran:
+                self._run(pending, success)
+            done = success
+        error: str | ChunkFailure = failed[0][1] if failed and not done else ""
+        return JobResult(job.job_id, done, len(job.keys), 0.0, error, failed)
+
+    def damage(self, tier: str, tier_slot: int) -> None:
+        """Tear the chunk in ``tier_slot`` of ``tier``: the next promotion or tier load
+        that reads it finds it corrupt (see the module docstring); a spill into the
+        slot writes it whole again."""
+        self.tiers.damage(tier, tier_slot)
 
     def applied(self, reports: Sequence[WorkerReport]) -> None:
         """The engine applied ``reports`` to the scheduler half."""
@@ -162,7 +207,7 @@ class ManualWorker:
         assert isinstance(job, EngineJob)
         pending.ran = True
         self.copies += 1
-        k, block_bytes = job.blocks_per_chunk, self.pool.block_bytes
+        k = job.blocks_per_chunk
         if job.kind is JobKind.STORE:
             for i, slot in enumerate(job.slots):
                 blocks = job.block_ids[i * k : (i + 1) * k]
@@ -174,28 +219,44 @@ class ManualWorker:
                 self.host[slot], self.host_key[slot] = data, job.keys[i]
                 self.known[job.keys[i]] = data
             return
-        for slot, index, block in job.chunk_blocks():
-            chunk = job.slots.index(slot)
-            if not success:
-                self.pool.write(block, 0, b"\xdd" * block_bytes)
-                continue
-            held = self.host[slot]
-            if held is None or self.host_key[slot] != job.keys[chunk]:
-                raise InvariantViolation(
-                    f"step {self.step}: load job {job.job_id} reads slot {slot}, which holds "
-                    f"{'nothing' if held is None else 'another chunk'}"
-                )
-            self._verify(job, chunk, held, "load read")
-            self.pool.write(block, 0, held[index * block_bytes : (index + 1) * block_bytes])
+        chunks = {c: self._host_chunk(job, c) for c in range(len(job.keys)) if success}
+        self._write_blocks(job, chunks, garbage=not success)
 
-    def _run_tier(self, job: TierJob, success: bool) -> tuple[tuple[int, ChunkFailure], ...]:
+    def _host_chunk(self, job: EngineJob, chunk: int) -> bytes:
+        """The bytes a load reads for its chunk ``chunk`` from its host slot, checked."""
+        slot = job.slots[chunk]
+        held = self.host[slot]
+        if held is None or self.host_key[slot] != job.keys[chunk]:
+            raise InvariantViolation(
+                f"step {self.step}: load job {job.job_id} reads slot {slot}, which holds "
+                f"{'nothing' if held is None else 'another chunk'}"
+            )
+        self._verify(job, chunk, held, "load read")
+        return held
+
+    def _write_blocks(self, job: EngineJob, chunks: dict[int, bytes], *, garbage: bool) -> None:
+        """Write the load's blocks of the chunks in ``chunks`` (index in the job ->
+        bytes); with ``garbage``, the blocks of every other chunk a host slot feeds
+        get garbage (a torn copy). Other blocks are not written."""
+        k, skip, block_bytes = job.blocks_per_chunk, job.skip_blocks, self.pool.block_bytes
+        for m, block in enumerate(job.block_ids):
+            chunk, index = divmod(m + skip, k)
+            if block == NO_BLOCK:
+                continue
+            data = chunks.get(chunk)
+            if data is not None:
+                self.pool.write(block, 0, data[index * block_bytes : (index + 1) * block_bytes])
+            elif garbage and job.slots[chunk] != NO_SLOT:
+                self.pool.write(block, 0, b"\xdd" * block_bytes)
+
+    def _run_tier(self, job: TierJob, success: bool) -> Failures:
         """Run a spill or a promotion against the in-memory tier, slot-addressed like
         the disk tier (authoritative: a promotion whose tier slot does not hold its
         chunk, or holds it as another KV cache group than the job expects, is a
         violation, which catches a slot reused while still needed); return the chunks
-        that did not make it (none: a job succeeds or fails whole here)."""
+        that did not make it (a promotion's damaged chunks; otherwise none: a job the
+        policy fails fails whole)."""
         self.copies += 1
-        tier = self.lower.setdefault(job.tier, {})
         if len(job.tier_slots) != len(job.keys):
             raise InvariantViolation(f"step {self.step}: tier job {job.job_id} without tier slots")
         groups = job.groups or (0,) * len(job.keys)
@@ -208,34 +269,57 @@ class ManualWorker:
                         f"step {self.step}: spill job {job.job_id} reads slot {slot}, which does "
                         "not hold the chunk's bytes"
                     )
-                if success:
-                    tier[tier_slot] = (key, held, group)
-                else:
-                    tier[tier_slot] = (key, b"\xcc", group)  # a torn write: never readable
+                self.tiers.write(job.tier, tier_slot, key, held if success else TORN_BYTES, group)
             return ()
-        for key, slot, tier_slot, group in zip(
-            job.keys, job.slots, job.tier_slots, groups, strict=True
+        failed: list[tuple[int, ChunkFailure]] = []
+        for i, (key, slot, tier_slot, group) in enumerate(
+            zip(job.keys, job.slots, job.tier_slots, groups, strict=True)
         ):
             if not success:
-                self.host[slot], self.host_key[slot] = b"\xcc", None  # a torn copy
+                self.host[slot], self.host_key[slot] = TORN_BYTES, None  # a torn copy
                 continue
-            stored = tier.get(tier_slot)
-            if stored is None or stored[0] != key:
-                raise InvariantViolation(
-                    f"step {self.step}: promotion job {job.job_id} reads tier {job.tier!r} slot "
-                    f"{tier_slot}, which does not hold its chunk"
-                )
-            if stored[1] != self.known.get(key):
-                raise InvariantViolation(
-                    f"step {self.step}: promotion job {job.job_id} found wrong bytes in tier"
-                )
-            if stored[2] != group:
-                raise InvariantViolation(
-                    f"step {self.step}: promotion job {job.job_id} expects group {group} of a "
-                    f"chunk spilled as group {stored[2]}"
-                )
-            self.host[slot], self.host_key[slot] = stored[1], key
-        return ()
+            stored = self.tiers.read(self._what(job), job.tier, tier_slot, key, group)
+            if stored is None:
+                failed.append((i, TORN))
+                self.host[slot], self.host_key[slot] = TORN_BYTES, None
+                continue
+            self.host[slot], self.host_key[slot] = stored, key
+        return tuple(failed)
+
+    def _run_tier_load(self, job: EngineJob, success: bool) -> Failures:
+        """Run a tier load (see the module docstring): the host chunks from their host
+        slots, the tier chunks from the in-memory tier (each checked as a promotion's);
+        return the chunks that did not make it (the job failed if any)."""
+        self.copies += 1
+        tier = job.tier or ""
+        chunks = job.tier_chunks()
+        if len(job.tier_slots) != len(chunks):
+            raise InvariantViolation(f"step {self.step}: tier load {job.job_id} without tier slots")
+        groups = job.groups or (0,) * len(chunks)
+        data: dict[int, bytes] = {}
+        failed: dict[int, ChunkFailure] = {}
+        for c, tier_slot, group in zip(chunks, job.tier_slots, groups, strict=True):
+            stored = self.tiers.read(self._what(job), tier, tier_slot, job.keys[c], group)
+            if stored is None:
+                failed[c] = TORN
+            else:
+                self._verify(job, c, stored, "tier load read")
+                data[c] = stored
+        if not success:
+            slots = dict(zip(chunks, job.tier_slots, strict=True))
+            for c, failure in self.fail_tier_load(job):
+                failed.setdefault(c, failure)
+                if failure.copy_gone:  # the tier found its copy bad or gone: dropped
+                    self.tiers.drop(tier, slots[c])
+        if failed:
+            data.clear()  # a bad tier chunk: the tier chunks never reach their blocks
+        if success:
+            data.update((c, self._host_chunk(job, c)) for c in job.host_chunks())
+        self._write_blocks(job, data, garbage=not success)
+        return tuple(sorted(failed.items()))
+
+    def _what(self, job: TransferJob) -> str:
+        return f"step {self.step}: {job.kind.value} job {job.job_id}"
 
     def _verify(self, job: EngineJob, chunk: int, data: bytes, what: str) -> None:
         if self.expected is None:

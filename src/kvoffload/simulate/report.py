@@ -19,9 +19,9 @@ class TierResult:
 
     ``written``: chunks copied into the tier (host: stores from the engine; a lower
     tier: spills from host memory). ``read``: chunks copied out of it (host: loads
-    into the engine; a lower tier: promotions into host memory and tier loads into the
-    engine). ``evicted_without_copy`` (host, with a lower tier): evicted chunks no
-    lower tier held."""
+    into the engine; a lower tier: promotions into host memory and tier loads' chunks
+    read straight into the engine). ``evicted_without_copy`` (host, with a lower
+    tier): evicted chunks no lower tier held."""
 
     tier: str
     capacity_chunks: int

@@ -239,7 +239,7 @@ class _Simulation:
                     tier.name,
                     tier.directory.num_slots,
                     written=chunks[("spill", tier.name)],
-                    read=chunks[("promote", tier.name)],
+                    read=chunks[("promote", tier.name)] + chunks[("load", tier.name)],
                     evictions=tier.directory.metrics.value("evictions_total"),
                     held_at_end=len(tier.directory),
                 )

@@ -2,12 +2,20 @@
 
 Each job occupies one lane, first come first served: loads the host -> engine lane,
 stores the engine -> host lane, spills and promotions the lane of their lower tier.
+A tier load (a load reading some chunks straight from a lower tier) occupies three:
+its host chunks the host -> engine lane, its tier chunks the tier's lane for the read
+(at the tier's bandwidth, as a promotion's) and then the tier's staging lane
+(``<tier>->engine``, at the host bandwidth) for the copy into the engine, as the
+real worker reads and copies them on one lane per tier: the read waits for the
+tier's previous tier load's copy. The job finishes when both halves did.
+
 A job starts when it is planned (a store: after the forward pass of its step, whose
 KV it captures; a store the plan flushes: before the forward pass, which waits for
 it) and is reported at the end of the first step that ends after it finished. No
 bytes move and no job fails. The worker also keeps the traffic counters (chunks per
-job kind and tier, lane busy seconds; with several KV cache groups, loads' and
-stores' chunks per group, read from the engine's block owners when submitted).
+job kind and tier, a tier load's host and tier chunks apart; lane busy seconds;
+with several KV cache groups, loads' and stores' chunks per group, read from the
+engine's block owners when submitted).
 
 :class:`SimClock` is the simulated time, shared by the driver, the engine's meter
 and this worker; a step's end is ``start + flush stall + compute``.
@@ -21,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvoffload.core.jobs import (
+    NO_BLOCK,
     EngineJob,
     JobKind,
     JobResult,
@@ -57,7 +66,7 @@ class SimClock:
 @dataclass
 class Traffic:
     """Chunks moved by completed jobs: ``chunks[(kind, tier)]``; kind is a JobKind
-    value, tier ``"host"`` for loads and stores."""
+    value, tier ``"host"`` for loads and stores (a tier load's tier chunks: its tier)."""
 
     chunks: Counter[tuple[str, str]] = field(default_factory=Counter)
     busy_s: dict[str, float] = field(default_factory=dict)  # per lane
@@ -104,14 +113,44 @@ class SimWorker:
         return "engine->host", "host"
 
     def _start(self, job: TransferJob, at: float) -> float:
-        lane, cost_lane = self._lane(job)
-        seconds = self.cost.copy_seconds(len(job.keys) * self.chunk_bytes, cost_lane)
-        finish = max(at, self.free_at.get(lane, 0.0)) + seconds
-        self.free_at[lane] = finish
-        self.traffic.busy_s[lane] = self.traffic.busy_s.get(lane, 0.0) + seconds
+        if isinstance(job, EngineJob) and job.tier is not None:
+            finish = self._start_tier_load(job, at)
+        else:
+            lane, cost_lane = self._lane(job)
+            seconds = self.cost.copy_seconds(len(job.keys) * self.chunk_bytes, cost_lane)
+            finish = self._occupy(lane, max(at, self.free_at.get(lane, 0.0)), seconds)
         self.finish_of[job.job_id] = finish
         heapq.heappush(self._heap, (finish, job.job_id, job))
         return finish
+
+    def _occupy(self, lane: str, start: float, seconds: float) -> float:
+        """``lane`` busy from ``start`` for ``seconds``; returns the end."""
+        self.free_at[lane] = start + seconds
+        self.traffic.busy_s[lane] = self.traffic.busy_s.get(lane, 0.0) + seconds
+        return start + seconds
+
+    def _tier_load_costs(self, job: EngineJob) -> tuple[float, float, float]:
+        """(host chunks' copy, tier chunks' read, their staging copy) in seconds."""
+        tier_chunks = len(job.tier_chunks())
+        host_bytes = (len(job.keys) - tier_chunks) * self.chunk_bytes
+        tier_bytes = tier_chunks * self.chunk_bytes
+        read_lane = "redis" if job.tier == "redis" else "disk"
+        return (
+            self.cost.copy_seconds(host_bytes, "host"),
+            self.cost.copy_seconds(tier_bytes, read_lane),
+            self.cost.copy_seconds(tier_bytes, "host"),
+        )
+
+    def _start_tier_load(self, job: EngineJob, at: float) -> float:
+        """Occupy a tier load's lanes (module docstring); returns when it finishes."""
+        host_s, read_s, copy_s = self._tier_load_costs(job)
+        tier, stage, host = job.tier or "", f"{job.tier}->engine", "host->engine"
+        finish = at
+        if host_s:
+            finish = self._occupy(host, max(at, self.free_at.get(host, 0.0)), host_s)
+        read_at = max(at, self.free_at.get(tier, 0.0), self.free_at.get(stage, 0.0))
+        copied = self._occupy(stage, self._occupy(tier, read_at, read_s), copy_s)
+        return max(finish, copied)
 
     # ------------------------------------------------------------ backend calls
 
@@ -131,9 +170,11 @@ class SimWorker:
         while the job is submitted; a chunk's first block moved decides)."""
         assert self.group_of is not None
         groups: dict[int, int] = {}
-        for slot, _, block in job.chunk_blocks():
-            groups.setdefault(slot, self.group_of[block])
-        return [groups.get(slot, -1) for slot in job.slots]
+        k, skip = job.blocks_per_chunk, job.skip_blocks
+        for m, block in enumerate(job.block_ids):
+            if block != NO_BLOCK:
+                groups.setdefault((m + skip) // k, self.group_of[block])
+        return [groups.get(chunk, -1) for chunk in range(len(job.slots))]
 
     def wait(self, job_ids: frozenset[int]) -> None:
         """The forward pass starts once the named jobs finished: the clock's stall."""
@@ -156,18 +197,33 @@ class SimWorker:
         while self._heap and self._heap[0][0] <= end:
             _, job_id, job = heapq.heappop(self._heap)
             del self.finish_of[job_id]
-            _, cost_lane = self._lane(job)
-            tier = job.tier if isinstance(job, TierJob) else "host"
-            self.traffic.chunks[(job.kind.value, tier)] += len(job.keys)
-            self.traffic.jobs[job.kind.value] += 1
-            if self._job_groups:
-                for group in self._job_groups.pop(job_id, ()):
-                    self.traffic.groups[(job.kind.value, group)] += 1
+            self._count(job)
             nbytes = len(job.keys) * self.chunk_bytes
-            seconds = self.cost.copy_seconds(nbytes, cost_lane)
+            if isinstance(job, EngineJob) and job.tier is not None:
+                host_s, read_s, copy_s = self._tier_load_costs(job)
+                seconds = max(host_s, read_s + copy_s)
+            else:
+                seconds = self.cost.copy_seconds(nbytes, self._lane(job)[1])
             results.append(JobResult(job_id, True, nbytes, seconds))
         self.completed_last_step = len(results)
         return [WorkerReport(0, tuple(results))]
+
+    def _count(self, job: TransferJob) -> None:
+        """A finished job's traffic: its chunks per (kind, tier), a tier load's tier
+        chunks under its tier and its host chunks under ``host``."""
+        kind = job.kind.value
+        if isinstance(job, TierJob):
+            self.traffic.chunks[(kind, job.tier)] += len(job.keys)
+        elif job.tier is not None:
+            tier_chunks = len(job.tier_chunks())
+            self.traffic.chunks[(kind, job.tier)] += tier_chunks
+            self.traffic.chunks[(kind, "host")] += len(job.keys) - tier_chunks
+        else:
+            self.traffic.chunks[(kind, "host")] += len(job.keys)
+        self.traffic.jobs[kind] += 1
+        if self._job_groups:
+            for group in self._job_groups.pop(job.job_id, ()):
+                self.traffic.groups[(kind, group)] += 1
 
     def applied(self, reports: Sequence[WorkerReport]) -> None:
         """Nothing to do: the simulated jobs hold no state past their report."""

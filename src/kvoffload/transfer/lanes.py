@@ -1,4 +1,8 @@
-"""A copy lane: one direction's thread, running queued jobs in submission order.
+"""A copy lane: one thread running queued jobs in submission order.
+
+One per copy direction of a :class:`~kvoffload.transfer.worker.TransferWorker`, and
+one per tier of :class:`~kvoffload.transfer.staged_loads.StagedLoads` (its items:
+tier loads with the engine stream they follow).
 
 When the thread wakes it takes *every* job queued so far as one batch, so a step's
 worth of jobs costs one wake-up and (see :class:`~kvoffload.transfer.worker.
@@ -13,23 +17,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
-from kvoffload.core.jobs import EngineJob
 from kvoffload.transfer.threads import single_threaded_torch
 
-RunBatch = Callable[[list[EngineJob]], None]
+T = TypeVar("T")
 
 
-class Lane:
-    def __init__(self, name: str, run_batch: RunBatch) -> None:
+class Lane(Generic[T]):
+    def __init__(self, name: str, run_batch: Callable[[list[T]], None]) -> None:
         self._run_batch = run_batch
         self._cv = threading.Condition()
-        self._queue: list[EngineJob] = []
+        self._queue: list[T] = []
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, job: EngineJob) -> bool:
+    def put(self, job: T) -> bool:
         """Queue ``job``; False if the lane is closed (the job will not run)."""
         with self._cv:
             if self._closed:
@@ -38,7 +42,7 @@ class Lane:
             self._cv.notify()
             return True
 
-    def close(self) -> list[EngineJob]:
+    def close(self) -> list[T]:
         """Stop taking jobs; return the queued ones that will never run."""
         with self._cv:
             self._closed = True

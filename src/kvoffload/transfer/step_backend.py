@@ -1,18 +1,28 @@
 """The real worker's :class:`~kvoffload.core.step_runner.StepBackend`.
 
 Loads and stores run on a :class:`~kvoffload.transfer.worker.TransferWorker`, spills
-and promotions on a :class:`~kvoffload.transfer.tier_worker.TierLane`. A tier job on
-a worker without a tier lane fails at once (``"no such tier"``); a load with no chunk
-(it only names invalid blocks) succeeds at once. Nothing here raises for a failed
-job. Besides the results, :meth:`TransferBackend.poll` notes which requests' loads
-finished and which engine blocks are invalid (a failed load's blocks and the invalid
-blocks a load names), for the engine to recompute.
+and promotions on a :class:`~kvoffload.transfer.tier_worker.TierLane`, the tier
+chunks of tier loads on a :class:`~kvoffload.transfer.staged_loads.StagedLoadLane`
+(their host chunks, as a part of the same job id, on the transfer worker). A tier
+job on a worker without a tier lane fails at once (``"no such tier"``), as does a
+tier load on a worker without staged loads (every tier chunk with
+``error_failure``); a load with no chunk (it only names invalid blocks) succeeds at
+once. Nothing here raises for a failed job. Besides the results,
+:meth:`TransferBackend.poll` notes which requests' loads finished and which engine
+blocks are invalid (a failed load's blocks and the invalid blocks a load names), for
+the engine to recompute.
+
+A tier load is reported once, when both halves finished: successful only when both
+were, ``nbytes`` summed, ``seconds`` the longer half (they run at once), ``error``
+the host half's else the tier half's, ``failed_chunks`` the tier half's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from kvoffload.core.failures import error_failure
 from kvoffload.core.jobs import (
     EngineJob,
     JobKind,
@@ -22,18 +32,30 @@ from kvoffload.core.jobs import (
     TransferJob,
     WorkerReport,
 )
+from kvoffload.transfer.staged_loads import StagedLoadLane
 from kvoffload.transfer.tier_worker import TierLane
 from kvoffload.transfer.worker import TransferWorker
 
 
-class TransferBackend:
-    """Borrows ``worker`` and ``tiers`` (their owner shuts them down) and owns the
-    jobs it submitted until their results were polled.
+@dataclass
+class _Halves:
+    """A tier load's two results until both came (None: not yet)."""
 
-    ``tiers`` may be replaced between steps (a harness wraps it). With
-    ``wait_for_loads``, :meth:`poll` first waits for the current step's loads: they
-    take a millisecond or so, and reporting them at once saves the waiting request a
-    whole step (a copy hook that holds copies, in tests, needs it off).
+    host: JobResult | None
+    tier: JobResult | None = None
+
+
+class TransferBackend:
+    """Borrows ``worker``, ``tiers`` and ``staged`` (their owner shuts them down) and
+    owns the jobs it submitted until their results were polled.
+
+    ``tiers`` and ``staged`` may be replaced between steps (a harness wraps them).
+    With ``wait_for_loads``, :meth:`poll` first waits for the current step's loads:
+    they take a millisecond or so, and reporting them at once saves the waiting
+    request a whole step (a copy hook that holds copies, in tests, needs it off). Of
+    a tier load it waits for the host chunks only: the tier chunks are read from a
+    disk or over the network (a Redis read may take up to its timeout), which must
+    not stall the engine step; they are reported by the first poll after they landed.
 
     A failed load's blocks are noted for vLLM to recompute (:meth:`take_invalid_blocks`);
     with ``fail_by_request`` (anything but one full-attention KV cache group) its
@@ -48,9 +70,12 @@ class TransferBackend:
         *,
         wait_for_loads: bool,
         fail_by_request: bool = False,
+        staged: StagedLoadLane | None = None,
     ) -> None:
         self.worker = worker
         self.tiers = tiers
+        self.staged = staged
+        self._halves: dict[int, _Halves] = {}  # tier loads with a half still running
         self.wait_for_loads = wait_for_loads
         self._step_loads: tuple[int, ...] = ()
         self._jobs: dict[int, EngineJob] = {}  # loads and stores until polled
@@ -74,13 +99,31 @@ class TransferBackend:
         self._jobs[job.job_id] = job
         if not job.slots:  # a load of invalid blocks only: nothing to copy
             self._instant.append(JobResult(job.job_id, True))
+        elif job.tier is not None:
+            self._submit_tier_load(job)
         elif job.kind is JobKind.STORE:
             self.worker.submit_store(job)
         else:
             self.worker.submit_load(job)
 
+    def _submit_tier_load(self, job: EngineJob) -> None:
+        """The host chunks on the transfer worker, the tier chunks on the staged
+        loads, both under the job's id (merged in :meth:`poll`)."""
+        if self.staged is None:  # no lower tier on this worker
+            error = f"no tier {job.tier!r} on this worker"
+            failed = tuple((c, error_failure(error)) for c in job.tier_chunks())
+            self._instant.append(JobResult(job.job_id, False, error=error, failed_chunks=failed))
+            return
+        host = job.host_chunks()
+        self._halves[job.job_id] = _Halves(None if host else JobResult(job.job_id, True))
+        if host:
+            self.worker.submit_load(job.part(host, [job.slots[c] for c in host]))
+        self.staged.submit(job)
+
     def wait(self, job_ids: frozenset[int]) -> None:
         self.worker.wait(job_ids)
+        if self.staged is not None and self._halves.keys() & job_ids:
+            self.staged.wait(job_ids)
 
     def end_forward(self) -> None:
         """Nothing to do: the stores submitted next read what the pass computed."""
@@ -94,7 +137,12 @@ class TransferBackend:
         if self.tiers is not None:
             results.extend(self.tiers.poll())
         instant, self._instant = self._instant, []
-        for result in (*self.worker.poll(), *instant):
+        copies = [r for r in self.worker.poll() if self._complete(r, host=True)]
+        staged = self.staged.poll() if self.staged is not None and self._halves else []
+        merged = [r for r in staged if self._complete(r, host=False)]
+        for done in (*copies, *instant, *merged):
+            halves = self._halves.pop(done.job_id, None)
+            result = done if halves is None else _merge(halves)
             results.append(result)
             job = self._jobs.pop(result.job_id, None)
             if job is not None and job.kind is JobKind.LOAD:
@@ -107,6 +155,18 @@ class TransferBackend:
                 else:
                     self._invalid_blocks.update(failed)
         return [WorkerReport(self.worker.rank, tuple(results))]
+
+    def _complete(self, result: JobResult, *, host: bool) -> bool:
+        """Whether ``result`` ends its job: any job's but a tier load's, whose other
+        half must have come too (recorded here)."""
+        halves = self._halves.get(result.job_id)
+        if halves is None:
+            return True
+        if host:
+            halves.host = result
+        else:
+            halves.tier = result
+        return halves.host is not None and halves.tier is not None
 
     def applied(self, reports: Sequence[WorkerReport]) -> None:
         """Nothing to do: a job is forgotten once its result was polled."""
@@ -125,3 +185,17 @@ class TransferBackend:
         """Engine blocks to recompute, noted since the last call."""
         invalid, self._invalid_blocks = self._invalid_blocks, set()
         return invalid
+
+
+def _merge(halves: _Halves) -> JobResult:
+    """A tier load's result from its two halves' (see the module docstring)."""
+    host, tier = halves.host, halves.tier
+    assert host is not None and tier is not None
+    return JobResult(
+        host.job_id,
+        success=host.success and tier.success,
+        nbytes=host.nbytes + tier.nbytes,
+        seconds=max(host.seconds, tier.seconds),
+        error=host.error or tier.error,
+        failed_chunks=tier.failed_chunks,
+    )

@@ -78,7 +78,7 @@ class TransferWorker:
         self._cuda: CudaCopier | None = None
         self._cpu: CpuCopier | None = None
         self._inflight: dict[int, InFlight] = {}
-        self._lanes: dict[JobKind, Lane] = {}
+        self._lanes: dict[JobKind, Lane[EngineJob]] = {}
         if layout.device.type == "cuda":
             self._cuda = CudaCopier(layout, slab, blocks_per_chunk)
         else:

@@ -1,8 +1,9 @@
 """The connector's worker role: vLLM's calls onto kvoffload's step runner.
 
 The plan of each step runs on a :class:`~kvoffload.core.step_runner.StepRunner` over
-a :class:`~kvoffload.transfer.step_backend.TransferBackend` (the copy worker and the
-tier lane, opened with the KV caches). vLLM's calls, in its order, map onto it:
+a :class:`~kvoffload.transfer.step_backend.TransferBackend` (the copy worker, the tier
+lane and, with a lower tier, the staging areas of tier loads, opened with the KV
+caches). vLLM's calls, in its order, map onto it:
 ``handle_preemptions`` (before the forward pass) flushes (the runner's first part of
 a step); ``start_load_kv`` (before or, for asynchronous loads, right after the
 forward pass is launched) begins the step: the loads and tier jobs; ``wait_for_save``
@@ -39,6 +40,7 @@ from kvoffload.tiers.redis_client import make_client
 from kvoffload.tiers.redis_store import RedisStore
 from kvoffload.transfer import CopyHook, TransferWorker
 from kvoffload.transfer.cpu_kernel import NATIVE
+from kvoffload.transfer.staged_loads import StagedLoadLane, StagedLoads
 from kvoffload.transfer.step_backend import TransferBackend
 from kvoffload.transfer.tier_worker import TierLane, TierStore, TierWorker
 
@@ -47,7 +49,8 @@ logger = logging.getLogger("kvoffload")
 
 class WorkerSide:
     """One worker's connector role. Owns the step runner and, through its backend,
-    the transfer worker (with the host slab) and the tier lane; ``copy_hook``,
+    the transfer worker (with the host slab), the tier lane and the staged loads
+    (with their staging slabs: none without a lower tier); ``copy_hook``,
     ``rank_override`` are set by tests and harnesses before ``register_kv_caches``."""
 
     def __init__(
@@ -72,6 +75,12 @@ class WorkerSide:
         """The tier lane (None before ``register_kv_caches`` or without a tier)."""
         return self.runner.backend.tiers if self.runner is not None else None
 
+    @property
+    def staged(self) -> StagedLoadLane | None:
+        """The tier loads' staged lanes (None before ``register_kv_caches`` or
+        without a tier)."""
+        return self.runner.backend.staged if self.runner is not None else None
+
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Open the transfer worker over ``kv_caches`` and the configured tiers, and
         the step runner over them. Raises ConfigError for a KV layout whose chunks
@@ -84,9 +93,13 @@ class WorkerSide:
             except (AssertionError, RuntimeError):
                 self.rank = 0  # no distributed environment: a single worker
         worker = self._open_worker(kv_caches)
+        tiers: TierWorker | None = None
         try:
             tiers = self._open_tiers(worker)
+            staged = None if tiers is None else StagedLoads.open(worker, tiers.stores)
         except BaseException:
+            if tiers is not None:
+                tiers.shutdown()
             worker.shutdown()
             raise
         groups = self.geometry.kv_groups
@@ -95,6 +108,7 @@ class WorkerSide:
             tiers,
             wait_for_loads=self.copy_hook is None,
             fail_by_request=not groups.single or groups.windowed,
+            staged=staged,
         )
         self.runner = StepRunner(backend)
         logger.info("%s", self._summary(worker, tiers))
@@ -216,7 +230,10 @@ class WorkerSide:
         return ReportMetadata((WorkerReport(self.rank, results),))
 
     def shutdown(self) -> None:
-        """Shut the tier lane and the transfer worker down (never raises)."""
+        """Shut the staged loads, the tier lane (which closes the tier stores the
+        staged loads read) and the transfer worker down (never raises)."""
+        if self.staged is not None:
+            self.staged.shutdown()
         if self.tiers is not None:
             self.tiers.shutdown()
         if self.worker is not None:

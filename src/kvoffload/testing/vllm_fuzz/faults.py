@@ -5,6 +5,11 @@ step (a keyed hash, no shared random stream), so removing a request or a fault w
 shrinking leaves the other decisions as they were. A job is *open* on a rank from the
 step it was submitted there; the policy releases it after its delay (0: the same
 step), fails it, or (``HANG_TIER``) holds it until the run drains.
+
+Tier faults hit spills, promotions and tier loads' tier halves alike (a failing or
+slow disk, Redis going away), except that a tier load never hangs: the request waits
+for it holding its engine blocks, with no deferral bound to end the wait, while a
+real tier read ends within the tier's timeout (a hung one is slow, then).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TransferJob
 from kvoffload.testing.vllm_fuzz.scenario import FaultKind, Scenario
 
 _FAIL = {JobKind.STORE: FaultKind.FAIL_STORE, JobKind.LOAD: FaultKind.FAIL_LOAD}
@@ -72,13 +77,14 @@ class FaultPolicy:
         fail: set[int] = set()
         for job in jobs:
             opened = self._opened.setdefault((rank, job.job_id), step)
+            what = "tier_load" if isinstance(job, EngineJob) else job.kind.value
             if self.draining:
                 release.add(job.job_id)
             elif self._hits(FaultKind.FAIL_TIER, job.job_id, rank):
                 fail.add(job.job_id)
-                self._count(f"failed_{job.kind.value}", rank, job)
-            elif self._hits(FaultKind.HANG_TIER, job.job_id):
-                self._count(f"hung_{job.kind.value}", rank, job)
+                self._count(f"failed_{what}", rank, job)
+            elif what != "tier_load" and self._hits(FaultKind.HANG_TIER, job.job_id):
+                self._count(f"hung_{what}", rank, job)
             elif step >= opened + self._delay(FaultKind.SLOW_TIER, job, rank):
                 release.add(job.job_id)
         return release, fail

@@ -35,8 +35,8 @@ class FaultKind(enum.Enum):
     FAIL_LOAD = "fail_load"  # a host -> engine copy fails (the engine recomputes)
     SLOW_STORE = "slow_store"  # a store finishes some steps later
     SLOW_LOAD = "slow_load"  # a load finishes some steps later
-    FAIL_TIER = "fail_tier"  # a spill or promotion fails as a whole
-    SLOW_TIER = "slow_tier"  # a spill or promotion finishes some steps later
+    FAIL_TIER = "fail_tier"  # a spill, promotion or tier load's read fails as a whole
+    SLOW_TIER = "slow_tier"  # a spill, promotion or tier load's read is some steps late
     HANG_TIER = "hang_tier"  # a spill or promotion never finishes while requests run
     TORN_DISK = "torn_disk"  # a disk write is torn (reported done, found by the checksum)
     RANK_SKEW = "rank_skew"  # rank 1 finishes a job some steps after rank 0

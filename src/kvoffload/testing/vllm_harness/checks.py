@@ -54,7 +54,7 @@ class Checks:
     def plan(self, plan: StepPlan) -> None:
         """No load or store names the null block; no load for a request with jobs in
         flight; loads and promotions name only chunks written since the last
-        connector reset."""
+        connector reset (a tier load's tier chunks: spilled since then)."""
         half = self.side.scheduler
         planned: tuple[TransferJob, ...] = (
             *plan.loads,
@@ -80,11 +80,17 @@ class Checks:
                     f"load {load.job_id} planned for {load.request_id!r} with jobs {others} "
                     "in flight"
                 )
-            stale = [k for k in load.keys if k not in self._stored]
+            from_tier = set(load.tier_chunks()) if load.tier is not None else set()
+            stale = [
+                k
+                for i, k in enumerate(load.keys)
+                if k not in (self._spilled if i in from_tier else self._stored)
+            ]
             if self.check_provenance and stale:
                 raise HarnessViolation(
                     f"load {load.job_id} of {load.request_id!r} names {len(stale)} "
-                    "chunks not stored since the last connector reset"
+                    "chunks not stored (or, read from a tier, spilled) since the last "
+                    "connector reset"
                 )
             if load.keys:
                 self._loads[load.request_id] = (load, set())
@@ -189,7 +195,7 @@ class Checks:
         if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
             problems.append("engine blocks not freed")
         for entry in ranks:
-            if entry.copier.running() or (entry.tiers is not None and entry.tiers.running()):
+            if entry.copier.running() or any(lane.running() for lane in entry.lanes()):
                 problems.append(f"rank {entry.rank} still copying")
         if problems:
             raise HarnessViolation("not quiescent: " + "; ".join(problems))

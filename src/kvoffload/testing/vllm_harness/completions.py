@@ -11,7 +11,11 @@ from kvoffload.core.jobs import JobResult, TransferJob
 
 class Completions(Protocol):
     """Per rank and step: which open jobs to release and which to fail, in which
-    order the ranks run and how each rank's report is ordered."""
+    order the ranks run and how each rank's report is ordered. ``copies`` decides
+    the engine copies (loads, stores, and a tier load's host half: an EngineJob of
+    its host chunks, same id); ``tier_jobs`` the spills, promotions and a tier
+    load's tier half (the tier load itself, ``job.tier`` set): a failed one fails as
+    a tier that failed as a whole."""
 
     def copies(
         self, rank: int, step: int, jobs: Sequence[TransferJob]

@@ -5,21 +5,42 @@ released (or failed). Each direction's lane runs its jobs in submission order, s
 release also releases the jobs submitted before it in that lane (a held job would
 hold them anyway): what is released can always be waited for. :class:`GatedTiers`
 stands in for a worker's tier lane and holds spill and promote jobs before they
-start; :class:`TornWrites` wraps a tier store so chosen chunks are written damaged
-while the write reports success (a torn write, found by the reader's checksum).
+start, or for its staged loads and holds tier loads' tier halves before they start
+(their host halves are copies, held by the copy gate); :class:`TornWrites` wraps a
+tier store so chosen chunks are written damaged while the write reports success (a
+torn write, found by the reader's checksum).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, Protocol, TypeVar
 
-from kvoffload.core.failures import ChunkFailure
+from kvoffload.core.failures import ChunkFailure, error_failure
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.disk import PAYLOAD_OFFSET
 from kvoffload.tiers.disk_store import DiskTierStore
-from kvoffload.transfer.tier_worker import TierLane
+
+J = TypeVar("J", bound=TierJob | EngineJob)
+J_contra = TypeVar("J_contra", bound=TierJob | EngineJob, contravariant=True)
+
+
+class JobLane(Protocol[J_contra]):
+    """A lane GatedTiers stands in front of: a worker's tier lane
+    (:class:`~kvoffload.transfer.tier_worker.TierLane`, of tier jobs) or its staged
+    loads (:class:`~kvoffload.transfer.staged_loads.StagedLoadLane`, of tier loads)."""
+
+    def submit(self, job: J_contra) -> None: ...
+
+    def poll(self) -> list[JobResult]: ...
+
+    def running(self) -> set[int]: ...
+
+    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool: ...
+
+    def shutdown(self, timeout: float | None = 10.0) -> None: ...
 
 
 class CopyGate:
@@ -104,15 +125,17 @@ class CopyGate:
         self._failing.discard(job_id)
 
 
-class GatedTiers:
-    """A worker's tier lane whose jobs start only when released (or fail unstarted)."""
+class GatedTiers(Generic[J]):
+    """A worker's tier lane (or staged loads) whose jobs start only when released, or
+    fail unstarted as a tier that failed as a whole (a tier load's: every tier chunk
+    with ``error_failure``, as the real worker reports a tier that raised)."""
 
-    def __init__(self, inner: TierLane) -> None:
-        self.inner = inner
-        self.held: dict[int, TierJob] = {}
+    def __init__(self, inner: JobLane[J]) -> None:
+        self.inner: JobLane[J] = inner
+        self.held: dict[int, J] = {}
         self._failed: list[JobResult] = []
 
-    def submit(self, job: TierJob) -> None:
+    def submit(self, job: J) -> None:
         self.held[job.job_id] = job
 
     def release(self, job_ids: Iterable[int]) -> set[int]:
@@ -123,8 +146,13 @@ class GatedTiers:
 
     def fail(self, job_ids: Iterable[int], error: str = "injected tier failure") -> None:
         for job_id in sorted(set(job_ids)):
-            if self.held.pop(job_id, None) is not None:
-                self._failed.append(JobResult(job_id, False, error=error))
+            job = self.held.pop(job_id, None)
+            if job is None:
+                continue
+            failed: tuple[tuple[int, ChunkFailure], ...] = ()
+            if isinstance(job, EngineJob):
+                failed = tuple((c, error_failure(error)) for c in job.tier_chunks())
+            self._failed.append(JobResult(job_id, False, error=error, failed_chunks=failed))
 
     def poll(self) -> list[JobResult]:
         failed, self._failed = self._failed, []

@@ -1,8 +1,10 @@
 """One tensor-parallel worker of the harness and its share of an engine step.
 
 A :class:`Rank` is a real worker-role ``KVOffloadConnector`` over that rank's KV
-tensors, with every copy gated (:class:`CopyGate`) and its tier lane gated
-(:class:`GatedTiers`); :func:`run_step` makes the connector calls vLLM's model runner
+tensors, with every copy gated (:class:`CopyGate`; a tier load's host half among
+them) and its tier lane and staged loads gated (:class:`GatedTiers`: spills and
+promotions, tier loads' tier halves), both released or failed by the policy's
+``tier_jobs``; :func:`run_step` makes the connector calls vLLM's model runner
 makes in one ``execute_model``, in vLLM's order, with the forward pass in its place.
 """
 
@@ -20,7 +22,7 @@ from kvoffload.adapters.vllm.compat import KVConnectorRole
 from kvoffload.adapters.vllm.connector import KVOffloadConnector
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.worker_side import WorkerSide
-from kvoffload.core.jobs import EngineJob, WorkerReport
+from kvoffload.core.jobs import EngineJob, TierJob, TransferJob, WorkerReport
 from kvoffload.testing.vllm_harness.completions import Completions
 from kvoffload.testing.vllm_harness.gates import CopyGate, GatedTiers
 from kvoffload.testing.vllm_harness.spec import layer_names
@@ -34,8 +36,13 @@ class Rank:
     side: WorkerSide
     copier: TransferWorker
     gate: CopyGate
-    tiers: GatedTiers | None
+    tiers: GatedTiers[TierJob] | None
+    staged: GatedTiers[EngineJob] | None = None  # tier loads' tier halves
     open_copies: dict[int, EngineJob] = field(default_factory=dict)  # submitted, unreported
+
+    def lanes(self) -> list[GatedTiers[TierJob] | GatedTiers[EngineJob]]:
+        """The gated tier lane and staged loads this rank has."""
+        return [lane for lane in (self.tiers, self.staged) if lane is not None]
 
 
 def make_rank(
@@ -58,8 +65,9 @@ def make_rank(
     backend = side.runner.backend
     copier = backend.worker
     tiers = GatedTiers(backend.tiers) if backend.tiers is not None else None
-    backend.tiers = tiers
-    entry = Rank(rank, connector, side, copier, gate, tiers)
+    staged = GatedTiers(backend.staged) if backend.staged is not None else None
+    backend.tiers, backend.staged = tiers, staged
+    entry = Rank(rank, connector, side, copier, gate, tiers, staged)
     store, load = copier.submit_store, copier.submit_load
 
     def submit_store(job: EngineJob) -> None:
@@ -116,12 +124,12 @@ def _complete(entry: Rank, step: int, policy: Completions) -> None:
     release, fail = policy.copies(entry.rank, step, jobs)
     entry.gate.release(release)
     entry.gate.fail(fail)
-    if entry.tiers is not None:
-        held = [entry.tiers.held[i] for i in sorted(entry.tiers.held)]
+    for lane in entry.lanes():
+        held: list[TransferJob] = [lane.held[i] for i in sorted(lane.held)]
         release, fail = policy.tier_jobs(entry.rank, step, held)
-        entry.tiers.fail(fail)
-        entry.tiers.release(release)
-        entry.tiers.inner.wait(entry.tiers.inner.running())
+        lane.fail(fail)
+        lane.release(release)
+        lane.inner.wait(lane.inner.running())
     entry.copier.wait(set(entry.open_copies) & entry.gate.let_through())
 
 

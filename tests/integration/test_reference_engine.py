@@ -116,8 +116,17 @@ def test_aborts_and_a_reset_mid_run_leave_nothing_behind() -> None:
     assert e.requests["d"].output == reference_outputs(PROMPTS["d"], 4, VOCAB)
 
 
-def test_a_prefix_pushed_below_host_memory_is_promoted_then_loaded() -> None:
+def test_a_prefix_pushed_below_host_memory_is_loaded_straight_from_the_tier() -> None:
     outcome = run_schedule(tier_scenario(), trace=True)
+    assert outcome.violation is None, outcome.violation
+    trace = "\n".join(outcome.trace)
+    assert "spill job" in trace and "promote job" not in trace
+    assert "lookup again (local hit 0, jobs in flight []) -> 16" in trace
+    assert "from tier disk" in trace.split("-> 16")[1]
+
+
+def test_a_prefix_pushed_below_host_memory_is_promoted_then_loaded() -> None:
+    outcome = run_schedule(tier_scenario(tier_loads="promote"), trace=True)
     assert outcome.violation is None, outcome.violation
     trace = "\n".join(outcome.trace)
     assert "spill job" in trace and "promote job" in trace

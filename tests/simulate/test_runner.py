@@ -91,15 +91,23 @@ def test_capacity_limits_hits_and_counts_evictions() -> None:
     assert small.kvoffload_hit_tokens < large.kvoffload_hit_tokens
 
 
-def test_a_disk_tier_below_a_small_host_tier_serves_promotions() -> None:
+@pytest.mark.parametrize("loads", ["direct", "promote"])
+def test_a_disk_tier_below_a_small_host_tier_serves_hits(loads: str) -> None:
+    """Tier loads (direct) serve the disk's hits with no deferral at all; promotions
+    wait for the promotion first."""
     host_only = simulate(repeated(), prefix_caching=False, cpu_bytes=8 * CHUNK_BYTES)
     with_disk = simulate(
-        repeated(), prefix_caching=False, cpu_bytes=8 * CHUNK_BYTES, disk_bytes=512 * CHUNK_BYTES
+        repeated(),
+        prefix_caching=False,
+        cpu_bytes=8 * CHUNK_BYTES,
+        disk_bytes=512 * CHUNK_BYTES,
+        lower_tier_loads=loads,
     )
-    disk = with_disk.tier("disk")
+    disk, host = with_disk.tier("disk"), with_disk.tier("host")
     assert disk is not None and disk.written > 0 and disk.read > 0
-    assert with_disk.deferrals.get("promotion", 0) > 0
+    assert (with_disk.deferrals.get("promotion", 0) > 0) == (loads == "promote")
     assert with_disk.kvoffload_hit_tokens > host_only.kvoffload_hit_tokens
+    assert host is not None and host.evictions > 0 and host.evicted_without_copy == 0
 
 
 def test_store_threshold_refuses_first_sightings() -> None:

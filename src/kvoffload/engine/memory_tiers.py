@@ -6,7 +6,11 @@ not hold the chunk the job names, or holds it as another group, or with other by
 than a store captured, is an :class:`InvariantViolation` (the scheduler half reused a
 tier slot while it was still needed, or lost track of a chunk). A slot marked with
 :meth:`MemoryTiers.damage` reads as torn: the read reports it (None) and the tier
-drops the chunk, as the disk tier clears a slot whose checksum fails.
+drops the chunk, as the disk tier clears a slot whose checksum fails. A dropped slot
+is remembered with the chunk it held until the next write: another read of that chunk
+in flight meanwhile (two tier loads of one prefix) finds it gone (None), as a read of
+a cleared disk slot does, and that is no violation: the scheduler half still holds
+the chunk, pinned, until the first failure is reported.
 
 Owned by one :class:`~kvoffload.engine.manual_worker.ManualWorker`, which borrows it
 the bytes every verified store captured (``known``) and calls it from its one thread.
@@ -30,18 +34,22 @@ class MemoryTiers:
         self.known = known  # borrowed: chunk key -> the bytes a verified store captured
         self.slots: dict[str, dict[int, tuple[ChunkKey, bytes, int]]] = {}
         self.damaged: set[tuple[str, int]] = set()  # (tier, tier slot): reads as torn
+        self.cleared: dict[tuple[str, int], ChunkKey] = {}  # dropped since its last write
 
     def write(self, tier: str, tier_slot: int, key: ChunkKey, data: bytes, group: int) -> None:
         """A spill's write of ``key`` (its ``data``, as ``group``) into ``tier_slot``;
         a failed spill writes :data:`TORN_BYTES`. Either overwrites a damaged slot."""
         self.slots.setdefault(tier, {})[tier_slot] = (key, data, group)
         self.damaged.discard((tier, tier_slot))
+        self.cleared.pop((tier, tier_slot), None)
 
     def read(self, what: str, tier: str, tier_slot: int, key: ChunkKey, group: int) -> bytes | None:
         """The bytes of ``key`` in ``tier_slot`` as a promotion or a tier load reads
         them (``what``: the job, for messages), checked (see the module docstring);
         None when the slot is damaged (the chunk is dropped)."""
         stored = self.slots.get(tier, {}).get(tier_slot)
+        if stored is None and self.cleared.get((tier, tier_slot)) == key:
+            return None  # dropped by another read of it: gone, as a cleared disk slot
         if stored is None or stored[0] != key:
             raise InvariantViolation(
                 f"{what} reads tier {tier!r} slot {tier_slot}, which does not hold its chunk"
@@ -66,5 +74,7 @@ class MemoryTiers:
 
     def drop(self, tier: str, tier_slot: int) -> None:
         """Forget the chunk in ``tier_slot`` (the tier found its copy bad)."""
-        self.slots.get(tier, {}).pop(tier_slot, None)
+        stored = self.slots.get(tier, {}).pop(tier_slot, None)
+        if stored is not None:
+            self.cleared[(tier, tier_slot)] = stored[0]
         self.damaged.discard((tier, tier_slot))

@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--eviction", default=d.eviction, help=f"{' | '.join(policy_names())}")
     k.add_argument("--store-threshold", type=int, default=d.store_threshold, help="see docs")
     k.add_argument("--lower-tier-admission", default="write_through", help="write_through | N")
+    k.add_argument(
+        "--lower-tier-loads",
+        default="direct",
+        help="direct (tier loads straight into the engine) | promote (through host memory)",
+    )
     k.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="tokens per chunk")
     c = p.add_argument_group("cost model")
     c.add_argument("--prefill-s-per-token", type=float, default=_COST.prefill_s_per_token)
@@ -186,6 +191,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         eviction=args.eviction,
         store_threshold=args.store_threshold,
         lower_tier_admission=admission,
+        lower_tier_loads=args.lower_tier_loads,
         engine_tokens=args.engine_tokens,
         block_size=args.block_size,
         chunk_tokens=args.chunk_tokens,

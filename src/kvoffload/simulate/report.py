@@ -166,7 +166,7 @@ def format_report(r: SimResult) -> str:
         f"  kvoffload    host {format_bytes(s['cpu_bytes'])}, disk "
         f"{format_bytes(s['disk_bytes'])}, redis {format_bytes(s['redis_bytes'])}; eviction "
         f"{s['eviction']}, store_threshold {s['store_threshold']}, lower_tier_admission "
-        f"{s['lower_tier_admission']}",
+        f"{s['lower_tier_admission']}, lower_tier_loads {s['lower_tier_loads']}",
         *_chunk_lines(r),
         f"  cost model   prefill {c.prefill_s_per_token * 1e6:.0f} us/token, decode "
         f"{c.decode_s_per_token * 1e6:.0f} us/token (one step per {s['decode_stride']} tokens); "

@@ -83,6 +83,7 @@ class _Simulation:
                     max_deferral_seconds=c.max_deferral_seconds,
                     null_block=NULL_BLOCK if self.tables is not None else None,
                     kv_groups=c.kv_groups,
+                    direct_tier_loads=c.lower_tier_loads == "direct",
                 ),
                 self.host,
                 Namespace(model="simulated", layout=self._layout(), dtype="-"),

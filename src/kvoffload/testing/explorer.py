@@ -189,9 +189,10 @@ def seed_race_scenario(
     )
 
 
-def tier_scenario(mode: StepMode = StepMode.BATCH_QUEUE) -> Scenario:
+def tier_scenario(mode: StepMode = StepMode.BATCH_QUEUE, tier_loads: str = "direct") -> Scenario:
     """A prefix stored by one request, pushed below a six-slot host tier by another,
-    then needed again: the third request waits for a promotion, then loads."""
+    then needed again: the third request loads it straight from the tier (``direct``)
+    or waits for a promotion, then loads (``promote``)."""
     prefix = tuple(range(10, 26))  # four chunks
     return Scenario(
         requests=(
@@ -206,6 +207,7 @@ def tier_scenario(mode: StepMode = StepMode.BATCH_QUEUE) -> Scenario:
         max_deferral_steps=6,
         prefix_caching=False,
         lower_tier_slots=8,
+        tier_loads=tier_loads,
     )
 
 

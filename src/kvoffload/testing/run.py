@@ -88,6 +88,7 @@ def run_schedule(
         # Logical time: one second per engine step, so the bound in seconds also
         # covers idle steps (those the busy-step bound does not count).
         max_deferral_seconds=float(scenario.max_deferral_steps),
+        direct_tier_loads=scenario.tier_loads == "direct",
         testing_disable_inflight_deferral=scenario.options.get("disable_deferral", False),
     )
     directory = Directory(scenario.num_slots, policy=scenario.eviction)
@@ -222,9 +223,10 @@ def _install_tracer(scheduler: OffloadScheduler, worker: ManualWorker, log: list
         )
         log.append(f"step {plan.step}: scheduled {sched or '-'}; preempted {list(step.preempted)}")
         for job in (*plan.loads, *plan.stores):
+            below = f" ({len(job.tier_chunks())} from tier {job.tier})" if job.tier else ""
             log.append(
                 f"    {job.kind.value} job {job.job_id} {job.request_id}: "
-                f"{len(job.keys)} chunks, blocks {list(job.block_ids)}"
+                f"{len(job.keys)} chunks{below}, blocks {list(job.block_ids)}"
             )
         for move in (*plan.spills, *plan.promotions):
             log.append(

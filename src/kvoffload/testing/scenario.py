@@ -36,6 +36,7 @@ class Scenario:
     reset_steps: tuple[int, ...] = ()  # kvoffload's cache is reset before these steps
     lower_tier_slots: int = 0  # a disk-like tier below host memory (0: none)
     spill_after_hits: int = 0  # its admission: 0 write-through, N after N host hits
+    tier_loads: str = "direct"  # a lower tier's hit: "direct" (tier loads) or "promote"
     options: dict[str, bool] = field(default_factory=dict)  # testing switches
 
     def without(self, index: int) -> Scenario:
@@ -49,7 +50,8 @@ class Scenario:
             f"num_slots={self.num_slots} eviction={self.eviction} world_size={self.world_size} "
             f"max_deferral_steps={self.max_deferral_steps} prefix_caching={self.prefix_caching} "
             f"reset_steps={list(self.reset_steps)} lower_tier_slots={self.lower_tier_slots} "
-            f"spill_after_hits={self.spill_after_hits} options={self.options}"
+            f"spill_after_hits={self.spill_after_hits} tier_loads={self.tier_loads} "
+            f"options={self.options}"
         ]
         for r in self.requests:
             extra = f" salt={r.salt!r}" if r.salt else ""
@@ -94,7 +96,7 @@ def random_scenario(rng: random.Random, options: dict[str, bool] | None = None) 
                 abort_step=rng.randint(1, 12) if rng.random() < 0.15 else None,
             )
         )
-    return Scenario(
+    scenario = Scenario(
         requests=tuple(requests),
         mode=rng.choice((StepMode.SYNC, StepMode.BATCH_QUEUE, StepMode.BATCH_QUEUE)),
         block_size=block_size,
@@ -113,3 +115,6 @@ def random_scenario(rng: random.Random, options: dict[str, bool] | None = None) 
         spill_after_hits=rng.choice((0, 0, 1)),
         options=dict(options or {}),
     )
+    if not tiered:
+        return scenario
+    return replace(scenario, tier_loads=rng.choice(("direct", "direct", "promote")))

@@ -197,7 +197,7 @@ def test_a_chunk_waiting_for_its_spill_is_never_evicted_stores_wait_instead() ->
     would need to evict it is refused (no_room) rather than the chunk lost; once the
     spill is reported, the chunk is evictable and its eviction is not counted as
     without a copy."""
-    host, disk, planner = setup()
+    host, _disk, planner = setup()
     keys = [K(i) for i in range(8)]  # fills host memory
     stored(host, keys)
     planner.note_stored(keys)
@@ -211,7 +211,7 @@ def test_a_chunk_waiting_for_its_spill_is_never_evicted_stores_wait_instead() ->
 
 
 def test_a_failed_spill_frees_its_chunks_and_their_eviction_is_counted() -> None:
-    host, disk, planner = setup()
+    host, _disk, planner = setup()
     keys = [K(i) for i in range(8)]
     stored(host, keys)
     planner.note_stored(keys)
@@ -223,7 +223,7 @@ def test_a_failed_spill_frees_its_chunks_and_their_eviction_is_counted() -> None
 
 
 def test_a_chunk_discarded_while_queued_leaves_the_queue_and_its_slot_frees() -> None:
-    host, disk, planner = setup()
+    host, _disk, planner = setup()
     stored(host, [K(1), K(2)])
     planner.note_stored([K(1), K(2)])
     host.discard([K(1)])  # pinned by the queue: out of the index, slot held
@@ -234,7 +234,7 @@ def test_a_chunk_discarded_while_queued_leaves_the_queue_and_its_slot_frees() ->
 
 
 def test_a_reset_drops_the_queues_pins() -> None:
-    host, disk, planner = setup()
+    host, _disk, planner = setup()
     stored(host, [K(1), K(2)])
     planner.note_stored([K(1), K(2)])
     planner.reset()

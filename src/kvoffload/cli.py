@@ -27,7 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "inspect": (
         "kvoffload.inspect_command",
-        "what a disk tier directory or a Redis namespace holds, with an integrity check",
+        "what a disk tier or a Redis namespace holds (with an integrity check), "
+        "or a running engine's tiers from its metrics endpoint",
     ),
     "vllm-metadata": (
         "kvoffload.vllm_metadata",

@@ -3,6 +3,8 @@ the engine idles: gauges follow the last counter change, not a timer."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats, series_key
 from kvoffload.core.metrics import Series
 from kvoffload.core.metrics_view import MetricsReading
@@ -62,3 +64,25 @@ def test_unchanged_gauges_are_not_resent() -> None:
     deltas.delta()
     engine.now += 2.0
     assert deltas.delta() == {}
+
+
+def test_label_values_follow_the_metric_s_declared_order_on_vllm_s_registry() -> None:
+    """``integrity_errors_total`` declares ``tier, reason``; its series are keyed by
+    labels sorted by name (``reason, tier``): each value lands under its own label."""
+    from types import SimpleNamespace
+
+    from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+    from kvoffload.adapters.vllm.stats import KVOffloadPromMetrics
+    from kvoffload.core.metrics import labels
+
+    config: Any = SimpleNamespace(kv_transfer_config=None)
+    types: dict[type, type] = {Counter: Counter, Gauge: Gauge, Histogram: Histogram}
+    metrics = KVOffloadPromMetrics(config, types, ["model_name", "engine"], {0: ["m", "0"]})
+    errors = ("integrity_errors_total", labels(tier="disk", reason="checksum"))
+    metrics.observe({"c": {series_key(errors): 2.0}})
+    text = generate_latest(REGISTRY).decode()
+    line = (
+        'kvoffload_integrity_errors_total{engine="0",model_name="m",reason="checksum",tier="disk"}'
+    )
+    assert f"{line} 2.0" in text

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.metrics import METRICS
+from kvoffload.core.metrics import METRICS, Labels
 from kvoffload.core.metrics_view import MetricsReading
 
 
@@ -52,13 +52,20 @@ class ReadingCollector(Collector):
                     if name == m.name:
                         bounds = [*(str(b) for b in h.bounds), "+Inf"]
                         buckets = list(zip(bounds, (float(c) for c in h.cumulative()), strict=True))
-                        histogram.add_metric([v for _, v in series], buckets, h.total)
+                        histogram.add_metric(_values(series, names), buckets, h.total)
                 yield histogram
                 continue
             for (name, series), value in sorted(source.items()):
                 if name == m.name:
-                    family.add_metric([v for _, v in series], value)  # type: ignore[attr-defined]
+                    family.add_metric(_values(series, names), value)  # type: ignore[attr-defined]
             yield family
+
+
+def _values(series: Labels, names: list[str]) -> list[str]:
+    """The label values of ``series`` (sorted by label name) in the order of ``names``
+    (the metric's declared order: ``integrity_errors_total`` is ``tier, reason``)."""
+    values = dict(series)
+    return [values[n] for n in names]
 
 
 class MetricsEndpoint:

@@ -59,16 +59,16 @@ def to_text(report: Report) -> str:
     if not report.namespaces:
         out.append("no kvoffload namespaces found")
     elif report.tier == "disk":
-        out += ["", *_table(_with_groups(_disk_rows(disks), disks))]
+        out += ["", *table(_with_groups(_disk_rows(disks), disks))]
     else:
-        out += ["", *_table(_with_groups(_share_rows(report.namespaces, what), report.namespaces))]
+        out += ["", *table(_with_groups(_share_rows(report.namespaces, what), report.namespaces))]
     if report.verified and report.namespaces:
         checked = "used slot" if report.tier == "disk" else what[:-1]
         rows = [["NAMESPACE", "OK", "BAD", "REASONS"]]
         for ns in report.namespaces:
             reasons = " ".join(f"{r}={n}" for r, n in ns.bad.items()) or "-"
             rows.append([ns.namespace, str(ns.ok), str(sum(ns.bad.values())), reasons])
-        out += ["", f"verify: every {checked} read in full and checked", *_table(rows)]
+        out += ["", f"verify: every {checked} read in full and checked", *table(rows)]
         for ns in report.namespaces:
             bad_shares = sum(ns.bad.values())
             for bad in ns.bad_examples:
@@ -248,10 +248,15 @@ def _server_line(server: dict[str, str | int]) -> str:
     return "server: " + ", ".join(parts) + (f" (over {nodes} primaries)" if nodes > 1 else "")
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    """Columns padded to their widest cell; numbers right-aligned (header included)."""
+def table(rows: list[list[str]], right: list[bool] | None = None) -> list[str]:
+    """Columns padded to their widest cell; right-aligned (header included) where
+    ``right`` says, by default the columns whose cells (header aside) are all numbers."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    numeric = [all(r[i].isdigit() for r in rows[1:] if r[i]) for i in range(len(widths))]
+    numeric = (
+        right
+        if right is not None
+        else [all(r[i].isdigit() for r in rows[1:] if r[i]) for i in range(len(widths))]
+    )
     lines = []
     for row in rows:
         cells = [

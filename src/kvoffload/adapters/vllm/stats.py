@@ -33,7 +33,7 @@ from kvoffload.adapters.vllm.compat import (
     KVConnectorStats,
     VllmConfig,
 )
-from kvoffload.core.metrics import METRICS, Labels, Series
+from kvoffload.core.metrics import BY_NAME, METRICS, Labels, Series
 from kvoffload.core.metrics_view import MetricsReading
 
 GAUGE_PERIOD_S = 1.0
@@ -189,7 +189,8 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
         if metric is None:
             return None
         engine_values = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
-        return metric.labels(*engine_values, *(value for _, value in labels))
+        values = dict(labels)  # sorted by name; the metric declares its own order
+        return metric.labels(*engine_values, *(values[n] for n in BY_NAME[name].labels))
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, value in transfer_stats_data.get("c", {}).items():

@@ -1,0 +1,165 @@
+"""The tier hierarchy's health from a running engine's kvoffload counters.
+
+:func:`tier_health` turns the samples of one scrape (:mod:`.exposition`) into a
+:class:`HealthReport`: per tier (host first, then disk, redis, then any other tier
+name in sorted order) the counters of :data:`kvoffload.core.metrics.METRICS` that
+tell how it is doing, and the hierarchy's deferrals, deferral timeouts and internal
+errors. Only ``kvoffload_*`` samples are read; samples that differ only in labels
+kvoffload does not declare (vLLM's ``engine`` and ``model_name``: several engines
+behind one ``/metrics``) are summed.
+
+A field is ``None`` (a mapping: empty) when the scrape has no sample of that series:
+on kvoffload's own endpoint (``metrics_port``) every series that applies to a tier
+is there from the start, at 0, so ``None`` means it does not apply (a Redis tier's
+evictions: the server evicts on its own, uncounted), except for series that appear
+only once counted (integrity errors by reason); on vLLM's ``/metrics`` a series
+appears when it first moves, so ``None`` means nothing was counted yet. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvoffload.core.metrics import PREFIX
+from kvoffload.inspection.exposition import Exposition, Sample
+
+HOST = "host"
+TIER_ORDER = (HOST, "disk", "redis")
+DIRECTIONS = ("store", "spill", "promote", "load")
+"""``direction`` label values in the order shown (engine -> host -> tier -> host -> engine)."""
+
+
+@dataclass(frozen=True)
+class TierHealth:
+    """One tier's counters (module docstring for ``None``). ``transferred`` and
+    ``failed``: chunks by ``direction`` (store: engine to host; spill: host to this
+    tier; promote: this tier to host; load: into the engine, from host memory or, for
+    a lower tier, straight from it). ``integrity_errors``: chunks read back that
+    failed verification, by reason. ``evicted_without_copy``: host only, with a lower
+    tier: host evictions of chunks no lower tier held (0 when a lower tier is there
+    but the series is not: on vLLM's ``/metrics``, not moved yet; ``None`` for the
+    other tiers and without a lower tier); ``evicted_without_copy_share`` is its share
+    of ``evictions`` (``None`` without host evictions)."""
+
+    tier: str
+    lookups: int | None
+    hit_tokens: int | None
+    transferred: dict[str, int]
+    failed: dict[str, int]
+    evictions: int | None
+    no_room: int | None
+    integrity_errors: dict[str, int]
+    missing_chunks: int | None
+    usage_bytes: int | None
+    capacity_bytes: int | None
+    evicted_without_copy: int | None
+    evicted_without_copy_share: float | None
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """``location``: the URL read. ``deferrals``: lookups answered retry-later, by
+    reason; ``deferral_timeouts``: deferrals that gave up (the request recomputed);
+    ``internal_errors``: errors caught at the engine boundary (after the first,
+    offloading is off)."""
+
+    location: str
+    tiers: list[TierHealth]
+    deferrals: dict[str, int]
+    deferral_timeouts: int | None
+    internal_errors: int | None
+
+
+def has_kvoffload_metrics(exposition: Exposition) -> bool:
+    """Whether the scrape names any kvoffload metric (a sample or a HELP/TYPE line)."""
+    return any(s.name.startswith(PREFIX) for s in exposition.samples) or any(
+        name.startswith(PREFIX) for name in exposition.announced
+    )
+
+
+def tier_health(exposition: Exposition, location: str) -> HealthReport:
+    """The report of one scrape. Raises ``ValueError`` (one line) when a kvoffload
+    sample read here is not a finite count (NaN, infinite, negative or fractional)."""
+    series = _Series(s for s in exposition.samples if s.name.startswith(PREFIX))
+    seen = {s.label("tier") for s in series.samples} - {None, HOST}
+    names = [HOST, *(t for t in TIER_ORDER[1:] if t in seen)]
+    names += sorted(t for t in seen if t is not None and t not in TIER_ORDER)
+    tiers = [_tier(series, name, lower=len(names) > 1) for name in names]
+    return HealthReport(
+        location=location,
+        tiers=tiers,
+        deferrals=series.by("deferrals_total", "reason"),
+        deferral_timeouts=series.total("deferral_timeouts_total"),
+        internal_errors=series.total("internal_errors_total"),
+    )
+
+
+def _tier(series: _Series, tier: str, *, lower: bool) -> TierHealth:
+    evictions = series.total("evictions_total", tier=tier)
+    without_copy = None
+    if tier == HOST:
+        without_copy = series.total("evicted_without_copy_total", tier=tier)
+        if without_copy is None and lower:
+            without_copy = 0  # on vLLM's /metrics: not moved yet (the tier is there)
+    share = None
+    if without_copy is not None and evictions:
+        share = without_copy / evictions
+    return TierHealth(
+        tier=tier,
+        lookups=series.total("lookups_total", tier=tier),
+        hit_tokens=series.total("hit_tokens_total", tier=tier),
+        transferred=_ordered(series.by("transferred_chunks_total", "direction", tier=tier)),
+        failed=_ordered(series.by("failed_chunks_total", "direction", tier=tier)),
+        evictions=evictions,
+        no_room=series.total("no_room_total", tier=tier),
+        integrity_errors=series.by("integrity_errors_total", "reason", tier=tier),
+        missing_chunks=series.total("missing_chunks_total", tier=tier),
+        usage_bytes=series.total("usage_bytes", tier=tier),
+        capacity_bytes=series.total("capacity_bytes", tier=tier),
+        evicted_without_copy=without_copy,
+        evicted_without_copy_share=share,
+    )
+
+
+def _ordered(by_direction: dict[str, int]) -> dict[str, int]:
+    rank = {d: i for i, d in enumerate(DIRECTIONS)}
+    return dict(sorted(by_direction.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+
+
+class _Series:
+    """The kvoffload samples of one scrape, by metric name without the prefix."""
+
+    def __init__(self, samples: Iterable[Sample]) -> None:
+        self.samples = list(samples)
+        self._by_name: dict[str, list[Sample]] = {}
+        for s in self.samples:
+            self._by_name.setdefault(s.name.removeprefix(PREFIX), []).append(s)
+
+    def total(self, name: str, **pairs: str) -> int | None:
+        """The sum of ``name``'s samples whose labels include ``pairs``; None if none."""
+        matching = self._matching(name, pairs)
+        return sum(_count(s) for s in matching) if matching else None
+
+    def by(self, name: str, label: str, **pairs: str) -> dict[str, int]:
+        """Those sums per value of ``label``, sorted by it (samples without it: not counted)."""
+        out: dict[str, int] = {}
+        for s in self._matching(name, pairs):
+            value = s.label(label)
+            if value is not None:
+                out[value] = out.get(value, 0) + _count(s)
+        return dict(sorted(out.items()))
+
+    def _matching(self, name: str, pairs: dict[str, str]) -> list[Sample]:
+        return [
+            s for s in self._by_name.get(name, []) if all(s.label(k) == v for k, v in pairs.items())
+        ]
+
+
+def _count(sample: Sample) -> int:
+    v = sample.value
+    if not math.isfinite(v) or v < 0 or not v.is_integer():
+        pairs = ",".join(f'{k}="{value}"' for k, value in sample.labels)
+        raise ValueError(f"{sample.name}{{{pairs}}} is {v!r}, not a count")
+    return int(v)

@@ -112,9 +112,10 @@ class ManualWorker:
         self.host: list[bytes | None] = [None] * num_slots
         self.host_key: list[ChunkKey | None] = [None] * num_slots
         self.known: dict[ChunkKey, bytes] = {}  # the bytes every verified store captured
+        self.pending: dict[int, PendingJob] = {}
+        self.newest_job = 0  # the newest job id planned
         self.tiers = MemoryTiers(self.known)  # the in-memory lower tiers
         self.lower = self.tiers.slots  # tier -> tier slot -> (chunk key, bytes, group)
-        self.pending: dict[int, PendingJob] = {}
         self.unacknowledged: dict[int, TransferJob] = {}
         self.step = 0
         self.in_forward = False
@@ -131,6 +132,7 @@ class ManualWorker:
         jobs: tuple[TransferJob, ...] = (*plan.stores, *plan.loads, *plan.spills, *plan.promotions)
         for job in jobs:
             self.pending[job.job_id] = PendingJob(job, plan.step)
+            self.newest_job = max(self.newest_job, job.job_id)
             self.unacknowledged[job.job_id] = job
         for load in plan.loads:
             stores = [
@@ -199,6 +201,8 @@ class ManualWorker:
         for report in reports:
             for result in report.results:
                 self.unacknowledged.pop(result.job_id, None)
+                if result.failed_chunks:
+                    self.tiers.acknowledged(result.job_id, self.newest_job)
 
     # ------------------------------------------------------------ copies
 
@@ -278,7 +282,9 @@ class ManualWorker:
             if not success:
                 self.host[slot], self.host_key[slot] = TORN_BYTES, None  # a torn copy
                 continue
-            stored = self.tiers.read(self._what(job), job.tier, tier_slot, key, group)
+            stored = self.tiers.read(
+                self._what(job), job.tier, tier_slot, key, group, job_id=job.job_id
+            )
             if stored is None:
                 failed.append((i, TORN))
                 self.host[slot], self.host_key[slot] = TORN_BYTES, None
@@ -299,7 +305,9 @@ class ManualWorker:
         data: dict[int, bytes] = {}
         failed: dict[int, ChunkFailure] = {}
         for c, tier_slot, group in zip(chunks, job.tier_slots, groups, strict=True):
-            stored = self.tiers.read(self._what(job), tier, tier_slot, job.keys[c], group)
+            stored = self.tiers.read(
+                self._what(job), tier, tier_slot, job.keys[c], group, job_id=job.job_id
+            )
             if stored is None:
                 failed[c] = TORN
             else:
@@ -310,7 +318,7 @@ class ManualWorker:
             for c, failure in self.fail_tier_load(job):
                 failed.setdefault(c, failure)
                 if failure.copy_gone:  # the tier found its copy bad or gone: dropped
-                    self.tiers.drop(tier, slots[c])
+                    self.tiers.drop(tier, slots[c], by=job.job_id)
         if failed:
             data.clear()  # a bad tier chunk: the tier chunks never reach their blocks
         if success:

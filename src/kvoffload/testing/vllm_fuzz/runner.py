@@ -271,6 +271,9 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         found = t.value("hit_tokens_total") // half.config.chunk_tokens  # chunks found
         outcome.stats[f"{tier.name}_spilled"] += moved.get("spill", 0)
         outcome.stats[f"{tier.name}_promoted"] += moved.get("promote", 0)
+        outcome.stats[f"{tier.name}_tier_loaded"] += moved.get("load", 0)
+        failed = t.breakdown("failed_chunks_total", "direction")
+        outcome.stats[f"{tier.name}_tier_load_failed"] += failed.get("load", 0)
         outcome.stats[f"{tier.name}_found"] += found
         outcome.stats[f"{tier.name}_lookups"] += t.value("lookups_total")
         outcome.stats[f"{tier.name}_integrity_errors"] += sum(errors.values())

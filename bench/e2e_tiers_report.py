@@ -67,6 +67,8 @@ COUNTER_ROWS: tuple[tuple[str, Callable[[Counts], float | None]], ...] = (
     ("disk evictions", _series("evictions_total", tier="disk")),
     ("promotions from disk", _chunks("promote", "disk")),
     ("promotions from redis", _chunks("promote", "redis")),
+    ("tier loads from disk (chunks)", _chunks("load", "disk")),
+    ("tier loads from redis (chunks)", _chunks("load", "redis")),
     ("disk lookups", _series("lookups_total", tier="disk")),
     ("redis lookups", _series("lookups_total", tier="redis")),
     ("tokens found on disk", _series("hit_tokens_total", tier="disk")),
@@ -98,6 +100,8 @@ RATE_ROWS = (  # label, config, direction, tier, baseline key
     ("promote disk->host", "host10+disk", "promote", "disk", "disk read"),
     ("spill host->redis", "host10+redis", "spill", "redis", "redis SET"),
     ("promote redis->host", "host10+redis", "promote", "redis", "redis GET"),
+    ("tier load disk->engine", "host10+disk", "load", "disk", "disk read"),
+    ("tier load redis->engine", "host10+redis", "load", "redis", "redis GET"),
 )
 
 

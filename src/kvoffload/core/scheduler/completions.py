@@ -39,7 +39,7 @@ class Completions:
         for result in report.results:
             job = tracker.job(result.job_id)
             if job is not None:
-                tier = job.tier if isinstance(job, TierJob) else "host"
+                tier = job.tier or "host"  # a tier load: its lower tier's
                 self.metrics.observe_transfer(job.kind.value, tier, result.nbytes, result.seconds)
             completion = tracker.record(report.rank, result)
             if completion is None:

@@ -54,7 +54,7 @@ METRICS: tuple[MetricDef, ...] = (
         "hit_tokens_total",
         "counter",
         "Tokens found: host = tokens loaded into the engine instead of recomputed; "
-        "disk/redis = tokens found below host memory (then promoted).",
+        "disk/redis = tokens found below host memory (then read into the engine or promoted).",
         ("tier",),
     ),
     MetricDef(
@@ -80,8 +80,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "transfer_bytes",
         "histogram",
-        "Bytes one worker moved in one job, by direction (load: host to engine, store: "
-        "engine to host, spill: host to tier, promote: tier to host) and tier.",
+        "Bytes one worker moved in one job, by direction (load: host to engine, or a "
+        "tier load's tier to engine, store: engine to host, spill: host to tier, "
+        "promote: tier to host) and tier.",
         ("direction", "tier"),
         BYTES_BUCKETS,
     ),

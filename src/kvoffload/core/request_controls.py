@@ -15,7 +15,7 @@ store             true | false                false: never store this request's 
 load              true | false                false: never serve it stored KV
 max_store_tokens  integer >= 0                store only chunks within its first N tokens
 max_load_tokens   integer >= 0                serve only chunks within its first N tokens
-load_tiers        list of host, disk, redis   the lower tiers a hit may be promoted from
+load_tiers        list of host, disk, redis   the lower tiers a hit may be read from
                                               (host memory always serves what it holds)
 ================  ==========================  ===========================================
 

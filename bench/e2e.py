@@ -21,7 +21,9 @@ Workloads (``--workload``, default ``all``), the same for every configuration:
   never evicts, every engine at 4 running requests (``bench/e2e_tiers.py`` describes
   the six configurations). Targets: host10+disk <= 1.10x never-evicting mean TTFT,
   host10+redis <= 1.15x, host-big <= 1.02x; chunks evicted from host memory without
-  a lower-tier copy <= 1% of host evictions.
+  a lower-tier copy <= 1% of host evictions. The report also shows the simulator's
+  predicted hit tokens and hit rate for the same requests and settings next to the
+  measured (``bench/e2e_sim.py``; PASS within 10%; ``--no-sim`` leaves it out).
 
 Every (workload, configuration, run) gets a fresh in-process engine; runs are
 interleaved across configurations and medians are reported. TTFT is vLLM's
@@ -31,7 +33,7 @@ tiers): a difference, or a kvoffload tiers configuration that fails, makes the e
 status non-zero; a missed timing target only prints FAIL.
 
 Usage: ``python bench/e2e.py [--quick] [--workload tiers|chat|zero|all] [--configs
-a,b] [--runs N] [--zero-pairs N]``.
+a,b] [--runs N] [--zero-pairs N] [--no-sim]``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, default=None, help="tiers: disk dir (/var/tmp)")
     parser.add_argument("--disk-o-direct", action="store_true", help="tiers: disk_o_direct")
     parser.add_argument("--redis-pipeline", type=int, default=1, help="redis-benchmark -P")
+    parser.add_argument(
+        "--no-sim", action="store_true", help="tiers: no simulator prediction (bench/e2e_sim.py)"
+    )
     args = parser.parse_args(argv)
     args.workloads = WORKLOADS if args.workload == "all" else (args.workload,)
     chosen = set(everything) if args.configs is None else set(args.configs.split(","))
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             ensure_model(tiers.preset)
             res = e2e_tiers.measure(tiers, sorted(args.chosen))
-            lines, ok = e2e_tiers_report.report(tiers, res)
+            lines, ok = e2e_tiers_report.report(tiers, res, simulate=not args.no_sim)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         report += ["", *lines]

@@ -104,6 +104,10 @@ class TierSetup:
     def host_small(self) -> int:
         return max(int(HOST_SMALL * self.working_bytes()), self.chunk_bytes)
 
+    def redis_maxmemory(self) -> int:
+        """The private redis-server's ``maxmemory`` (bytes; allkeys-lru beyond it)."""
+        return 4 * self.working_bytes() + 256 * MiB
+
     def baseline_chunks(self) -> int:
         chunks = self.working_bytes() // self.chunk_bytes
         return max(64, min(max(256, chunks), (128 * MiB) // self.chunk_bytes))
@@ -194,8 +198,7 @@ def baseline_round(setup: TierSetup, server: Any, configs: Sequence[str]) -> dic
 def start_redis(setup: TierSetup) -> Any:
     from kvoffload.testing.redis_server import RedisServer
 
-    memory = str(4 * setup.working_bytes() + 256 * MiB)
-    extra = ("--maxmemory", memory, "--maxmemory-policy", "allkeys-lru")
+    extra = ("--maxmemory", str(setup.redis_maxmemory()), "--maxmemory-policy", "allkeys-lru")
     return RedisServer(setup.root / "redis", extra=extra).start()
 
 

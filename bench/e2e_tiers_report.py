@@ -1,11 +1,13 @@
 """The report of the "tiers" workload (``bench/e2e_tiers.py``): TTFT against
-never-evicting, kvoffload's counters, tier throughput against the baselines, targets."""
+never-evicting, kvoffload's counters, the simulator's predicted hits against the
+measured (``bench/e2e_sim.py``), tier throughput against the baselines, targets."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
 
+import e2e_sim
 from e2e_common import identical, med, mismatches, per_round_ratio, target
 from e2e_metrics import Counts
 from e2e_tiers import KVOFFLOAD, MAX_RUNNING, REFERENCE, TIER_THREADS, Rate, Results, TierSetup
@@ -164,8 +166,18 @@ def target_lines(res: Results) -> list[str]:
     return lines
 
 
-def report(setup: TierSetup, res: Results) -> tuple[list[str], bool]:
-    """The workload's report and whether its outputs (and kvoffload's runs) are all right."""
+def sim_lines(setup: TierSetup, res: Results) -> list[str]:
+    """The simulator's predicted hits next to the measured (``e2e_sim``); a failed
+    simulation is reported, never raised (the measurements are worth more)."""
+    try:
+        return e2e_sim.report_lines(setup, res)
+    except Exception as exc:
+        return [f"simulator's prediction: failed: {type(exc).__name__}: {exc}"]
+
+
+def report(setup: TierSetup, res: Results, simulate: bool = True) -> tuple[list[str], bool]:
+    """The workload's report and whether its outputs (and kvoffload's runs) are all right;
+    ``simulate``: with the simulator's predicted hits (``--no-sim``: without)."""
     w, ws = setup.workload, setup.workload.working_set_tokens()
     small, big = setup.small_tokens(), setup.big_tokens()
     lines = [
@@ -184,6 +196,7 @@ def report(setup: TierSetup, res: Results) -> tuple[list[str], bool]:
         "kvoffload counters during the workload (median over runs):",
         *counter_table(res),
         "",
+        *([*sim_lines(setup, res), ""] if simulate else []),
         "tier transfer throughput (medians) vs baselines measured in the same run:",
         *rate_table(setup, res),
     ]

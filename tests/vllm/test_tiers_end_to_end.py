@@ -20,6 +20,7 @@ from llm_support import (
     counted,
     engine,
     generate,
+    half,
     quiescent,
     settle,
     tier,
@@ -65,15 +66,22 @@ def push_below_host(llm: Any) -> None:
     llm.reset_prefix_cache()
 
 
+@pytest.mark.parametrize(("loads", "direction"), [("direct", "load"), ("promote", "promote")])
 def test_the_disk_tier_serves_what_host_memory_evicted(
-    tiny_model: Path, tmp_path: Path, reference: dict[int, list[int]]
+    tiny_model: Path, tmp_path: Path, reference: dict[int, list[int]], loads: str, direction: str
 ) -> None:
-    with engine(tiny_model, config(tmp_path)) as llm:
+    """Straight into the engine's blocks (a tier load: no deferral, no host room) or
+    promoted into host memory first; write-through lost no chunk on the way down."""
+    with engine(tiny_model, config(tmp_path, lower_tier_loads=loads)) as llm:
         push_below_host(llm)
         again = generate(llm, [PROMPTS[0]])[0]
         assert again.num_cached_tokens == len(PROMPTS[0])
         assert list(again.outputs[0].token_ids) == reference[0]
-        assert counted(llm, "transferred_chunks_total", direction="promote", tier="disk") >= 8
+        assert counted(llm, "transferred_chunks_total", direction=direction, tier="disk") >= 8
+        assert counted(llm, "evictions_total", tier="host") > 0
+        assert counted(llm, "evicted_without_copy_total", tier="host") == 0
+        if loads == "direct":  # offered at once: no request waited
+            assert not any(half(llm).metrics.breakdown("deferrals_total", "reason").values())
         settle(llm)
         quiescent(llm)
 

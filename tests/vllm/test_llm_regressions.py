@@ -87,6 +87,7 @@ def test_a_prompt_logprobs_request_admitted_during_its_promotion_is_tracked(
         later = run(llm, [doc + tail + [9]], [params()])[0]
     fillers = [[(23 * i + 5 * f) % 971 + 9 for i in range(8 * BLOCK)] for f in range(6)]
     config = disk_config(tmp_path, host_chunks=48)  # room for hog's stores and c's promotion
+    config["lower_tier_loads"] = "promote"  # the promotion path (tier loads never defer)
     with engine(tiny_model, config, kv_blocks=33, async_scheduling=async_scheduling) as llm:
         for p in [doc, *fillers]:
             generate(llm, [p])
@@ -144,7 +145,7 @@ def test_a_connector_reset_leaves_nothing_readable_in_host_memory_or_on_disk(
         llm.reset_prefix_cache()  # the engine's own cache only: kvoffload serves it
         assert generate(llm, [prompt])[0].num_cached_tokens == 9 * BLOCK
         settle(llm)
-        assert counted(llm, "transferred_chunks_total", direction="promote", tier="disk") >= 9
+        assert counted(llm, "transferred_chunks_total", direction="load", tier="disk") >= 9
         late = [(17 * i) % 983 + 7 for i in range(8 * BLOCK + 24)]
         generate(llm, [late], max_tokens=9)  # chunk 9 fills in its last step: stored after
         assert llm.reset_prefix_cache(reset_connector=True)

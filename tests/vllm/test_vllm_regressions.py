@@ -137,7 +137,7 @@ def test_a_prompt_logprobs_request_admitted_during_its_promotion_is_tracked(
         async_scheduling=async_scheduling,
         num_blocks=14,
         cpu_bytes=8 * CHUNK_BYTES,
-        extra=tiers(tmp_path),
+        extra={**tiers(tmp_path), "lower_tier_loads": "promote"},  # the promotion path
     )
     push_below_host(h)
     policy = HoldTiers(kinds=(JobKind.PROMOTE,))
@@ -238,7 +238,12 @@ def test_a_request_preempted_while_its_promotion_runs_drains_it_first(
     h = make(
         async_scheduling=async_scheduling,
         cpu_bytes=4 * CHUNK_BYTES,
-        extra={**tiers(tmp_path), "max_deferral_steps": 2, "max_deferral_seconds": 0.1},
+        extra={
+            **tiers(tmp_path),
+            "max_deferral_steps": 2,
+            "max_deferral_seconds": 0.1,
+            "lower_tier_loads": "promote",
+        },
     )
     push_below_host(h)
     policy = HoldTiers()

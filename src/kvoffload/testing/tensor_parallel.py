@@ -34,7 +34,7 @@ tokens; none is a whole number of 32-token blocks.
    cache; kvoffload is not told) and every prompt again: each full chunk of the
    prompts must now come from kvoffload exactly once (a later prompt finds the chunks
    an earlier one loaded in the engine's cache), from host memory or, for what host
-   memory evicted, from disk (promoted to host memory, then loaded). The engine is
+   memory evicted, from disk (a tier load, straight into the engine). The engine is
    shut down, then the disk tier's files are inspected and verified.
 
 The JSON output (one object; every count is an integer):

@@ -151,8 +151,11 @@ class TierPlanner:
     def _queue(self, keys: Sequence[ChunkKey]) -> None:
         """Queue the readable ``keys`` for every tier, one host pin per tier queue."""
         host = self.host
-        readable = [k for k in dict.fromkeys(keys) if host.slot_of(k) is not None]
-        readable = [k for k in readable if host.state_of(k) is not ChunkState.STORING]
+        readable = [
+            k
+            for k in dict.fromkeys(keys)
+            if host.state_of(k) in (ChunkState.READY, ChunkState.PINNED)
+        ]
         for queue in self._queues.values():
             new = [k for k in readable if k not in queue]
             if new:
@@ -185,9 +188,12 @@ class TierPlanner:
         for name, queue in self._queues.items():
             if not queue:
                 continue
-            keys = [k for k in queue if host.slot_of(k) is not None]
-            if len(keys) != len(queue):
-                host.complete_load([k for k in queue if host.slot_of(k) is None])
+            keys: list[ChunkKey] = []
+            gone: list[ChunkKey] = []
+            for k in queue:
+                (keys if host.slot_of(k) is not None else gone).append(k)
+            if gone:
+                host.complete_load(gone)  # discarded while queued: its pin frees the slot
             queue.clear()
             if not keys:
                 continue
@@ -265,7 +271,8 @@ class TierPlanner:
             return
         tier = self.tiers[job.tier]
         mine = job.tier_chunks()
-        failed = {i: f for i, f in result.failed_chunks if i in set(mine)}
+        from_tier = set(mine)
+        failed = {i: f for i, f in result.failed_chunks if i in from_tier}
         if not result.success and not failed:
             cause = error_failure(str(result.error) or "failed")
             failed = dict.fromkeys(mine, cause)

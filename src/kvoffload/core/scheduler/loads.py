@@ -344,12 +344,14 @@ def _sources(
     read from ``tier``; that tier (None: host memory only); their tier slots; their KV
     cache groups when ``entries`` name several). Pins the host chunks and books the
     tier's; None, changing nothing, when a chunk is in neither."""
+    if tier is None:  # a host hit: every chunk readable there, as lookup offered
+        if directory.readable_prefix(keys) != len(keys):
+            return None
+        return directory.prepare_load(keys), None, (), ()
     status = directory.lookup(keys).statuses
     from_tier = [i for i, st in enumerate(status) if st is not LookupStatus.HIT]
     if not from_tier:
         return directory.prepare_load(keys), None, (), ()
-    if tier is None:
-        return None
     tier_keys = [keys[i] for i in from_tier]
     tier_slots = tiers.book_tier_load(tier, tier_keys)
     if tier_slots is None:

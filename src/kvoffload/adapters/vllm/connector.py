@@ -13,7 +13,10 @@ kvoffload is ``SupportsHMA``: vLLM keeps its hybrid KV cache manager on, with on
 block table per KV cache group (full attention and sliding windows; see
 ``geometry.py``). It is a best-effort cache: ``request_finished`` never holds blocks, a
 preempted request is recomputed rather than waited for, and a failed load is
-recomputed (the connector sets ``kv_load_failure_policy`` to ``recompute``).
+recomputed (the connector sets ``kv_load_failure_policy`` to ``recompute`` where
+vLLM's scheduler reads it, also inside ``MultiConnector``: ``load_failure.py``).
+Deployments it cannot serve (pipeline or context parallelism, a ``kv_role`` other
+than ``kv_both``) are refused at start in one line (``deployment.py``).
 Invalid ``kv_connector_extra_config`` fails the engine at start-up with a
 :class:`~kvoffload.core.errors.ConfigError` naming the key (with the vLLM plugin
 installed, before the model loads: ``plugin.py``). Each role logs one start-up
@@ -47,6 +50,8 @@ from kvoffload.adapters.vllm.compat import (
     SupportsHMA,
     VllmConfig,
 )
+from kvoffload.adapters.vllm.deployment import check_deployment
+from kvoffload.adapters.vllm.load_failure import enforce_recompute
 from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
 from kvoffload.adapters.vllm.messages import PlanMetadata
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
@@ -77,12 +82,11 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self.config = config
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
+        check_deployment(vllm_config, transfer)
         if role == KVConnectorRole.SCHEDULER:
-            # A failed load is a cache miss: vLLM recomputes the request's blocks.
-            policy = "recompute"
-            if transfer.kv_load_failure_policy != policy:
-                policy = f"recompute (set by kvoffload; was {transfer.kv_load_failure_policy!r})"
-                transfer.kv_load_failure_policy = "recompute"
+            # A failed load is a cache miss: vLLM recomputes the request's blocks,
+            # also when kvoffload is one child of a MultiConnector (load_failure.py).
+            policy = enforce_recompute(transfer, self).describe()
             warn_inline_secret(config)
             self.scheduler_side = SchedulerSide(vllm_config, kv_cache_config, config)
             logger.info("%s", self.scheduler_side.summary(policy))

@@ -12,7 +12,13 @@ core, every worker) before any model is loaded. kvoffload's plugin:
    naming it, instead of after the weights load and the KV cache is allocated.
    Under the ``vllm`` command the process then exits with status 2 and no
    traceback; in a Python program (``vllm.LLM``) the
-   :class:`~kvoffload.core.errors.ConfigError` is raised to the caller.
+   :class:`~kvoffload.core.errors.ConfigError` is raised to the caller. The same
+   holds for kvoffload's child configs inside a ``MultiConnector``, and for a
+   deployment kvoffload cannot serve (pipeline or context parallelism, a one-way
+   ``kv_role``: ``deployment.py``);
+4. sets ``kv_load_failure_policy: recompute`` on the engine's built
+   ``kv_transfer_config`` whenever kvoffload is in it (itself or a child of a
+   ``MultiConnector``), where vLLM's scheduler reads it (``load_failure.py``).
 
 Contract: :func:`register` is idempotent (vLLM may call it more than once) and never
 raises: a failure of the plugin itself is logged and leaves vLLM as it was (the
@@ -30,6 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kvoffload.adapters.vllm.deployment import deployment_problem
 from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
@@ -67,8 +74,14 @@ def install_config_check() -> None:
 
     @functools.wraps(original)
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        check_transfer_config(getattr(self, "kv_transfer_config", None))
-        return original(self, *args, **kwargs)
+        transfer = getattr(self, "kv_transfer_config", None)
+        if check_transfer_config(transfer) is not None:
+            check_engine_args(self, kvoffload_transfers(transfer))
+        engine_config = original(self, *args, **kwargs)
+        built = getattr(engine_config, "kv_transfer_config", None)
+        if built is not None and kvoffload_transfers(built):
+            built.kv_load_failure_policy = "recompute"  # read by vLLM's scheduler
+        return engine_config
 
     setattr(create_engine_config, _CHECKED, True)
     EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
@@ -82,25 +95,64 @@ def is_kvoffload(transfer: Any) -> bool:
     return module is None or str(module).startswith("kvoffload")
 
 
+def kvoffload_transfers(transfer: Any) -> list[Any]:
+    """kvoffload's connector configs in ``transfer``: itself, or the children of a
+    ``MultiConnector`` (``kv_connector_extra_config["connectors"]``) that name
+    kvoffload."""
+    if transfer is None:
+        return []
+    if is_kvoffload(transfer):
+        return [transfer]
+    if _field(transfer, "kv_connector") != "MultiConnector":
+        return []
+    extra = _field(transfer, "kv_connector_extra_config")
+    children = extra.get("connectors") if isinstance(extra, Mapping) else None
+    if not isinstance(children, list):
+        return []
+    return [child for child in children if isinstance(child, Mapping) and is_kvoffload(child)]
+
+
 def check_transfer_config(transfer: Any) -> OffloadConfig | None:
-    """Validate kvoffload's part of ``transfer``; None if it is not kvoffload's.
+    """Validate kvoffload's part of ``transfer`` (kvoffload itself, or its child
+    configs inside a ``MultiConnector``); None if kvoffload is not in it.
 
     On an invalid configuration: one ERROR line naming the key, then ``SystemExit(2)``
     under the ``vllm`` command, else the :class:`ConfigError`.
     """
-    if transfer is None or not is_kvoffload(transfer):
-        return None
-    try:
-        extra = _field(transfer, "kv_connector_extra_config")
-        config = OffloadConfig.from_dict({} if extra is None else extra)
-        if config.redis_url is not None:
-            config.redis_password_resolved()
-    except ConfigError as exc:
-        logger.error("kvoffload: invalid kv_connector_extra_config: %s", exc)
-        if running_vllm_command():
-            raise SystemExit(2) from None
-        raise
+    config: OffloadConfig | None = None
+    for ours in kvoffload_transfers(transfer):
+        try:
+            extra = _field(ours, "kv_connector_extra_config")
+            config = OffloadConfig.from_dict({} if extra is None else extra)
+            if config.redis_url is not None:
+                config.redis_password_resolved()
+        except ConfigError as exc:
+            _refuse("invalid kv_connector_extra_config", exc)
     return config
+
+
+def check_engine_args(args: Any, transfers: list[Any]) -> None:
+    """Refuse a deployment kvoffload cannot serve (``deployment.py``) from the engine
+    arguments, before anything is built; same reporting as
+    :func:`check_transfer_config`."""
+    for ours in transfers:
+        problem = deployment_problem(
+            pipeline_parallel_size=int(getattr(args, "pipeline_parallel_size", 1) or 1),
+            decode_context_parallel_size=int(getattr(args, "decode_context_parallel_size", 1) or 1),
+            prefill_context_parallel_size=int(
+                getattr(args, "prefill_context_parallel_size", 1) or 1
+            ),
+            kv_role=_field(ours, "kv_role"),
+        )
+        if problem is not None:
+            _refuse("unsupported deployment", problem)
+
+
+def _refuse(what: str, exc: ConfigError) -> None:
+    logger.error("kvoffload: %s: %s", what, exc)
+    if running_vllm_command():
+        raise SystemExit(2) from None
+    raise exc
 
 
 def running_vllm_command() -> bool:

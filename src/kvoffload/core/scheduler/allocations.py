@@ -5,9 +5,12 @@ The engine has the last word: whatever lookup answered, the request is tracked f
 here with its full block list. After a lookup this is an admission: a hit the engine
 accepted emits one load job (into the step builder), anything else admits the
 request to run. Without one (vLLM resuming a request whose load landed) only the
-block list is refreshed. Never raises on surprising input: an allocation of another
-hit than offered, or a load into the null block or a block named twice, is an
-anomaly whose blocks are reported invalid, so the engine recomputes them.
+block list is refreshed. Every block past the engine's own prefix hit is fresh
+from here, whoever fills it (another connector's load under ``MultiConnector``
+included): the next plan flushes the stores still reading one. Never raises on
+surprising input: an allocation of another hit than offered, or a load into the
+null block or a block named twice, is an anomaly whose blocks are reported invalid,
+so the engine recomputes them.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ class Allocations:
         if hit is None and state.phase in (Phase.RUNNING, Phase.LOADING):
             state.blocks.replace(blocks)  # resumed after its load: same admission
             return
+        # Past the engine's own hit, whoever fills the blocks (without a lookup the
+        # hit is unknown: every block, which at worst flushes a store early).
+        self.builder.add_allocation(blocks, local)
         self._admit(state, local + num_external_tokens, blocks)
         if not (num_external_tokens and offered):
             state.move(Phase.RUNNING)

@@ -2,16 +2,17 @@
 
 The engine's calls between two ``build_plan`` calls contribute to the next plan:
 loads emitted at allocation, stores of preempted requests to flush, blocks handed
-out fresh (which fence in-flight stores reading them), requests that finished with
-a final store to plan, promotions lookups wished. :class:`StepBuilder` is the one
-owner of those accumulators; :meth:`build` turns them and the engine's
-:class:`StepInput` into the frozen :class:`StepPlan` and starts afresh.
+out fresh at allocation or scheduling (which fence in-flight stores reading them),
+requests that finished with a final store to plan, promotions lookups wished.
+:class:`StepBuilder` is the one owner of those accumulators; :meth:`build` turns
+them and the engine's :class:`StepInput` into the frozen :class:`StepPlan` and starts afresh.
 """
 
 from __future__ import annotations
 
 from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.jobs import EngineJob, StepPlan
+from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.loads import LoadPlanner
 from kvoffload.core.scheduler.request_state import Phase, RequestState
@@ -48,6 +49,17 @@ class StepBuilder:
     def add_load(self, job: EngineJob) -> None:
         self.pending_loads.append(job)
         self._fresh_blocks.update(job.moved_blocks() or job.invalid_blocks)
+
+    def add_allocation(self, blocks: GroupBlocks, held_tokens: int) -> None:
+        """The engine allocated ``blocks`` to a request whose own prefix-cache hit is
+        ``held_tokens``: every block past that hit is fresh, whoever fills it
+        (kvoffload's load, another connector's beside kvoffload in a
+        ``MultiConnector``, or the forward pass), so an in-flight store still
+        reading one is fenced in the next plan, which the workers flush before any
+        connector's load starts."""
+        held = held_tokens // self.config.block_size
+        for table in blocks:
+            self._fresh_blocks.update(table[held:])
 
     def finish(self, request_id: str) -> None:
         """The request finished or was aborted; the engine frees its blocks now.

@@ -19,7 +19,7 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.vllm_harness.kv_model import KVModel, ReadMismatch
 
 if TYPE_CHECKING:
-    from kvoffload.testing.vllm_harness.ranks import Rank
+    from kvoffload.testing.vllm_harness.ranks import Child
 
 
 class HarnessViolation(AssertionError):
@@ -106,8 +106,9 @@ class Checks:
         for job in plan.spills:
             self._spilled.update(job.keys)
 
-    def writes(self, entry: Rank, written: set[int], step: int) -> None:
-        """No store copy still running on this rank reads a block this step writes."""
+    def writes(self, rank: int, entry: Child, written: set[int], step: int) -> None:
+        """No store copy of this connector still running on the rank reads a block
+        this step writes (any connector's loads and the forward pass)."""
         for job_id in entry.copier.running():
             job = self.jobs.get(job_id)
             if not isinstance(job, EngineJob) or job.kind is not JobKind.STORE:
@@ -115,7 +116,7 @@ class Checks:
             hit = written.intersection(job.moved_blocks())
             if hit:
                 raise HarnessViolation(
-                    f"step {step} rank {entry.rank}: store {job_id} of {job.request_id!r} still "
+                    f"step {step} rank {rank}: store {job_id} of {job.request_id!r} still "
                     f"reads blocks {sorted(hit)} that this step writes (no flush)"
                 )
 
@@ -177,7 +178,7 @@ class Checks:
         except Exception as exc:
             raise HarnessViolation(f"integrity: {exc}") from None
 
-    def quiescent(self, ranks: Iterable[Rank]) -> None:
+    def quiescent(self, ranks: Iterable[tuple[int, Child]]) -> None:
         """Nothing left anywhere: every request gone, every pin, slot, job, engine
         block and copy released."""
         half = self.side.scheduler
@@ -194,9 +195,9 @@ class Checks:
         pool = self.scheduler.kv_cache_manager.block_pool
         if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
             problems.append("engine blocks not freed")
-        for entry in ranks:
+        for rank, entry in ranks:
             if entry.copier.running() or any(lane.running() for lane in entry.lanes()):
-                problems.append(f"rank {entry.rank} still copying")
+                problems.append(f"rank {rank} still copying")
         if problems:
             raise HarnessViolation("not quiescent: " + "; ".join(problems))
         self.step()

@@ -53,8 +53,6 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvoffload.adapters.vllm.connector import KVOffloadConnector
-from kvoffload.adapters.vllm.messages import PlanMetadata
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
 from kvoffload.core.jobs import EngineJob, JobKind, StepPlan, TransferJob
 from kvoffload.core.scheduler import OffloadScheduler
@@ -62,7 +60,7 @@ from kvoffload.testing.vllm_harness.checks import Checks, HarnessViolation
 from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
 from kvoffload.testing.vllm_harness.kv_model import KVModel
 from kvoffload.testing.vllm_harness.model_runner import ModelRunner
-from kvoffload.testing.vllm_harness.ranks import Rank, make_rank, run_step
+from kvoffload.testing.vllm_harness.ranks import Rank, make_rank, plans_of, run_step
 from kvoffload.testing.vllm_harness.spec import (
     HEAD_SIZE,
     HEADS,
@@ -70,6 +68,7 @@ from kvoffload.testing.vllm_harness.spec import (
     HarnessSpec,
     build_configs,
 )
+from kvoffload.testing.vllm_harness.units import Unit, kvoffload_children
 from kvoffload.tiers.redis_index import RedisIndex
 
 SECONDS_PER_STEP = 0.02
@@ -86,6 +85,7 @@ class StepRecord:
     finished_recving: set[str] = field(default_factory=set)
     failed_recving: set[str] = field(default_factory=set)  # loads failed, by request
     invalid_blocks: set[int] = field(default_factory=set)
+    beside: tuple[StepPlan, ...] = ()  # the plans of the connectors beside kvoffload
 
     def loads_for(self, request_id: str) -> list[EngineJob]:
         return [j for j in self.plan.loads if j.request_id == request_id]
@@ -125,12 +125,14 @@ class VllmHarness:
         self.scheduler = cls(
             vllm_config, kv_cache_config, StructuredOutputManager(vllm_config), self.block_size
         )
-        connector = self.scheduler.connector
-        assert isinstance(connector, KVOffloadConnector) and connector.scheduler_side is not None
-        self.connector = connector
-        self.side: SchedulerSide = connector.scheduler_side
-        self.side.scheduler.clock = lambda: self.clock
-        self._deterministic_redis_index()
+        kids = kvoffload_children(self.scheduler.connector)
+        self.connector = kids[-1]  # kvoffload under test
+        assert self.connector.scheduler_side is not None
+        self.side: SchedulerSide = self.connector.scheduler_side
+        for kid in kids:
+            assert kid.scheduler_side is not None
+            kid.scheduler_side.scheduler.clock = lambda: self.clock
+            self._deterministic_redis_index(kid.scheduler_side)
         world = self.spec.world_size
         shape = (LAYERS_PER_GROUP, self.spec.num_blocks, HEADS, self.block_size, 2 * HEAD_SIZE)
         self.kv = [torch.zeros(shape, dtype=torch.float32) for _ in range(world)]
@@ -147,21 +149,31 @@ class VllmHarness:
         self.outputs: dict[str, list[int]] = {}  # the tokens the engine handed out
         self.steps: list[StepRecord] = []
         self._queue: deque[_Executed] = deque()
-        self.checks = Checks(
-            self.scheduler,
-            self.side,
-            self.model,
-            check_provenance=check_provenance,
-            expect_anomalies=expect_anomalies,
-        )
+        self.units = [
+            Unit(
+                i,
+                kid,
+                kid.scheduler_side,
+                Checks(
+                    self.scheduler,
+                    kid.scheduler_side,
+                    self.model,
+                    check_provenance=check_provenance,
+                    expect_anomalies=expect_anomalies,
+                ),
+            )
+            for i, kid in enumerate(kids)
+            if kid.scheduler_side is not None
+        ]
+        self.checks = self.units[-1].checks  # kvoffload under test
 
     # ------------------------------------------------------------ set-up
 
-    def _deterministic_redis_index(self) -> None:
+    def _deterministic_redis_index(self, side: SchedulerSide) -> None:
         """Swap the scheduler side's Redis index for one without its thread, in logical
         time, probing in the background (the harness answers its queries after each
         step: lookups of unknown chunks are deferred a step)."""
-        old = self.side.redis_index
+        old = side.redis_index
         if old is None:
             return
         old.close()
@@ -173,8 +185,8 @@ class VllmHarness:
             background=False,
             clock=lambda: self.clock,
         )
-        self.side.redis_index = index
-        self.side.scheduler.tiers.tiers[index.name] = index
+        side.redis_index = index
+        side.scheduler.tiers.tiers[index.name] = index
 
     # ------------------------------------------------------------ requests
 
@@ -223,7 +235,8 @@ class VllmHarness:
         (the model's version): any KV from before would now be wrong."""
         done = bool(self.scheduler.reset_prefix_cache(reset_running_requests, reset_connector))
         if reset_connector:
-            self.checks.connector_reset()
+            for unit in self.units:
+                unit.checks.connector_reset()
             if done:
                 self.model.version += 1
         self.trace.append(
@@ -282,14 +295,17 @@ class VllmHarness:
 
     def close(self) -> None:
         for entry in self.ranks:
-            entry.gate.open()
-            entry.connector.shutdown()
-        self.connector.shutdown()
+            for child in entry.children:
+                child.gate.open()
+            entry.connector.shutdown()  # type: ignore[no-untyped-call]
+        connector = self.scheduler.connector
+        if connector is not None:
+            connector.shutdown()  # type: ignore[no-untyped-call]
 
     @property
     def loads_checked(self) -> int:
         """Loads whose blocks were checked to hold the loading request's KV."""
-        return self.checks.loads_checked
+        return sum(unit.checks.loads_checked for unit in self.units)
 
     def loaded_tokens(self, request_id: str) -> int:
         """Tokens kvoffload planned to load into the request's blocks so far (with
@@ -301,26 +317,38 @@ class VllmHarness:
     def jobs_of(self, kind: JobKind) -> list[TransferJob]:
         return [j for j in self.checks.jobs.values() if j.kind is kind]
 
+    @property
+    def beside(self) -> list[Unit]:
+        """The kvoffload connectors beside the one under test (``spec.beside``)."""
+        return self.units[:-1]
+
     def check(self) -> None:
-        self.checks.step()
+        for unit in self.units:
+            unit.checks.step()
 
     def quiescent(self) -> None:
-        self.checks.quiescent(self.ranks)
+        for unit in self.units:
+            unit.checks.quiescent((e.rank, e.children[unit.index]) for e in self.ranks)
 
     # ------------------------------------------------------------ one step
 
     def _schedule_and_execute(self) -> _Executed:
         output = self.scheduler.schedule()
         meta = output.kv_connector_metadata
-        if not isinstance(meta, PlanMetadata):
-            raise HarnessViolation(f"unexpected connector metadata {type(meta)}")
-        plan = meta.plan
-        self.checks.plan(plan)
+        if meta is None:
+            raise HarnessViolation("no connector metadata")
+        plans = [m.plan for m in plans_of(meta)]
+        if len(plans) != len(self.units):
+            raise HarnessViolation(f"{len(plans)} plans for {len(self.units)} connectors")
+        for unit, unit_plan in zip(self.units, plans, strict=True):
+            unit.checks.plan(unit_plan)
+        plan = plans[-1]
         record = StepRecord(
             len(self.steps) + 1,
             plan,
             dict(output.num_scheduled_tokens),
             set(output.preempted_req_ids or ()),
+            beside=tuple(plans[:-1]),
         )
         self.steps.append(record)
         self._trace_plan(record)
@@ -331,7 +359,10 @@ class VllmHarness:
         for rank in self.policy.rank_order(record.step, len(self.ranks)):
 
             def forward(entry: Rank) -> None:
-                self.checks.writes(entry, self.runner.written(output, plan), record.step)
+                written = set().union(*(self.runner.written(output, p) for p in plans))
+                for unit in self.units:
+                    child = entry.children[unit.index]
+                    unit.checks.writes(entry.rank, child, written, record.step)
                 self.runner.forward(output, record.step, entry.rank)
 
             kv_out = run_step(
@@ -358,7 +389,10 @@ class VllmHarness:
             record.finished_recving = set(merged.finished_recving or ())
             record.failed_recving = set(merged.failed_recving)
             record.invalid_blocks = set(merged.invalid_block_ids)
-        self.checks.landed(record.finished_recving, record.invalid_blocks, record.failed_recving)
+        for unit in self.units:
+            unit.checks.landed(
+                record.finished_recving, record.invalid_blocks, record.failed_recving
+            )
         return _Executed(output, runner, record, sampled)
 
     def _apply(self, executed: _Executed) -> None:
@@ -370,24 +404,31 @@ class VllmHarness:
                 self.outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
 
     def _after_step(self) -> None:
-        index = self.side.redis_index
-        if index is not None:
-            index.pump()
-        self.checks.step()
+        for unit in self.units:
+            index = unit.side.redis_index
+            if index is not None:
+                index.pump()
+        self.check()
 
     def _trace_plan(self, record: StepRecord) -> None:
-        plan = record.plan
         sched = ", ".join(f"{r}+{n}" for r, n in record.scheduled.items()) or "-"
         line = f"step {record.step}: scheduled {sched}"
         if record.preempted:
             line += f"; preempted {sorted(record.preempted)}"
         self.trace.append(line)
-        jobs: tuple[TransferJob, ...] = (*plan.loads, *plan.stores, *plan.spills, *plan.promotions)
-        for job in jobs:
-            where = f"blocks {list(job.block_ids)}" if isinstance(job, EngineJob) else job.tier
-            self.trace.append(
-                f"    {job.kind.value} {job.job_id} {job.request_id or '-'}: "
-                f"{len(job.keys)} chunks, {where}"
+        for i, plan in enumerate((*record.beside, record.plan)):
+            who = f"[beside {i}] " if i < len(record.beside) else ""
+            jobs: tuple[TransferJob, ...] = (
+                *plan.loads,
+                *plan.stores,
+                *plan.spills,
+                *plan.promotions,
             )
-        if plan.flush:
-            self.trace.append(f"    flush {sorted(plan.flush)}")
+            for job in jobs:
+                where = f"blocks {list(job.block_ids)}" if isinstance(job, EngineJob) else job.tier
+                self.trace.append(
+                    f"    {who}{job.kind.value} {job.job_id} {job.request_id or '-'}: "
+                    f"{len(job.keys)} chunks, {where}"
+                )
+            if plan.flush:
+                self.trace.append(f"    {who}flush {sorted(plan.flush)}")

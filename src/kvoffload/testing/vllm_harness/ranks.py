@@ -1,6 +1,7 @@
 """One tensor-parallel worker of the harness and its share of an engine step.
 
-A :class:`Rank` is a real worker-role ``KVOffloadConnector`` over that rank's KV
+A :class:`Rank` is a real worker-role ``KVOffloadConnector`` (or vLLM's
+``MultiConnector`` over several, each a :class:`Child`) over that rank's KV
 tensors, with every copy gated (:class:`CopyGate`; a tier load's host half among
 them) and its tier lane and staged loads gated (:class:`GatedTiers`: spills and
 promotions, tier loads' tier halves), both released or failed by the policy's
@@ -14,11 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from vllm.config import VllmConfig
+from vllm.config import KVTransferConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector,
+    MultiKVConnectorMetadata,
+    MultiKVConnectorWorkerMetadata,
+)
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
-from kvoffload.adapters.vllm.compat import KVConnectorRole
+from kvoffload.adapters.vllm.compat import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
 from kvoffload.adapters.vllm.connector import KVOffloadConnector
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.worker_side import WorkerSide
@@ -30,8 +40,10 @@ from kvoffload.transfer.worker import TransferWorker
 
 
 @dataclass
-class Rank:
-    rank: int
+class Child:
+    """One kvoffload worker connector of a rank (the rank's connector itself, or one
+    child of its ``MultiConnector``), with its gates."""
+
     connector: KVOffloadConnector
     side: WorkerSide
     copier: TransferWorker
@@ -41,8 +53,48 @@ class Rank:
     open_copies: dict[int, EngineJob] = field(default_factory=dict)  # submitted, unreported
 
     def lanes(self) -> list[GatedTiers[TierJob] | GatedTiers[EngineJob]]:
-        """The gated tier lane and staged loads this rank has."""
+        """The gated tier lane and staged loads this child has."""
         return [lane for lane in (self.tiers, self.staged) if lane is not None]
+
+
+@dataclass
+class Rank:
+    """One worker: ``connector`` is what vLLM's model runner calls (kvoffload's, or a
+    ``MultiConnector`` over several); ``children`` its kvoffload connectors in the
+    ``MultiConnector``'s order, the one under test last."""
+
+    rank: int
+    connector: KVConnectorBase_V1
+    children: list[Child]
+
+    @property
+    def under_test(self) -> Child:
+        return self.children[-1]
+
+    @property
+    def gate(self) -> CopyGate:
+        return self.under_test.gate
+
+    @property
+    def copier(self) -> TransferWorker:
+        return self.under_test.copier
+
+    @property
+    def side(self) -> WorkerSide:
+        return self.under_test.side
+
+    @property
+    def tiers(self) -> GatedTiers[TierJob] | None:
+        return self.under_test.tiers
+
+    def lanes(self) -> list[GatedTiers[TierJob] | GatedTiers[EngineJob]]:
+        return self.under_test.lanes()
+
+    def running(self) -> bool:
+        """Whether any child still copies or moves a tier job."""
+        return any(
+            c.copier.running() or any(lane.running() for lane in c.lanes()) for c in self.children
+        )
 
 
 def make_rank(
@@ -50,24 +102,41 @@ def make_rank(
 ) -> Rank:
     """Rank ``rank``'s connector, registered over ``kv`` (``[layers, blocks, ...]``) as
     vLLM registers a hybrid model's KV: every group's layer names, layer ``i`` of
-    each group a view of ``kv[i]`` (the groups' tensors alias)."""
-    connector = KVOffloadConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
-    side = connector.worker_side
-    assert side is not None
-    gate = CopyGate()
-    side.copy_hook = gate
-    side.rank_override = rank
+    each group a view of ``kv[i]`` (the groups' tensors alias). Under a
+    ``MultiConnector`` config the rank's connector is vLLM's ``MultiConnector`` and
+    every kvoffload child is gated."""
+    connector: KVConnectorBase_V1
+    if isinstance(vllm_config.kv_transfer_config, KVTransferConfig) and (
+        vllm_config.kv_transfer_config.kv_connector == "MultiConnector"
+    ):
+        connector = MultiConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+        kids = [c for c in connector.sub_connectors if isinstance(c, KVOffloadConnector)]
+    else:
+        connector = KVOffloadConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+        kids = [connector]
+    for kid in kids:
+        assert kid.worker_side is not None
+        kid.worker_side.copy_hook = CopyGate()
+        kid.worker_side.rank_override = rank
     groups = len(kv_cache_config.kv_cache_groups)
     connector.register_kv_caches(
         {name: kv[i] for g in range(groups) for i, name in enumerate(layer_names(g))}
     )
-    assert side.runner is not None
+    return Rank(rank, connector, [_gated(kid) for kid in kids])
+
+
+def _gated(connector: KVOffloadConnector) -> Child:
+    """Gate the registered connector's copies, tier lane and staged loads."""
+    side = connector.worker_side
+    assert side is not None and side.runner is not None
+    gate = side.copy_hook
+    assert isinstance(gate, CopyGate)
     backend = side.runner.backend
     copier = backend.worker
     tiers = GatedTiers(backend.tiers) if backend.tiers is not None else None
     staged = GatedTiers(backend.staged) if backend.staged is not None else None
     backend.tiers, backend.staged = tiers, staged
-    entry = Rank(rank, connector, side, copier, gate, tiers, staged)
+    entry = Child(connector, side, copier, gate, tiers, staged)
     store, load = copier.submit_store, copier.submit_load
 
     def submit_store(job: EngineJob) -> None:
@@ -85,9 +154,17 @@ def make_rank(
     return entry
 
 
+def plans_of(meta: KVConnectorMetadata) -> list[PlanMetadata]:
+    """Each kvoffload child's plan in a step's connector metadata, in child order."""
+    if isinstance(meta, MultiKVConnectorMetadata):
+        return [m for m in meta.metadata if isinstance(m, PlanMetadata)]
+    assert isinstance(meta, PlanMetadata), type(meta)
+    return [meta]
+
+
 def run_step(
     entry: Rank,
-    meta: PlanMetadata,
+    meta: KVConnectorMetadata,
     finished_req_ids: set[str],
     *,
     step: int,
@@ -97,19 +174,28 @@ def run_step(
     """The rank's connector calls of one execute_model; ``forward`` is the forward
     pass (and the checks before it). Transfers finish as ``policy`` says."""
     connector = entry.connector
-    entry.gate.release(meta.plan.flush)  # a flush waits for its jobs
+    for child, plan in zip(entry.children, plans_of(meta), strict=True):
+        child.gate.release(plan.plan.flush)  # a flush waits for its jobs
     connector.handle_preemptions(meta)
     connector.bind_connector_metadata(meta)
     forward(entry)
     connector.start_load_kv(None)  # type: ignore[arg-type]
-    connector.wait_for_save()
-    _complete(entry, step, policy)
+    connector.wait_for_save()  # type: ignore[no-untyped-call]
+    for child in entry.children:
+        _complete(entry.rank, child, step, policy)
     results = connector.get_transfer_results(finished_req_ids)
     invalid = connector.get_block_ids_with_load_errors()
     worker_meta = connector.build_connector_worker_meta()
     connector.clear_connector_metadata()
     if isinstance(worker_meta, ReportMetadata):
-        worker_meta = _ordered(entry, step, policy, worker_meta)
+        worker_meta = _ordered(entry.rank, entry.children[0], step, policy, worker_meta)
+    elif isinstance(worker_meta, MultiKVConnectorWorkerMetadata):
+        worker_meta = MultiKVConnectorWorkerMetadata(
+            tuple(
+                _ordered(entry.rank, child, step, policy, m) if isinstance(m, ReportMetadata) else m
+                for child, m in zip(entry.children, worker_meta.metadata, strict=True)
+            )
+        )
     return KVConnectorOutput(
         finished_recving=results.finished_recving or None,
         failed_recving=results.failed_recving,
@@ -118,28 +204,30 @@ def run_step(
     )
 
 
-def _complete(entry: Rank, step: int, policy: Completions) -> None:
+def _complete(rank: int, entry: Child, step: int, policy: Completions) -> None:
     """Release and fail what the policy says, then wait until it finished."""
     jobs = [entry.open_copies[i] for i in sorted(entry.open_copies)]
-    release, fail = policy.copies(entry.rank, step, jobs)
+    release, fail = policy.copies(rank, step, jobs)
     entry.gate.release(release)
     entry.gate.fail(fail)
     for lane in entry.lanes():
         held: list[TransferJob] = [lane.held[i] for i in sorted(lane.held)]
-        release, fail = policy.tier_jobs(entry.rank, step, held)
+        release, fail = policy.tier_jobs(rank, step, held)
         lane.fail(fail)
         lane.release(release)
         lane.inner.wait(lane.inner.running())
     entry.copier.wait(set(entry.open_copies) & entry.gate.let_through())
 
 
-def _ordered(entry: Rank, step: int, policy: Completions, meta: ReportMetadata) -> ReportMetadata:
-    """The rank's report in a deterministic order (the policy's); its finished copies
-    are no longer open."""
+def _ordered(
+    rank: int, entry: Child, step: int, policy: Completions, meta: ReportMetadata
+) -> ReportMetadata:
+    """The child's report in a deterministic order (the policy's); its finished
+    copies are no longer open."""
     reports = []
     for report in meta.reports:
         results = sorted(report.results, key=lambda r: r.job_id)
         for result in results:
             entry.open_copies.pop(result.job_id, None)
-        reports.append(WorkerReport(report.rank, tuple(policy.order(entry.rank, step, results))))
+        reports.append(WorkerReport(report.rank, tuple(policy.order(rank, step, results))))
     return ReportMetadata(tuple(reports))

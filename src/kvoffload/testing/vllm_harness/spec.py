@@ -75,6 +75,11 @@ class HarnessSpec:
     cpu_bytes: int = 1 << 20
     extra: dict[str, Any] = field(default_factory=dict)
     kv_specs: tuple[KVCacheSpec, ...] | None = None
+    beside: dict[str, Any] | None = None
+    """Not None: kvoffload runs as the second child of vLLM's ``MultiConnector``,
+    after another loading connector (a second kvoffload with this
+    ``kv_connector_extra_config``, standing in for a P/D connector): the first child
+    with a hit loads, every child stores."""
 
     def __post_init__(self) -> None:
         if not self.groups or any(w is not None and w < 1 for w in self.groups):
@@ -121,6 +126,27 @@ def kv_cache_config(spec: HarnessSpec) -> KVCacheConfig:
     )
 
 
+def transfer_config(spec: HarnessSpec) -> KVTransferConfig:
+    """kvoffload's ``kv_transfer_config``, or a ``MultiConnector``'s naming another
+    kvoffload first and kvoffload under test second (``spec.beside``). The
+    ``MultiConnector`` config is left as a user writes it: its
+    ``kv_load_failure_policy`` is vLLM's default, for kvoffload to set."""
+    ours: dict[str, Any] = {
+        "kv_connector": "KVOffloadConnector",
+        "kv_connector_module_path": "kvoffload.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes": spec.cpu_bytes, **spec.extra},
+    }
+    if spec.beside is None:
+        return KVTransferConfig(**ours)
+    other = {**ours, "kv_connector_extra_config": dict(spec.beside)}
+    return KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"connectors": [other, ours]},
+    )
+
+
 def build_configs(spec: HarnessSpec, model_path: Path) -> tuple[VllmConfig, KVCacheConfig]:
     """vLLM's configs for ``spec``; async scheduling is kept on (a batch queue of two,
     as a real engine on a GPU has it), whatever vLLM's CPU platform prefers; the
@@ -143,12 +169,7 @@ def build_configs(spec: HarnessSpec, model_path: Path) -> tuple[VllmConfig, KVCa
             is_encoder_decoder=False,
             async_scheduling=spec.async_scheduling,
         ),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="KVOffloadConnector",
-            kv_connector_module_path="kvoffload.vllm",
-            kv_role="kv_both",
-            kv_connector_extra_config={"cpu_bytes": spec.cpu_bytes, **spec.extra},
-        ),
+        kv_transfer_config=transfer_config(spec),
     )
     vllm_config.cache_config.num_gpu_blocks = spec.num_blocks
     want = 2 if spec.async_scheduling else 1

@@ -25,11 +25,13 @@ def engine(
     kv_bytes: int | None = None,
     max_num_seqs: int = 4,
     async_scheduling: bool = False,
+    transfer: dict[str, Any] | None = None,
     **more: Any,
 ) -> Iterator[Any]:
     """An LLM with kvoffload configured by ``extra`` (None: no connector) and
     ``kv_blocks`` engine blocks of the tiny Llama's KV cache (or ``kv_bytes``);
-    ``more`` goes to ``LLM`` (e.g. ``kv_events_config``, ``disable_log_stats``).
+    ``more`` goes to ``LLM`` (e.g. ``kv_events_config``, ``disable_log_stats``);
+    ``transfer`` replaces the whole ``kv_transfer_config`` (e.g. a MultiConnector's).
     With ``async_scheduling`` the engine really runs vLLM's AsyncScheduler with a
     batch queue of two (the CPU platform would silently run synchronously; asserted
     here, so a test claiming async fails if it is not). Shut down on exit: collected
@@ -48,12 +50,12 @@ def engine(
     if async_scheduling:
         keep_async_scheduling()
 
+    args = cpu_llm_args(str(model), BLOCK, kv_bytes or kv_blocks * CHUNK_BYTES, dtype)
     llm = LLM(
-        **cpu_llm_args(str(model), BLOCK, kv_bytes or kv_blocks * CHUNK_BYTES, dtype),
+        **{**args, **more},  # ``more`` may override the shared arguments (max_model_len)
         max_num_seqs=max_num_seqs,
-        kv_transfer_config=kvoffload_transfer(extra),
+        kv_transfer_config=transfer if transfer is not None else kvoffload_transfer(extra),
         async_scheduling=async_scheduling,
-        **more,
     )
     try:
         mode = engine_mode(llm)
@@ -98,6 +100,14 @@ def half(llm: Any) -> Any:
     return llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side.scheduler
 
 
+def halves(llm: Any) -> list[Any]:
+    """Every kvoffload scheduler half of the engine (kvoffload alone, or the
+    kvoffload children of a MultiConnector in its order)."""
+    connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    kids = getattr(connector, "sub_connectors", [connector])
+    return [k.scheduler_side.scheduler for k in kids if getattr(k, "scheduler_side", None)]
+
+
 def tier(llm: Any, name: str) -> Any:
     return half(llm).tiers.tiers[name]
 
@@ -115,17 +125,20 @@ def settle(llm: Any) -> None:
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     core = llm.llm_engine.engine_core.engine_core
-    worker = get_kv_transfer_group().worker_side
+    group = get_kv_transfer_group()
+    kids = getattr(group, "sub_connectors", [group])  # kvoffload alone or in MultiConnector
+    workers = [kid.worker_side for kid in kids if getattr(kid, "worker_side", None) is not None]
     for _ in range(50):
         if not core.scheduler.has_requests():
             return
-        if worker.tiers is not None:
-            assert worker.tiers.wait(worker.tiers.running(), timeout=60)
-        if worker.staged is not None:
-            assert worker.staged.wait(worker.staged.running(), timeout=60)
-        worker.worker.wait(worker.worker.running())
+        for worker in workers:
+            if worker.tiers is not None:
+                assert worker.tiers.wait(worker.tiers.running(), timeout=60)
+            if worker.staged is not None:
+                assert worker.staged.wait(worker.staged.running(), timeout=60)
+            worker.worker.wait(worker.worker.running())
         llm.llm_engine.step()  # as the engine loop does (stats go to the stat loggers)
-    h = half(llm)
+    h = halves(llm)[-1]
     raise AssertionError(
         f"kvoffload jobs did not drain: in flight {h.jobs_in_flight()}, "
         f"queued below host {h.tiers.has_queued()}, promotions wished {h.loads.wished}"

@@ -179,3 +179,59 @@ def test_an_unreachable_redis_is_a_warning_at_start(vllm_log: Capture) -> None:
     (warning,) = vllm_log.lines()
     assert "does not answer" in warning and "redis://:***@h:1" in warning
     assert SECRET not in warning
+
+
+def multi(*children: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": list(children)},
+    }
+
+
+def test_kvoffload_inside_a_multiconnector_is_checked_too() -> None:
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    good = plugin.check_transfer_config(multi(nixl, transfer({"cpu_bytes": 7})))
+    assert good is not None and good.cpu_bytes == 7
+    assert plugin.check_transfer_config(multi(nixl)) is None  # kvoffload not in it
+    with pytest.raises(ConfigError) as caught:
+        plugin.check_transfer_config(multi(nixl, transfer({"cpu_bytes": 1, "bogus": 2})))
+    assert caught.value.field == "bogus"
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size"),
+        ({"decode_context_parallel_size": 2}, "decode_context_parallel_size"),
+        ({"prefill_context_parallel_size": 2}, "prefill_context_parallel_size"),
+    ],
+)
+def test_unsupported_parallelism_is_refused_before_vllm_builds_anything(
+    vllm_log: Capture, tmp_path: Any, args: dict[str, int], field: str
+) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    plugin.register()
+    engine = EngineArgs(
+        model=str(tmp_path / "no-such-model"),  # never read: the check comes first
+        kv_transfer_config=transfer({"cpu_bytes": 1 << 20}),  # type: ignore[arg-type]
+        **args,  # type: ignore[arg-type]
+    )
+    with pytest.raises(ConfigError) as caught:
+        engine.create_engine_config()
+    assert caught.value.field == field
+    (line,) = [x for x in vllm_log.lines() if "unsupported deployment" in x]
+    assert field in line and "kvoffload does not serve" in line
+
+
+def test_a_one_way_kv_role_is_refused_in_one_line() -> None:
+    from kvoffload.adapters.vllm.deployment import deployment_problem
+
+    assert deployment_problem() is None
+    assert deployment_problem(kv_role=None) is None
+    for role in ("kv_producer", "kv_consumer"):
+        problem = deployment_problem(kv_role=role)
+        assert problem is not None and problem.field == "kv_role" and "kv_both" in str(problem)
+    with pytest.raises(ConfigError, match="kv_role"):
+        plugin.check_engine_args(object(), [transfer({"cpu_bytes": 1}, kv_role="kv_consumer")])

@@ -17,9 +17,16 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 from kvoffload.testing.vllm_fuzz.runner import Environment, Outcome, run_scenario
 from kvoffload.testing.vllm_fuzz.scenario import random_scenario
+from kvoffload.testing.vllm_fuzz.shards import (
+    ShardTotals,
+    parse_shard,
+    run_shards,
+    shard_seeds,
+)
 from kvoffload.testing.vllm_fuzz.shrink import shrink
 
 
@@ -51,7 +58,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--keep-going", action="store_true", help="do not stop at a failure")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="spread the seeds over N processes (each its own redis-server)",
+    )
+    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # k/N, from --jobs
+    parser.add_argument("--summary", default=None, help=argparse.SUPPRESS)  # a shard's JSON
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be positive")
+    try:
+        args.shard = parse_shard(args.shard) if args.shard else (0, 1)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.seeds is None:
         args.seeds = None if args.minutes is not None else 100
     if (args.seeds is not None and args.seeds < 1) or (
@@ -118,6 +140,8 @@ def hang_watchdog(seed: int, is_async: bool, seconds: float) -> threading.Timer:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.jobs > 1:
+        return main_sharded(args, list(sys.argv[1:] if argv is None else argv))
     from kvoffload.demos.tiny_model import ensure_model
 
     quiet_vllm()
@@ -127,11 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     begin = time.perf_counter()
     deadline = begin + args.minutes * 60 if args.minutes is not None else None
-    seed = args.start
+    last = args.start - 1
     try:
-        while args.seeds is None or seed < args.start + args.seeds:
+        for seed in shard_seeds(args.start, args.seeds, *args.shard):
             if deadline is not None and time.perf_counter() > deadline:
                 break
+            last = seed
             for is_async in kinds(args.scheduler):
                 scenario = random_scenario(seed, is_async, redis=env.redis_available)
                 watchdog = hang_watchdog(seed, is_async, args.schedule_timeout)
@@ -148,27 +173,45 @@ def main(argv: list[str] | None = None) -> int:
                     print(report(outcome, shrunk, runs), flush=True)
                     if not args.keep_going:
                         raise StopIteration
-            seed += 1
-            if not args.quiet and (seed - args.start) % 20 == 0:
-                print(
-                    f"  {seed - args.start} seeds, {time.perf_counter() - begin:.0f} s",
-                    file=sys.stderr,
-                )
+            done = (seed - args.start) // args.shard[1] + 1
+            if not args.quiet and done % 20 == 0:
+                print(f"  {done} seeds, {time.perf_counter() - begin:.0f} s", file=sys.stderr)
     except StopIteration:
         pass
     finally:
         env.close()
-    seconds = time.perf_counter() - begin
+    result = ShardTotals(counts, totals, last)
+    if args.summary is not None:  # a shard of --jobs: the parent prints the summary
+        Path(args.summary).write_text(result.to_json())
+        return 1 if failures else 0
+    summarize(args, result, time.perf_counter() - begin, env.redis_available)
+    return 1 if failures else 0
+
+
+def main_sharded(args: argparse.Namespace, argv: list[str]) -> int:
+    """The run as ``args.jobs`` shard processes (``shards.py``)."""
+    import shutil
+
+    begin = time.perf_counter()
+    passed_on = [a for i, a in enumerate(argv) if a != "--jobs" and argv[i - 1 : i] != ["--jobs"]]
+    passed_on = [a for a in passed_on if not a.startswith("--jobs=")]
+    status, totals = run_shards(passed_on, args.jobs)
+    summarize(args, totals, time.perf_counter() - begin, shutil.which("redis-server") is not None)
+    return status
+
+
+def summarize(args: argparse.Namespace, result: ShardTotals, seconds: float, redis: bool) -> None:
+    counts = result.counts
     schedules = counts["passed"] + counts["failed"]
+    shards = f" over {args.jobs} processes" if args.jobs > 1 else ""
     print(
         f"{schedules} schedules ({counts['sync']} sync, {counts['async']} async) from seeds "
-        f"{args.start}..{seed - 1}: {counts['passed']} passed, {counts['failed']} failed, "
-        f"in {seconds:.1f} s"
-        + ("" if env.redis_available else " (no redis-server: Redis scenarios ran on disk)")
+        f"{args.start}..{result.last_seed}: {counts['passed']} passed, {counts['failed']} "
+        f"failed, in {seconds:.1f} s{shards}"
+        + ("" if redis else " (no redis-server: Redis scenarios ran on disk)")
     )
-    covered = ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if v)
+    covered = ", ".join(f"{k} {v}" for k, v in sorted(result.stats.items()) if v)
     print(f"covered: {covered}")
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":

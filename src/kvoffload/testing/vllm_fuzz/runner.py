@@ -96,7 +96,15 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
         server.client().flushall()
         extra["redis_url"] = server.url
         extra["redis_timeout_ms"] = 200
+    beside = None
+    if scenario.beside is not None:
+        beside = {
+            "cpu_bytes": scenario.beside.host_chunks * chunk_bytes * world,
+            "chunk_tokens": extra["chunk_tokens"],
+            "store_threshold": scenario.beside.store_threshold,
+        }
     return HarnessSpec(
+        beside=beside,
         async_scheduling=scenario.async_scheduling,
         num_blocks=scenario.num_blocks,
         block_size=BLOCK_SIZE,
@@ -258,6 +266,12 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         store_failures=s.store_failures,
         connector_resets=m.value("resets_total"),
     )
+    for unit in h.beside:
+        other = unit.side.scheduler
+        outcome.stats["multi_connector_schedules"] += 1
+        outcome.stats["beside_loads"] += other.stats.loads
+        outcome.stats["beside_load_failures"] += other.stats.load_failures
+        outcome.stats["beside_stores"] += other.stats.stores
     groups = outcome.scenario.groups
     if len(groups) > 1:
         outcome.stats["multi_group_schedules"] += 1

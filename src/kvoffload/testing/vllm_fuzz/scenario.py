@@ -79,6 +79,18 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class Beside:
+    """kvoffload under test as the second child of vLLM's ``MultiConnector``, after a
+    loading connector (another kvoffload, standing in for a P/D connector) with
+    ``host_chunks`` chunks of host memory that stores after ``store_threshold``
+    lookups: it loads whenever it has a hit, into blocks of the engine's choosing, and
+    its copies meet the same faults."""
+
+    host_chunks: int
+    store_threshold: int
+
+
+@dataclass(frozen=True)
 class Scenario:
     seed: int
     async_scheduling: bool
@@ -98,6 +110,7 @@ class Scenario:
     aborts: tuple[tuple[int, str], ...] = ()  # (step, request id)
     resets: tuple[Reset, ...] = ()
     faults: tuple[Fault, ...] = field(default_factory=tuple)
+    beside: Beside | None = None  # kvoffload beside another loading connector
 
     def fault(self, kind: FaultKind) -> Fault | None:
         return next((f for f in self.faults if f.kind is kind), None)
@@ -119,6 +132,12 @@ class Scenario:
             f"world={self.world_size} max_num_seqs={self.max_num_seqs} "
             f"deferral<={self.max_deferral_steps} steps/{self.max_deferral_seconds} s"
             + (f" groups={describe_groups(self.groups)}" if self.groups != (None,) else "")
+            + (
+                f" beside=MultiConnector(other kvoffload: host={self.beside.host_chunks} "
+                f"chunks, store_threshold={self.beside.store_threshold})"
+                if self.beside is not None
+                else ""
+            )
         ]
         for r in self.requests:
             extra = (
@@ -186,7 +205,21 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
         aborts=aborts,
         resets=resets,
         faults=_faults(rng, scenario, last + 40),
+        beside=draw_beside(seed),
     )
+
+
+BESIDE_SHARE = 0.3
+"""Share of seeds that run kvoffload beside another loading connector."""
+
+
+def draw_beside(seed: int) -> Beside | None:
+    """The MultiConnector draw, from a stream of its own (every seed keeps the rest of
+    the schedule it had before this draw existed)."""
+    rng = random.Random(f"kvoffload-vllm-fuzz-beside:{seed}")
+    if rng.random() >= BESIDE_SHARE:
+        return None
+    return Beside(host_chunks=rng.randint(4, 32), store_threshold=rng.choice((1, 1, 1, 2)))
 
 
 def _kept_draw(rng: random.Random, groups: tuple[int | None, ...]) -> tuple[int | None, ...]:

@@ -1,9 +1,9 @@
 """Shrinking a failing scenario to a small reproduction.
 
 Greedy: try each simplification (drop a request with its aborts, an abort, a reset,
-a fault; one rank instead of two; store everything) and keep the first that still
-fails with the same category of failure; repeat until nothing simpler fails or the
-budget of runs is spent.
+a fault; one rank instead of two; no connector beside kvoffload; store everything)
+and keep the first that still fails with the same category of failure; repeat until
+nothing simpler fails or the budget of runs is spent.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def simpler(scenario: Scenario) -> Iterator[Scenario]:
         yield replace(scenario, groups=scenario.groups[:g] + scenario.groups[g + 1 :])
     if scenario.world_size > 1:
         yield replace(scenario, world_size=1)
+    if scenario.beside is not None:
+        yield replace(scenario, beside=None)
     if scenario.store_threshold > 1:
         yield replace(scenario, store_threshold=1)
 

@@ -172,3 +172,28 @@ def test_without_the_fresh_fence_the_harness_catches_the_overwrite(
     with pytest.raises(HarnessViolation, match="still reads blocks"):
         for _ in range(10):
             h.step()
+
+
+@pytest.mark.parametrize("seed", [41, 172])
+def test_a_hit_the_engine_cannot_allocate_while_idle_never_stalls_it(
+    tiny_model: Path, seed: int
+) -> None:
+    """Found by the fuzzer's MultiConnector seeds: a request whose load by the other
+    connector failed is re-queued at the head of vLLM's queue of block holders;
+    kvoffload offered it a hit whose blocks the engine could not allocate, so every
+    step stopped at it and the request behind it, whose load had landed, never
+    ran (nothing else would free blocks). Now a hit the engine did not allocate while
+    it ran nothing is answered retry-later next time (vLLM skips the request and
+    serves those behind it), bounded by the deferral limits."""
+    from kvoffload.testing.vllm_fuzz.runner import Environment, run_scenario
+    from kvoffload.testing.vllm_fuzz.scenario import random_scenario
+
+    env = Environment(tiny_model)
+    try:
+        scenario = random_scenario(seed, async_scheduling=False)
+        assert scenario.beside is not None
+        outcome = run_scenario(scenario, env)
+    finally:
+        env.close()
+    assert not outcome.failed, outcome.message
+    assert outcome.stats["deferrals"] > 0 and outcome.stats["requests_checked"] > 0

@@ -46,6 +46,7 @@ class Deferral(enum.Enum):
     PROMOTION = "promotion"  # its next chunks are being brought up from a lower tier
     PENDING = "pending"  # its next chunk is being stored to host memory
     LOOKUP = "lookup"  # a lower tier is being asked whether it holds the next chunks
+    NO_ROOM = "no_room"  # the engine could not allocate the hit offered, and ran nothing
 
 
 RETRY_LATER = None

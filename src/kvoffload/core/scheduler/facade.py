@@ -143,8 +143,9 @@ class OffloadScheduler:
             self.on_preempted(request.request_id)  # only a preempted request is re-looked-up
         state.request = request
         state.blocks.clear()
+        unallocated = state.lookup_hit is not None and state.lookup_hit[1] > 0
         state.lookup_hit, state.lookup_tier = None, None
-        return self.loads.answer(state, request, num_computed_tokens)
+        return self.loads.answer(state, request, num_computed_tokens, unallocated=unallocated)
 
     # -------------------------------------------------------------- allocation
 

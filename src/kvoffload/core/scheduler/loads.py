@@ -57,11 +57,17 @@ class LoadPlanner:
         self.wished: list[str] = []  # requests whose promotion a lookup wished this step
 
     def answer(
-        self, state: RequestState, request: EngineRequest, num_computed_tokens: int
+        self,
+        state: RequestState,
+        request: EngineRequest,
+        num_computed_tokens: int,
+        *,
+        unallocated: bool = False,
     ) -> int | None:
         """Tokens loadable past ``num_computed_tokens``, 0, or RETRY_LATER, for a
-        request whose stale block ids were just cleared. Records the offer in
-        ``state.lookup_hit``; changes no directory state."""
+        request whose stale block ids were just cleared (``unallocated``: the
+        previous lookup offered a hit the engine did not allocate). Records the offer
+        in ``state.lookup_hit``; changes no directory state."""
         local_only = (num_computed_tokens, 0)
         if getattr(request, "skip_reading_prefix_cache", False) or not state.controls.load:
             # The engine serves this request no cached KV whatever the answer (or the
@@ -114,6 +120,19 @@ class LoadPlanner:
                 state.no_promotion = True  # take what host memory has now
         external = readable * chunk - num_computed_tokens
         if external < chunk or num_computed_tokens % self.config.block_size:
+            external = 0
+        # The engine allocates a hit's blocks at once. When it could not allocate the
+        # hit offered last time and its last step ran nothing, only waiting requests
+        # hold blocks (e.g. requests whose loads landed, queued behind this one): the
+        # same offer would stall the engine for good. Answer retry-later (the engine
+        # then skips this request and serves those behind it), recompute once the
+        # deferral bound is reached. While requests run, the engine's own back
+        # pressure applies, as without kvoffload.
+        if external and unallocated and self.deferral.idle:
+            if not self.deferral.expired(state):
+                self.deferral.defer(state, Deferral.NO_ROOM)
+                return RETRY_LATER
+            self.metrics.count("deferral_timeouts_total")
             external = 0
         state.lookup_hit = (num_computed_tokens, external)
         return external

@@ -84,19 +84,24 @@ def weights_digest(vllm_config: Any) -> str:
             ["files", *(model_identity.weights_digest(p) for p in local)]
         )
     revision = getattr(model, "revision", None) or "main"
-    return model_identity.digest_of(["hub", name, resolved_revision(name, revision)])
+    download_dir = getattr(getattr(vllm_config, "load_config", None), "download_dir", None)
+    commit = resolved_revision(name, revision, download_dir)
+    return model_identity.digest_of(["hub", name, commit])
 
 
-def resolved_revision(repo_id: str, revision: str) -> str:
+def resolved_revision(repo_id: str, revision: str, cache_dir: str | None = None) -> str:
     """The commit ``revision`` of hub model ``repo_id`` resolves to in the local
-    Hugging Face cache (vLLM downloaded it there before the KV cache exists), or
-    ``revision`` itself when it is a commit or cannot be resolved offline."""
+    Hugging Face cache (``cache_dir``, vLLM's ``download_dir``, or the default cache:
+    vLLM downloaded the model there before the KV cache exists), or ``revision``
+    itself when it is a commit or cannot be resolved offline."""
     if _COMMIT.fullmatch(revision):
         return revision
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+        found = try_to_load_from_cache(
+            repo_id, "config.json", cache_dir=cache_dir, revision=revision
+        )
     except Exception:  # no huggingface_hub, a bad repo id: the revision as given
         return revision
     if isinstance(found, str):

@@ -1,5 +1,6 @@
 """The JSON document of a report: the Redis namespace keeps its former fields (the
-always-zero ``temporary_*`` of the per-file disk layout), in their place."""
+always-zero ``temporary_*`` of the per-file disk layout), in their place, and adds
+the namespace's ``record`` last."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def test_a_redis_namespace_keeps_the_fields_of_its_former_json() -> None:
         "temporary_bytes",
         "vanished",
         "verified",
+        "record",
         "shares",
     ]
     assert doc["namespaces"][0]["temporary_files"] == doc["namespaces"][0]["temporary_bytes"] == 0

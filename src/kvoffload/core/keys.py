@@ -74,17 +74,28 @@ def tokens_bytes(tokens: Sequence[int]) -> bytes:
 class Namespace:
     """What a chunk's bytes mean: which model, which KV layout, which dtype.
 
-    ``layout`` is the worker's layout digest (shapes, page bytes, layer count), so
-    a chunk is never loaded into an incompatible layout. ``parallel`` describes the
-    parallel configuration (e.g. ``"tp2"``); the scheduler half holds one key per
-    chunk for all ranks, and each rank's copy in a shared tier is told apart by
+    ``model`` is ``name@revision``. ``config`` digests the model configuration that
+    reaches the forward pass (the model's config after overrides, quantization, model
+    and KV cache dtypes) and ``weights`` the weights' identity (a hub revision's
+    commit, or a digest of a local directory's weight files); both are hex strings
+    built by the vLLM adapter (``adapters/vllm/identity.py``, decision 0010), empty
+    where the engine has no such thing (reference engine, simulator). ``layout`` is
+    the worker's layout digest (shapes, page bytes, layer count), so a chunk is never
+    loaded into an incompatible layout. ``parallel`` describes the parallel
+    configuration (e.g. ``"tp2"``); the scheduler half holds one key per chunk for
+    all ranks, and each rank's copy in a shared tier is told apart by
     :func:`shard_key`.
+
+    The digest covers every field. With ``config`` and ``weights`` both empty it is
+    the digest of the first four fields alone, as before those fields existed.
     """
 
     model: str
     layout: str
     dtype: str
     parallel: str = "tp1"
+    config: str = ""
+    weights: str = ""
     _digest: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -92,14 +103,30 @@ class Namespace:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"namespace.{name}", f"must be a non-empty string, got {value!r}")
-        encoded = b"".join(
-            _lp(v.encode()) for v in (self.model, self.layout, self.dtype, self.parallel)
-        )
+        for name in ("config", "weights"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ConfigError(f"namespace.{name}", f"must be a string, got {value!r}")
+        values = [self.model, self.layout, self.dtype, self.parallel]
+        if self.config or self.weights:
+            values += [self.config, self.weights]
+        encoded = b"".join(_lp(v.encode()) for v in values)
         object.__setattr__(self, "_digest", _digest(_NS_FORMAT, encoded))
 
     def digest(self) -> bytes:
         """16-byte digest of every field; stored in tier headers."""
         return self._digest
+
+    def fields(self) -> dict[str, str]:
+        """Every field by name (what ``kvoffload inspect`` shows of a namespace)."""
+        return {
+            "model": self.model,
+            "config": self.config,
+            "weights": self.weights,
+            "layout": self.layout,
+            "dtype": self.dtype,
+            "parallel": self.parallel,
+        }
 
 
 def block_hashes(

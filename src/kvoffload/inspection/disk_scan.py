@@ -28,8 +28,10 @@ A slab file whose superblock is unreadable, or names another namespace or rank, 
 reported as a bad slab and not scanned. One shorter than its superblock says is
 reported as bad (``short``) and scanned as far as it goes: slots past the end read
 as empty, as recovery reads them. Anything under ``kvoffload-v1/`` that is not a
-namespace directory or a slab file (a regular file named exactly ``slab.r<rank>``,
-rank in ASCII digits without leading zeros) counts as *stray*, the fan-out
+namespace directory, a slab file (a regular file named exactly ``slab.r<rank>``,
+rank in ASCII digits without leading zeros) or a namespace's record (a regular file
+``namespace.json``: :mod:`kvoffload.tiers.namespace_records`, shown as the namespace's
+fields) counts as *stray*, the fan-out
 directories of the former one-file-per-chunk layout included: the engine never reads
 them. Entries are visited in name order and slots in order, so reports are
 deterministic.
@@ -63,6 +65,7 @@ from kvoffload.inspection.slab_files import (
 )
 from kvoffload.inspection.slot_scan import SlotScan
 from kvoffload.tiers.disk import FORMAT_DIR
+from kvoffload.tiers.namespace_records import RECORD_FILE, read_disk_record
 
 __all__ = ["SLAB_PREFIX", "inspect_disk", "parse_slab_name", "resolve_root"]
 
@@ -145,9 +148,13 @@ def _scan_namespace(
     bad_slabs: list[BadSlab] = []
     ranks: set[int] = set()
     vanished = 0
+    recorded = False
     try:
         for entry in sorted(os.scandir(root / rel), key=lambda e: e.name):
             name = f"{rel}/{entry.name}"
+            if entry.name == RECORD_FILE and entry.is_file(follow_symlinks=False):
+                recorded = True  # the namespace's record, read below
+                continue
             rank = parse_slab_name(entry.name)
             if rank is None or not entry.is_file(follow_symlinks=False):
                 stray.add(name)
@@ -202,4 +209,5 @@ def _scan_namespace(
         capacity_bytes=sum(s.block.num_slots * s.stride for s in slabs.values()),
         duplicate_slots=scan.complete_slots - len(scan.complete_keys),
         bad_slabs=bad_slabs,
+        record=read_disk_record(root / rel, digest_hex) if recorded else None,
     )

@@ -66,7 +66,9 @@ class NamespaceReport:
     """What one namespace holds. ``ok``/``bad``/``bad_examples`` are filled only when
     ``verified``; every other field always. ``chunks_per_group``: the complete chunks
     by the KV cache group their headers name (:mod:`.groups`; chunks written before
-    headers named groups count as group 0)."""
+    headers named groups count as group 0). ``record``: the namespace's fields as the
+    engine recorded them (:mod:`kvoffload.core.namespace_record`), None when there is
+    no valid record (a namespace from before records, or the record was lost)."""
 
     namespace: str
     world_size: int
@@ -82,6 +84,7 @@ class NamespaceReport:
     ok: int
     bad: dict[str, int]
     bad_examples: list[BadShare]
+    record: dict[str, str] | None = field(default=None, kw_only=True)
 
     @property
     def shares(self) -> int:
@@ -205,7 +208,10 @@ class NamespaceTally:
         """A share listed but gone when read (evicted, deleted by the engine)."""
         self._vanished += 1
 
-    def report(self, world_size: int | None) -> NamespaceReport:
+    def report(
+        self, world_size: int | None, record: dict[str, str] | None = None
+    ) -> NamespaceReport:
+        """The summary, with the namespace's ``record`` (None: none found)."""
         ranks = world_size or max(self._per_rank, default=-1) + 1
         full = (1 << ranks) - 1
         complete = [key for key, mask in self._ranks.items() if mask & full == full]
@@ -226,4 +232,5 @@ class NamespaceTally:
             bad_examples=[
                 BadShare(name, *note.split("\0", 1)) for name, note in self._bad_names.first()
             ],
+            record=record,
         )

@@ -1,7 +1,10 @@
 """Inspect kvoffload's values in a Redis/Valkey server (or cluster), read-only.
 
 Keys are :mod:`kvoffload.tiers.redis_client`'s:
-``kvoffload:v1:<namespace digest hex>:<key hex>:r<rank>``. Only read commands are
+``kvoffload:v1:<namespace digest hex>:<key hex>:r<rank>``, and one record per
+namespace (``kvoffload:v1:<namespace digest hex>:namespace``,
+:mod:`kvoffload.tiers.namespace_records`: the namespace's fields, read with ``GET``).
+Only read commands are
 sent: ``SCAN`` with a ``MATCH`` pattern and a ``COUNT`` (never ``KEYS``, which blocks
 the server), then, pipelined in batches, ``STRLEN`` and ``GETRANGE`` of the header
 (or, with ``--verify``, ``GET`` of the whole value), and ``INFO memory`` for the
@@ -22,6 +25,7 @@ from typing import Any
 from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.core.errors import ConfigError, UsageError
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.namespace_record import decode_record
 from kvoffload.core.secrets import redact_url
 from kvoffload.inspection.checks import check_stored
 from kvoffload.inspection.model import (
@@ -31,6 +35,7 @@ from kvoffload.inspection.model import (
     Report,
     is_digest_hex,
 )
+from kvoffload.tiers.namespace_records import record_key
 from kvoffload.tiers.redis_client import (
     LazyCluster,
     RedisSettings,
@@ -81,7 +86,8 @@ def inspect_redis(
         raise UsageError(f"{where} is not a valid Redis URL{detail}") from None
     try:
         server, warnings = server_memory(client, cluster)
-        tallies, stray = _scan(client, namespace, verify)
+        tallies, stray, recorded = _scan(client, namespace, verify)
+        records = _records(client, recorded)
     except redis.RedisError as exc:
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise UsageError(f"Redis at {where}: {detail}") from None
@@ -94,7 +100,7 @@ def inspect_redis(
         tier="redis",
         location=where,
         verified=verify,
-        namespaces=[tallies[d].report(world_size) for d in sorted(tallies)],
+        namespaces=[tallies[d].report(world_size, records.get(d)) for d in sorted(tallies)],
         stray=stray.count,
         stray_examples=[name for name, _ in stray.first()],
         server=server,
@@ -160,10 +166,23 @@ def parse_key_name(name: str) -> tuple[str, ChunkKey, int] | None:
     return parts[2], key, int(rank)
 
 
+def parse_record_name(name: str) -> str | None:
+    """The namespace digest hex of a namespace record's key name, exactly as the
+    engine writes it (:func:`~kvoffload.tiers.namespace_records.record_key`); None for
+    any other name."""
+    parts = name.split(":")
+    if len(parts) != 4 or not is_digest_hex(parts[2]):
+        return None
+    return parts[2] if record_key(bytes.fromhex(parts[2])) == name else None
+
+
 def _scan(
     client: Any, namespace: str | None, verify: bool
-) -> tuple[dict[str, NamespaceTally], FirstNames]:
+) -> tuple[dict[str, NamespaceTally], FirstNames, list[str]]:
+    """Every namespace's tally, the stray names, and the namespaces whose record key
+    was listed."""
     tallies: dict[str, NamespaceTally] = {}
+    recorded: set[str] = set()
     if namespace is not None:
         tallies[namespace] = NamespaceTally(namespace, verify)
     stray = FirstNames()
@@ -174,6 +193,11 @@ def _scan(
     pending: set[str] = set()
     for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
         name = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else str(raw)
+        record_of = parse_record_name(name)
+        if record_of is not None:
+            tallies.setdefault(record_of, NamespaceTally(record_of, verify))
+            recorded.add(record_of)
+            continue
         parsed = parse_key_name(name)
         if parsed is None:
             if name not in strays_seen:
@@ -190,7 +214,28 @@ def _scan(
             _fetch(client, batch, verify)
             batch, pending = [], set()
     _fetch(client, batch, verify)
-    return tallies, stray
+    return tallies, stray, sorted(recorded)
+
+
+def _records(client: Any, digests: list[str]) -> dict[str, dict[str, str]]:
+    """The valid records of ``digests`` (one pipelined ``GET`` each, per batch); a
+    record gone or bad meanwhile is left out. Connection errors propagate."""
+    import redis
+
+    out: dict[str, dict[str, str]] = {}
+    for start in range(0, len(digests), HEADER_BATCH):
+        batch = digests[start : start + HEADER_BATCH]
+        pipe = client.pipeline(transaction=False)
+        for digest_hex in batch:
+            pipe.get(record_key(bytes.fromhex(digest_hex)))
+        for digest_hex, value in zip(batch, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(value, Exception) and not isinstance(value, redis.ResponseError):
+                raise value
+            if isinstance(value, (bytes, str)):
+                fields = decode_record(value, digest_hex)
+                if fields is not None:
+                    out[digest_hex] = fields
+    return out
 
 
 def _fetch(client: Any, batch: list[_Share], verify: bool) -> None:

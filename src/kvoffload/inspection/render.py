@@ -6,7 +6,10 @@ verified has no ``ok``/``bad``/``bad_examples``. ``chunks_per_group`` is always 
 the table shows it (column ``CHUNKS PER GROUP``, ``g<group>=<chunks>``) only when a
 namespace has more than one KV cache group, so one-group tables read as before. A
 disk namespace has the fields of :class:`~kvoffload.inspection.model.DiskNamespaceReport`
-too. Both forms are deterministic for a given report.
+too. ``record`` is the namespace's recorded fields or null; the text form shows them
+in a second table (``MODEL``, ``REVISION``, ``CONFIG`` and ``WEIGHTS`` digests,
+``LAYOUT``, ``DTYPE``, ``PARALLEL``), "fields unknown" where there is no record. Both
+forms are deterministic for a given report.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def to_text(report: Report) -> str:
         out += ["", *table(_with_groups(_disk_rows(disks), disks))]
     else:
         out += ["", *table(_with_groups(_share_rows(report.namespaces, what), report.namespaces))]
+    if report.namespaces:
+        out += ["", *table(_record_rows(report.namespaces), right=[False] * len(RECORD_HEAD))]
     if report.verified and report.namespaces:
         checked = "used slot" if report.tier == "disk" else what[:-1]
         rows = [["NAMESPACE", "OK", "BAD", "REASONS"]]
@@ -142,6 +147,37 @@ def _share_rows(namespaces: list[NamespaceReport], what: str) -> list[list[str]]
                 human_bytes(sum(ns.bytes for ns in namespaces)),
                 "",
                 "",
+            ]
+        )
+    return rows
+
+
+RECORD_HEAD = ["NAMESPACE", "MODEL", "REVISION", "CONFIG", "WEIGHTS", "LAYOUT", "DTYPE", "PARALLEL"]
+UNKNOWN_FIELDS = "fields unknown (no namespace record)"
+
+
+def _record_rows(namespaces: Sequence[NamespaceReport]) -> list[list[str]]:
+    """One row per namespace with the fields its record names (``model@revision``
+    split in two), or :data:`UNKNOWN_FIELDS`."""
+    rows = [RECORD_HEAD]
+    for ns in namespaces:
+        record = ns.record
+        if record is None:
+            rows.append([ns.namespace, UNKNOWN_FIELDS, *[""] * (len(RECORD_HEAD) - 2)])
+            continue
+        model, _, revision = record["model"].rpartition("@")
+        if not model:
+            model, revision = revision, "-"
+        rows.append(
+            [
+                ns.namespace,
+                model,
+                revision,
+                record["config"] or "-",
+                record["weights"] or "-",
+                record["layout"],
+                record["dtype"],
+                record["parallel"],
             ]
         )
     return rows

@@ -1,7 +1,8 @@
 """What kvoffload derives from vLLM's configuration, identically on both halves.
 
 Both the scheduler and every worker compute the chunk geometry, the number of host
-slots and the namespace from the same inputs (``VllmConfig``, ``KVCacheConfig``, the
+slots and the namespace (with the model's identity: :mod:`.identity`, decision 0010)
+from the same inputs (``VllmConfig``, ``KVCacheConfig``, the
 validated :class:`OffloadConfig`), so the slots the scheduler hands out exist in
 every worker's slab. Unsupported setups fail here, at engine start, with a
 :class:`ConfigError` that names the reason.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from kvoffload.adapters.vllm import identity
 from kvoffload.adapters.vllm.compat import (
     AttentionSpec,
     FullAttentionSpec,
@@ -190,6 +192,8 @@ def derive_geometry(
         layout=layout,
         dtype=str(spec.dtype),
         parallel=f"tp{parallel.tensor_parallel_size}-pp{parallel.pipeline_parallel_size}",
+        config=identity.config_digest(vllm_config),
+        weights=identity.weights_digest(vllm_config),
     )
     return Geometry(
         block_size=block_size,

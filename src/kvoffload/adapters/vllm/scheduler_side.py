@@ -22,7 +22,7 @@ from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
-from kvoffload.adapters.vllm.startup import probe_redis, scheduler_summary
+from kvoffload.adapters.vllm.startup import probe_redis, record_namespace, scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.directory import Directory
@@ -36,6 +36,7 @@ from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering import LowerTier
 from kvoffload.tiers.disk_index import open_disk_tier
+from kvoffload.tiers.namespace_records import write_disk_record, write_redis_record
 from kvoffload.tiers.redis_client import RedisSettings, make_client
 from kvoffload.tiers.redis_index import RedisIndex
 
@@ -103,9 +104,11 @@ class SchedulerSide:
                 config.disk_path, recovery.adopted, recovery.ignored,
             )  # fmt: skip
             lower.append(disk)
+            record_namespace("disk", write_disk_record, Path(config.disk_path), g.namespace)
         if config.redis_url is not None:
             client = make_client(redis_settings(config))
             probe_redis(client, config)
+            record_namespace("Redis", write_redis_record, client, g.namespace)
             self.redis_index = RedisIndex(client, g.namespace.digest(), g.world_size)
             lower.append(self.redis_index)
         self.scheduler = OffloadScheduler(

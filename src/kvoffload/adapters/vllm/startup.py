@@ -7,18 +7,22 @@ its rank, the KV layout it registered, its host slab and the copy path. Warnings
 a Redis password given inline (it is in vLLM's log and the process list), a Redis
 server that does not answer at start (the tier misses until it does), a disk tier
 that asked for O_DIRECT on a filesystem that refuses it, the numpy copy path where
-the compiled kernel is missing.
+the compiled kernel is missing. :func:`record_namespace` writes a namespace's record
+for ``kvoffload inspect`` and logs a failure.
 
 Contract: these functions only read the objects they are given and log; a probe of
-Redis waits at most ``redis_timeout_ms``; nothing here raises.
+Redis (and the record's one ``SET``) waits at most ``redis_timeout_ms``; nothing here
+raises.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kvoffload.core.config import OffloadConfig
+from kvoffload.core.keys import Namespace
 from kvoffload.core.secrets import redact_url
 from kvoffload.inspection.render import human_bytes as size
 
@@ -114,6 +118,25 @@ def probe_redis(client: Any, config: OffloadConfig) -> None:
         logger.warning(
             "kvoffload: Redis at %s does not answer (%s: %s); the Redis tier misses until it does",
             redact_url(config.redis_url or ""),
+            type(exc).__name__,
+            " ".join(str(exc).split())[:200],
+        )
+
+
+def record_namespace(
+    tier: str, write: Callable[[Any, Namespace], object], where: Any, namespace: Namespace
+) -> None:
+    """Write ``namespace``'s record (``tiers/namespace_records.py``) with ``write``
+    into ``where`` (a disk root, a Redis client); a failure is logged, never raised:
+    the record only serves ``kvoffload inspect``."""
+    try:
+        write(where, namespace)
+    except Exception as exc:
+        logger.warning(
+            "kvoffload: could not record namespace %s in the %s tier (%s: %s); "
+            "kvoffload inspect will show its fields as unknown",
+            namespace.digest().hex(),
+            tier,
             type(exc).__name__,
             " ".join(str(exc).split())[:200],
         )

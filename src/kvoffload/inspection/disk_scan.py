@@ -29,7 +29,9 @@ reported as a bad slab and not scanned. One shorter than its superblock says is
 reported as bad (``short``) and scanned as far as it goes: slots past the end read
 as empty, as recovery reads them. Anything under ``kvoffload-v1/`` that is not a
 namespace directory or a slab file (a regular file named exactly ``slab.r<rank>``,
-rank in ASCII digits without leading zeros) counts as *stray*, the fan-out
+rank in ASCII digits without leading zeros) counts as *stray*, except a namespace's
+lock file (``kvoffload.tiers.disk_lock``: never locked or opened here, so inspecting
+a tier an engine is using works), the fan-out
 directories of the former one-file-per-chunk layout included: the engine never reads
 them. Entries are visited in name order and slots in order, so reports are
 deterministic.
@@ -63,6 +65,7 @@ from kvoffload.inspection.slab_files import (
 )
 from kvoffload.inspection.slot_scan import SlotScan
 from kvoffload.tiers.disk import FORMAT_DIR
+from kvoffload.tiers.disk_lock import LOCK_NAME
 
 __all__ = ["SLAB_PREFIX", "inspect_disk", "parse_slab_name", "resolve_root"]
 
@@ -147,6 +150,8 @@ def _scan_namespace(
     vanished = 0
     try:
         for entry in sorted(os.scandir(root / rel), key=lambda e: e.name):
+            if entry.name == LOCK_NAME:
+                continue  # the engine's lock: not part of the tier's content
             name = f"{rel}/{entry.name}"
             rank = parse_slab_name(entry.name)
             if rank is None or not entry.is_file(follow_symlinks=False):

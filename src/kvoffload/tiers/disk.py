@@ -3,6 +3,10 @@
 Layout under ``root``::
 
     root/kvoffload-v1/<namespace digest hex>/slab.r<rank>
+    root/kvoffload-v1/<namespace digest hex>/lock
+
+The lock file is held by the one engine using the namespace
+(:mod:`kvoffload.tiers.disk_lock`); a second engine is refused at start.
 
 A slab is a 4 KiB superblock (:mod:`kvoffload.tiers.slab_format`: geometry, for
 inspection and recovery) and ``num_slots`` fixed-size slots. The scheduler half's
@@ -124,7 +128,7 @@ class DiskStore:
         self._pad = bytes(self.slot_bytes - PAYLOAD_OFFSET - payload_bytes)
         self._seq = itertools.count(time.time_ns())  # newest copy wins at recovery
         self._buffers = threading.local()  # per-thread aligned buffers (O_DIRECT)
-        _make_private_dirs(self.path.parent)
+        make_private_dirs(self.path.parent)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
         self._direct_fd = -1
         try:
@@ -249,7 +253,7 @@ def _is_aligned(view: memoryview) -> bool:
     return ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN == 0
 
 
-def _make_private_dirs(path: Path) -> None:
+def make_private_dirs(path: Path) -> None:
     """Create ``path`` and any missing parent, each owner-only (0700); existing
     directories are left as they are."""
     missing: list[Path] = []

@@ -1,5 +1,6 @@
 """Shared pytest configuration: hypothesis profiles (CI is the default), the tiny
-random Llama written once per session, a private redis-server per test."""
+random Llama written once per session, a private redis-server per test, and the
+check that no test left a redis-server running."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.redis_server import RedisServer, stop_leftovers
 
 settings.register_profile(
     "ci",
@@ -46,3 +47,13 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_redis_server_left_running() -> Iterator[None]:
+    """At the end of the session every redis-server a test started is stopped; any
+    still running is stopped here by its pid and fails the session."""
+    yield
+    left = stop_leftovers()
+    if left:
+        pytest.fail(f"redis-server left running by the tests (now killed): {'; '.join(left)}")

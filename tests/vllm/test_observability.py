@@ -4,8 +4,8 @@ One engine run with kvoffload (host memory for eight chunks), vLLM's stat logger
 on, kvoffload's metrics endpoint on a loopback port and vLLM's KV events captured at
 the publisher. The run: prompt 0 (8 chunks stored), prompt 0 again after the
 engine's own prefix cache is reset (all 8 chunks loaded back), then prompts 1 and 2
-(16 more chunks: host memory evicts). The scraped numbers are checked against what
-that run did.
+(16 more chunks: host memory evicts; prompt 2 with a cache salt). The scraped
+numbers are checked against what that run did.
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ def run(tiny_model: Path) -> Iterator[dict[str, Any]]:
         llm.reset_prefix_cache()  # the engine forgets; kvoffload still holds prompt 0
         again = generate(llm, [PROMPTS[0]])[0]
         settle(llm)
-        for p in PROMPTS[1:3]:
-            generate(llm, [p])
-            settle(llm)
+        generate(llm, [PROMPTS[1]])
+        settle(llm)
+        generate(llm, [PROMPTS[2]], salt="tenant")  # extra keys in its first block
+        settle(llm)
         generate(llm, [[5, 6, 7]])  # one more step through the engine loop: stats delivered
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             endpoint = parse(response.read().decode())
@@ -141,3 +142,24 @@ def test_kv_events_name_the_engines_block_hashes_per_tier(run: dict[str, Any]) -
     removed_hashes = [h for e in removed for h in e.block_hashes]
     assert set(removed_hashes) <= set(stored_hashes)
     assert len(set(stored_hashes) - set(removed_hashes)) == 8
+
+
+def test_kv_events_carry_the_engines_extra_keys(run: dict[str, Any]) -> None:
+    from vllm.distributed.kv_events import BlockStored
+
+    stored = [e for e in run["events"] if isinstance(e, BlockStored)]
+    engines = {  # block hash -> its extra keys in vLLM's own events
+        h: k
+        for e in stored
+        if getattr(e, "ownership", None) is None
+        for h, k in zip(e.block_hashes, e.extra_keys or [None] * len(e.block_hashes), strict=True)
+    }
+    ours = [
+        (engines[h], k, e.lora_id, e.lora_name)
+        for e in stored
+        if getattr(e, "ownership", None) == "kvoffload:host"
+        for h, k in zip(e.block_hashes, e.extra_keys or (), strict=True)
+    ]
+    assert len(ours) == 24 and all(theirs == mine for theirs, mine, _, _ in ours)
+    assert sum(mine == ("tenant",) for _, mine, _, _ in ours) == 1  # prompt 2's first block
+    assert {(lora_id, name) for _, _, lora_id, name in ours} == {(None, None)}

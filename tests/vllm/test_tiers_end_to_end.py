@@ -140,7 +140,7 @@ def test_redis_down_at_start_killed_restarted_and_slow(
     tiny_model: Path, tmp_path: Path, reference: dict[int, list[int]]
 ) -> None:
     server = RedisServer(tmp_path)  # not started: down at engine start
-    with engine(tiny_model, config(redis=server)) as llm:
+    with server, engine(tiny_model, config(redis=server)) as llm:  # killed at the end
         assert tokens(generate(llm, [PROMPTS[0]])) == [reference[0]]
         settle(llm)
         redis = tier(llm, "redis")

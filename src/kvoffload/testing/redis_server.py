@@ -8,6 +8,12 @@ mode); ``client_kwargs`` are what a client needs to reach it (TLS settings).
 ``start_cluster`` makes a three-master Redis Cluster of such servers.
 ``scripts/test`` installs redis-server when it is missing. Shipped as test support:
 the vLLM fuzzer starts one too.
+
+Whoever starts a server stops it: ``with RedisServer(...) as server:`` kills whatever
+process the server runs when the block ends (after any number of restarts, on failure
+too), as ``kill()`` does. Every running server is in one registry, this module's
+(``live_servers``); ``stop_leftovers`` stops and names those still running (the test
+suite calls it at the end of the session and fails when any was left).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import redis
 
 from kvoffload.testing.ports import free_port
 
+_live: dict[int, RedisServer] = {}  # pid -> the server running it; owned by this module
+
 
 def free_cluster_port() -> int:
     """A free port P whose cluster bus port P + 10000 is free too (and below 65536)."""
@@ -43,6 +51,9 @@ def free_cluster_port() -> int:
 
 
 class RedisServer:
+    """One private redis-server, stopped by its pid (:meth:`kill`, or leaving the
+    ``with`` block). Not thread-safe."""
+
     def __init__(
         self,
         workdir: Path,
@@ -63,6 +74,10 @@ class RedisServer:
         return f"{self.scheme}://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        """Launch the server and wait until it answers. RuntimeError when it is
+        running already, or does not answer within 10 s (it is killed then)."""
+        if self.running:
+            raise RuntimeError(f"redis-server on port {self.port} is running already")
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (./scripts/test installs it)")
@@ -91,22 +106,50 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        _live[self.proc.pid] = self
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        proc = self.proc
+        assert proc is not None
         client = self.client(socket_timeout=1)
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return self
-            except (redis.ConnectionError, redis.TimeoutError):
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)  # waiting for a process to listen, not for a transfer
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except (redis.ConnectionError, redis.TimeoutError):
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError("redis-server did not start") from None
+                    time.sleep(0.02)  # waiting for a process to listen, not for a transfer
+        finally:
+            client.close()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+        """Stop the server's process by its pid (SIGKILL) and reap it; nothing when
+        it is not running."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+            _live.pop(self.proc.pid, None)
         self.proc = None
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
 
     def restart(self) -> None:
         self.kill()
@@ -116,6 +159,22 @@ class RedisServer:
         return redis.Redis(
             host="127.0.0.1", port=self.port, socket_timeout=socket_timeout, **self.client_kwargs
         )
+
+
+def live_servers() -> list[RedisServer]:
+    """The servers started here whose process is still running."""
+    return [server for server in list(_live.values()) if server.running]
+
+
+def stop_leftovers() -> list[str]:
+    """Stop every server still running (by pid) and say which they were: pid, port
+    and working directory (a test's temporary directory names the test)."""
+    left = live_servers()
+    named = [f"pid {s.proc.pid if s.proc else '?'} port {s.port} in {s.workdir}" for s in left]
+    for server in left:
+        server.kill()
+    _live.clear()
+    return named
 
 
 def start_cluster(workdir: Path, masters: int = 3) -> list[RedisServer]:

@@ -3,6 +3,10 @@
 Layout under ``root``::
 
     root/kvoffload-v1/<namespace digest hex>/slab.r<rank>
+    root/kvoffload-v1/<namespace digest hex>/lock
+
+The lock file is held by the one engine using the namespace
+(:mod:`kvoffload.tiers.disk_lock`); a second engine is refused at start.
 
 A slab is a 4 KiB superblock (:mod:`kvoffload.tiers.slab_format`: geometry, for
 inspection and recovery) and ``num_slots`` fixed-size slots. The scheduler half's

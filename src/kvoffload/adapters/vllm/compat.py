@@ -22,9 +22,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 from vllm.forward_context import ForwardContext
+from vllm.multimodal.utils import get_mm_features_in_window
 from vllm.v1.attention.backend import AttentionMetadata
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.v1.core.kv_cache_utils import (
+    generate_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    to_event_extra_keys,
+)
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
@@ -64,7 +69,10 @@ __all__ = [
     "SlidingWindowSpec",
     "SupportsHMA",
     "VllmConfig",
+    "generate_block_hash_extra_keys",
+    "get_mm_features_in_window",
     "maybe_convert_block_hash",
+    "to_event_extra_keys",
 ]
 
 

@@ -17,12 +17,24 @@ left host memory and disk; Redis evicts silently, so Redis never sends removals 
 does not keep records alive. A chunk stored by another instance and never planned
 here has no record; its events are skipped (counted in ``unknown``).
 
+Request identity beyond tokens: each record also keeps what vLLM's own block-pool
+events carry about the request the chunk was computed for: the LoRA adapter's id and
+name, the session id, and each hash block's extra keys (the LoRA name, multimodal
+``(identifier, offset)`` pairs, the cache salt of the first block, prompt-embedding
+digests), computed by vLLM's own ``generate_block_hash_extra_keys`` over the request
+as its block hasher computed the hashes, in the untagged form vLLM publishes
+(``to_event_extra_keys``). A consumer that rebuilds hashes from events files LoRA,
+multimodal and salted chunks as it files vLLM's own.
+
 Hybrid models (several KV cache groups): a chunk is one group's, and its events
 carry vLLM's ``group_idx`` and the group's kind (``full_attention`` or
 ``sliding_window`` with its window), as vLLM's own events do.
 
 Memory: one record per chunk held in host memory or on disk (its hashes and token
-ids as compact arrays). Only built when vLLM's KV events are enabled.
+ids as compact arrays; extra keys, LoRA and session only where the request has them).
+Only built when vLLM's KV events are enabled. Computing a chunk's extra keys never
+raises: a request they cannot be computed for is published without them (counted in
+``no_extra_keys``).
 """
 
 from __future__ import annotations
@@ -32,7 +44,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvoffload.adapters.vllm.compat import BlockRemoved, BlockStored, KVCacheEvent
+from kvoffload.adapters.vllm.compat import (
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    generate_block_hash_extra_keys,
+    get_mm_features_in_window,
+    to_event_extra_keys,
+)
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.jobs import TransferJob
 from kvoffload.core.keys import ChunkKey
@@ -43,13 +62,42 @@ LOCALITY = {"host": "LOCAL", "disk": "LOCAL", "redis": "REMOTE"}
 TRACKED_TIERS = frozenset({"host", "disk"})
 
 
-@dataclass
+ExtraKeys = tuple[tuple[Any, ...] | None, ...]
+"""One entry per hash block, in the form vLLM's events publish (``to_event_extra_keys``)."""
+
+
+@dataclass(slots=True)
 class _Chunk:
     hashes: tuple[bytes, ...]
     parent: bytes | None
     tokens: array[int]
     group: int = 0
     held: set[str] = field(default_factory=set)
+    extra_keys: ExtraKeys | None = None  # None: no block has any
+    lora: tuple[int, str] | None = None  # the adapter's id and name
+    session_id: str | None = None
+
+
+def request_extra_keys(request: Any, first_block: int, count: int, size: int) -> ExtraKeys | None:
+    """The extra keys of ``count`` hash blocks of ``size`` tokens of ``request``, from
+    block ``first_block`` on, as vLLM's block hasher and block pool compute them
+    (vLLM's functions, its multimodal window search included); None when no block
+    has any. Raises what vLLM's functions raise for an object that is no request."""
+    start = first_block * size
+    mm_index = 0
+    features = request.mm_features
+    if start > 0 and features:
+        last = features[-1].mm_position
+        if last.offset + last.length > start:
+            mm_index, _ = get_mm_features_in_window(features, start, start + size)
+    keys: list[tuple[Any, ...] | None] = []
+    for block in range(count):
+        low = start + block * size
+        extra, mm_index = generate_block_hash_extra_keys(request, low, low + size, mm_index)
+        keys.append(extra)
+    if all(k is None for k in keys):
+        return None
+    return tuple(to_event_extra_keys(keys) or ())
 
 
 class EventTranslator:
@@ -69,6 +117,7 @@ class EventTranslator:
         self._chunks: dict[ChunkKey, _Chunk] = {}
         self._settled: list[ChunkKey] = []  # keys of completed jobs, checked after events
         self.unknown = 0
+        self.no_extra_keys = 0  # chunks whose request's extra keys could not be computed
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -77,7 +126,8 @@ class EventTranslator:
         self, jobs: Iterable[TransferJob], chains: dict[str, tuple[list[ChunkKey], object]]
     ) -> None:
         """Remember what the chunks of ``jobs`` cover. ``chains`` maps a request id to
-        its chunk keys and its vLLM request (``block_hashes``, ``all_token_ids``)."""
+        its chunk keys and its vLLM request (``block_hashes``, ``all_token_ids``, and
+        what vLLM's events say of it: LoRA, session, extra keys)."""
         for job in jobs:
             chain = None if job.request_id is None else chains.get(job.request_id)
             if chain is None:
@@ -100,6 +150,9 @@ class EventTranslator:
                     hashes[i * n - 1] if i else None,
                     array("q", tokens[i * n * size : (i + 1) * n * size]),
                     group,
+                    extra_keys=self._extra_keys(request, i * n, n, size),
+                    lora=_lora(request),
+                    session_id=getattr(request, "session_id", None),
                 )
 
     def note_completed(self, jobs: Iterable[TransferJob]) -> None:
@@ -131,11 +184,17 @@ class EventTranslator:
                             ),
                             token_ids=chunk.tokens.tolist(),
                             block_size=self.hash_block_size,
-                            lora_id=None,
+                            lora_id=chunk.lora[0] if chunk.lora else None,
                             medium=MEDIUM.get(tier, "STORAGE"),
-                            lora_name=None,
+                            lora_name=chunk.lora[1] if chunk.lora else None,
+                            extra_keys=(
+                                list(chunk.extra_keys)
+                                if chunk.extra_keys is not None
+                                else [None] * len(hashes)
+                            ),
                             locality=LOCALITY.get(tier),
                             ownership=f"kvoffload:{tier}",
+                            session_id=chunk.session_id,
                             **self._group_fields(chunk.group, stored=True),
                         )
                     )
@@ -159,6 +218,13 @@ class EventTranslator:
         self._settled.clear()
         return out
 
+    def _extra_keys(self, request: object, first: int, count: int, size: int) -> ExtraKeys | None:
+        try:
+            return request_extra_keys(request, first, count, size)
+        except Exception:  # not a request vLLM's functions can read: published without
+            self.no_extra_keys += 1
+            return None
+
     def _group_fields(self, group: int, *, stored: bool) -> dict[str, Any]:
         """vLLM's per-group event fields (none for a one-group model)."""
         if self.groups.single:
@@ -172,3 +238,11 @@ class EventTranslator:
             "kv_cache_spec_kind": kind,
             "kv_cache_spec_sliding_window": window,
         }
+
+
+def _lora(request: object) -> tuple[int, str] | None:
+    """The LoRA adapter's id and name, as vLLM's events publish them (None: none)."""
+    lora = getattr(request, "lora_request", None)
+    if lora is None:
+        return None
+    return int(lora.adapter_id), str(lora.name)

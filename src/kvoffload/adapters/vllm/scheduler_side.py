@@ -36,6 +36,7 @@ from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering import LowerTier
 from kvoffload.tiers.disk_index import open_disk_tier
+from kvoffload.tiers.disk_lock import DiskLock
 from kvoffload.tiers.namespace_records import write_disk_record, write_redis_record
 from kvoffload.tiers.redis_client import RedisSettings, make_client
 from kvoffload.tiers.redis_index import RedisIndex
@@ -81,6 +82,11 @@ class SchedulerSide:
     Every entry point holds ``lock``, so the metrics endpoint's thread reads a
     consistent state between engine calls, and runs under the :class:`Guard`: no
     exception reaches vLLM (the first turns offloading off, see ``guard.py``).
+
+    With a disk tier it holds the namespace directory's lock (``disk_lock``) from
+    construction to :meth:`shutdown`: a second engine of the same model on the same
+    ``disk_path`` is refused with a ``ConfigError`` (``tiers/disk_lock.py``). A failed
+    construction releases it.
     """
 
     def __init__(
@@ -88,6 +94,18 @@ class SchedulerSide:
     ) -> None:
         self.lock = threading.RLock()
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
+        self.disk_lock: DiskLock | None = None
+        if config.disk_path is not None:  # refuses a second engine on the namespace
+            digest = self.geometry.namespace.digest()
+            self.disk_lock = DiskLock.acquire(Path(config.disk_path), digest)
+        try:
+            self._open(vllm_config, config)
+        except BaseException:
+            if self.disk_lock is not None:
+                self.disk_lock.release()
+            raise
+
+    def _open(self, vllm_config: VllmConfig, config: OffloadConfig) -> None:
         g = self.geometry
         directory = Directory(
             g.num_slots, tier="host", policy=config.eviction, store_threshold=config.store_threshold
@@ -280,6 +298,8 @@ class SchedulerSide:
             self.endpoint = None
         if self.redis_index is not None:
             self.redis_index.close()
+        if self.disk_lock is not None:
+            self.disk_lock.release()
 
 
 def redis_settings(config: OffloadConfig) -> RedisSettings:

@@ -35,6 +35,7 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobResult, WorkerReport
 from kvoffload.core.step_runner import StepRunner
 from kvoffload.tiers.disk import DiskStore
+from kvoffload.tiers.disk_lock import check_workers_engine
 from kvoffload.tiers.disk_store import DiskTierStore
 from kvoffload.tiers.redis_client import make_client
 from kvoffload.tiers.redis_store import RedisStore
@@ -84,7 +85,8 @@ class WorkerSide:
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Open the transfer worker over ``kv_caches`` and the configured tiers, and
         the step runner over them. Raises ConfigError for a KV layout whose chunks
-        are not the size the KV cache config implies (nothing is left open then)."""
+        are not the size the KV cache config implies, or a disk tier namespace another
+        engine holds (``tiers/disk_lock.py``); nothing is left open then."""
         if self.rank_override is not None:
             self.rank = self.rank_override
         else:
@@ -169,6 +171,7 @@ class WorkerSide:
         g, config = self.geometry, self.config
         digest = g.namespace.digest()
         if config.disk_path is not None:
+            check_workers_engine(Path(config.disk_path), digest)  # another engine's: refused
             disk = DiskStore(
                 Path(config.disk_path),
                 digest,

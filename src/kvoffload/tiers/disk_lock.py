@@ -1,0 +1,180 @@
+"""One engine per disk tier namespace: an exclusive lock on the namespace directory.
+
+Two engines configured with one ``disk_path`` for the same model (data-parallel
+replicas, two servers on one node) would write the same slab files, each with its own
+directory of which slot holds what: they would overwrite each other's chunks and clear
+each other's valid copies as corrupt. So the engine's scheduler half (one per engine,
+the one process that exists before the engine's workers write) holds
+``<namespace dir>/lock`` (:class:`DiskLock`) with ``flock(LOCK_EX | LOCK_NB)`` from the
+moment it opens the disk tier until it shuts down; a second engine is refused at start
+with one :class:`~kvoffload.core.errors.ConfigError` naming ``disk_path`` and the
+holder.
+
+- The lock belongs to one open file description: two acquisitions conflict even in one
+  process (two in-process engines), and the kernel drops it when the holder's process
+  ends however it ends, so a crashed engine never blocks a restart. The lock file it
+  leaves behind is harmless and never deleted (deleting it would let two openers lock
+  two different files).
+- The file records the holder (pid, host, start time: one JSON line) for the refusal
+  message only. It is written after the lock is taken: a refused engine may find it
+  empty or still naming an earlier holder; the message then says what it found.
+- Engines of different models use different namespace directories and never conflict.
+- The engine's workers open their slabs before its scheduler half exists (vLLM builds
+  the workers' connectors first). :func:`check_workers_engine` lets a worker refuse a
+  namespace another engine holds, without taking the lock: it tries a shared lock,
+  which the engine's own workers never conflict on, and accepts a holder that is its
+  own process or its parent on this host (its own engine's scheduler half, in process
+  or as the engine core that started it; no other topology re-opens a slab).
+- Readers (``kvoffload inspect``) take no lock and skip the lock file.
+- On NFS, Linux emulates ``flock`` with byte-range locks (NFSv4): the lock also holds
+  between nodes that share the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvoffload.core.errors import ConfigError
+from kvoffload.tiers.disk import make_private_dirs, namespace_dir
+
+LOCK_NAME = "lock"
+"""The lock file's name in a namespace directory (``kvoffload.tiers.disk``)."""
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_HOLDER_BYTES = 512  # a holder record is one short JSON line
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a namespace's lock, as the holder recorded it."""
+
+    pid: int
+    host: str
+    since: str  # UTC, ISO 8601, seconds
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host} since {self.since}"
+
+    def encode(self) -> bytes:
+        record = {"pid": self.pid, "host": self.host, "since": self.since}
+        return (json.dumps(record) + "\n").encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Holder | None:
+        """The record in ``raw``; None when it is empty or not a holder record."""
+        try:
+            doc = json.loads(raw.decode())
+            holder = cls(int(doc["pid"]), str(doc["host"]), str(doc["since"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+        return holder
+
+    @classmethod
+    def this_process(cls) -> Holder:
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return cls(os.getpid(), socket.gethostname(), since)
+
+
+def lock_path(root: Path, namespace_digest: bytes) -> Path:
+    return namespace_dir(root, namespace_digest) / LOCK_NAME
+
+
+class DiskLock:
+    """One engine's hold on one namespace directory of a disk tier. Owned by the
+    scheduler half that acquired it; :meth:`release` (idempotent) ends the hold, and so
+    does the process's end."""
+
+    def __init__(self, path: Path, fd: int, holder: Holder) -> None:
+        self.path = path
+        self.holder = holder
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, root: Path, namespace_digest: bytes) -> DiskLock:
+        """Take the namespace directory's lock (creating the directories owner-only and
+        the lock file 0600 if missing) and record this process as its holder.
+
+        Raises :class:`ConfigError` naming ``disk_path`` when another engine holds it
+        (nothing is changed then); ``OSError`` when the file cannot be opened.
+        """
+        path = lock_path(root, namespace_digest)
+        make_private_dirs(path.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+                raise in_use(root, read_holder(fd)) from None
+            holder = Holder.this_process()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, holder)
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        """Drop the lock (the file stays). Never raises."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing the only descriptor releases the flock
+
+
+def check_workers_engine(root: Path, namespace_digest: bytes) -> None:
+    """A worker's check before it opens its slab: raises :class:`ConfigError` naming
+    ``disk_path`` when an engine other than the worker's own holds the namespace's
+    lock. Takes no lock that outlives the call and creates nothing."""
+    try:
+        fd = os.open(lock_path(root, namespace_digest), os.O_RDONLY | _CLOEXEC)
+    except FileNotFoundError:
+        return  # never held
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            holder = read_holder(fd)
+            if holder is None or not _is_own_engine(holder):
+                raise in_use(root, holder) from None
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def read_holder(fd: int) -> Holder | None:
+    """The holder recorded in an open lock file (None: not recorded yet, or unreadable)."""
+    try:
+        return Holder.decode(os.pread(fd, _HOLDER_BYTES, 0))
+    except OSError:
+        return None
+
+
+def in_use(root: Path, holder: Holder | None) -> ConfigError:
+    """The one-line refusal of a second engine on ``root``."""
+    who = holder.describe() if holder is not None else "holder not recorded"
+    return ConfigError(
+        "disk_path",
+        f"{root} is in use by another engine ({who}); give each engine its own disk_path "
+        "(sharing one disk tier between engines is not supported yet)",
+    )
+
+
+def _is_own_engine(holder: Holder) -> bool:
+    return holder.host == socket.gethostname() and holder.pid in (os.getpid(), os.getppid())

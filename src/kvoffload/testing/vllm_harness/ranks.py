@@ -141,5 +141,6 @@ def _ordered(entry: Rank, step: int, policy: Completions, meta: ReportMetadata) 
         results = sorted(report.results, key=lambda r: r.job_id)
         for result in results:
             entry.open_copies.pop(result.job_id, None)
-        reports.append(WorkerReport(report.rank, tuple(policy.order(entry.rank, step, results))))
+        ordered = tuple(policy.order(entry.rank, step, results))
+        reports.append(WorkerReport(report.rank, ordered, report.released))
     return ReportMetadata(tuple(reports))

@@ -25,7 +25,9 @@ from kvoffload.adapters.vllm.worker_side import WorkerSide
 from kvoffload.core.jobs import EngineJob, TierJob, TransferJob, WorkerReport
 from kvoffload.testing.vllm_harness.completions import Completions
 from kvoffload.testing.vllm_harness.gates import CopyGate, GatedTiers
+from kvoffload.testing.vllm_harness.hangs import IoHangs, settle
 from kvoffload.testing.vllm_harness.spec import layer_names
+from kvoffload.transfer.staged_loads import StagedLoads
 from kvoffload.transfer.worker import TransferWorker
 
 
@@ -39,6 +41,9 @@ class Rank:
     tiers: GatedTiers[TierJob] | None
     staged: GatedTiers[EngineJob] | None = None  # tier loads' tier halves
     open_copies: dict[int, EngineJob] = field(default_factory=dict)  # submitted, unreported
+    hangs: IoHangs = field(default_factory=IoHangs)  # the tier calls parked (hung I/O)
+    timed_out_loads: set[int] = field(default_factory=set)  # tier loads reported TIMEOUT
+    late_copies: list[int] = field(default_factory=list)  # staged copies of those (a bug)
 
     def lanes(self) -> list[GatedTiers[TierJob] | GatedTiers[EngineJob]]:
         """The gated tier lane and staged loads this rank has."""
@@ -46,17 +51,28 @@ class Rank:
 
 
 def make_rank(
-    rank: int, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv: torch.Tensor
+    rank: int,
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    kv: torch.Tensor,
+    *,
+    clock: Callable[[], float],
+    hangs: IoHangs,
 ) -> Rank:
     """Rank ``rank``'s connector, registered over ``kv`` (``[layers, blocks, ...]``) as
     vLLM registers a hybrid model's KV: every group's layer names, layer ``i`` of
-    each group a view of ``kv[i]`` (the groups' tensors alias)."""
+    each group a view of ``kv[i]`` (the groups' tensors alias). Its tier I/O
+    deadlines run on ``clock``; its tier calls may be hung by ``hangs``; every copy of
+    a staged tier load is recorded (a copy of a load already reported timed out is a
+    late write into engine blocks vLLM has back: ``late_copies``)."""
     connector = KVOffloadConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
     side = connector.worker_side
     assert side is not None
     gate = CopyGate()
     side.copy_hook = gate
     side.rank_override = rank
+    side.clock = clock
+    side.io_hook = hangs.hook(rank)
     groups = len(kv_cache_config.kv_cache_groups)
     connector.register_kv_caches(
         {name: kv[i] for g in range(groups) for i, name in enumerate(layer_names(g))}
@@ -66,8 +82,12 @@ def make_rank(
     copier = backend.worker
     tiers = GatedTiers(backend.tiers) if backend.tiers is not None else None
     staged = GatedTiers(backend.staged) if backend.staged is not None else None
+    inner_staged = backend.staged
     backend.tiers, backend.staged = tiers, staged
-    entry = Rank(rank, connector, side, copier, gate, tiers, staged)
+    entry = Rank(rank, connector, side, copier, gate, tiers, staged, hangs=hangs)
+    if isinstance(inner_staged, StagedLoads):
+        for staging in inner_staged.staging_workers.values():
+            _record_staged_copies(entry, staging)
     store, load = copier.submit_store, copier.submit_load
 
     def submit_store(job: EngineJob) -> None:
@@ -83,6 +103,18 @@ def make_rank(
     copier.submit_store = submit_store  # type: ignore[method-assign]
     copier.submit_load = submit_load  # type: ignore[method-assign]
     return entry
+
+
+def _record_staged_copies(entry: Rank, staging: TransferWorker) -> None:
+    """Note every staged copy (on its lane thread) of a load reported timed out."""
+    submit = staging.submit_load
+
+    def submit_load(job: EngineJob) -> None:
+        if job.job_id in entry.timed_out_loads:
+            entry.late_copies.append(job.job_id)
+        submit(job)
+
+    staging.submit_load = submit_load  # type: ignore[method-assign]
 
 
 def run_step(
@@ -129,7 +161,7 @@ def _complete(entry: Rank, step: int, policy: Completions) -> None:
         release, fail = policy.tier_jobs(entry.rank, step, held)
         lane.fail(fail)
         lane.release(release)
-        lane.inner.wait(lane.inner.running())
+        settle(lane, entry.rank, entry.hangs)
     entry.copier.wait(set(entry.open_copies) & entry.gate.let_through())
 
 
@@ -141,6 +173,8 @@ def _ordered(entry: Rank, step: int, policy: Completions, meta: ReportMetadata) 
         results = sorted(report.results, key=lambda r: r.job_id)
         for result in results:
             entry.open_copies.pop(result.job_id, None)
+            if any(f.timed_out for _, f in result.failed_chunks):
+                entry.timed_out_loads.add(result.job_id)  # (ids of tier jobs never copy)
         ordered = tuple(policy.order(entry.rank, step, results))
         reports.append(WorkerReport(report.rank, ordered, report.released))
     return ReportMetadata(tuple(reports))

@@ -24,6 +24,7 @@ BAD: dict[str, list[Any]] = {
     "redis_url": ["localhost:6379", "http://x", 6379],
     "redis_cluster": ["true", 0],
     "redis_timeout_ms": [0, 0.5, "100"],
+    "tier_io_timeout_ms": [0, -1, 2.5, "5000", True],
     "redis_username": [1],
     "redis_password_file": ["", 5],
     "redis_password_env": ["", "A=B", 1],

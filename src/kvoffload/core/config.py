@@ -57,6 +57,7 @@ class OffloadConfig:
     redis_url: str | None = None
     redis_cluster: bool = False
     redis_timeout_ms: int = 1000
+    tier_io_timeout_ms: int = 5000
     redis_username: str | None = None
     redis_password_file: str | None = None
     redis_password_env: str | None = None

@@ -137,6 +137,17 @@ OPTIONS: tuple[Option, ...] = (
         _int_at_least(1),
     ),
     Option(
+        "tier_io_timeout_ms",
+        "integer >= 1",
+        5000,
+        "Deadline of every disk and Redis job, from its submission: a tier load or a "
+        "promotion still running past it is reported failed (the engine recomputes, the "
+        "request goes on; the chunks stay in the tier), a spill too; memory the stuck I/O "
+        "may still write or read stays reserved until it returns "
+        "(``kvoffload_tier_io_timeouts_total``).",
+        _int_at_least(1),
+    ),
+    Option(
         "redis_username",
         "string",
         None,

@@ -10,8 +10,8 @@ read there by kind (:class:`~kvoffload.core.tier_planning.TierPlanner`).
 ``str(failure)`` is the text reasons had before they were typed, kept for log lines
 and stats keys: ``"io:<error>"``, ``"integrity:<reason>"`` (``<reason>`` an
 :class:`~kvoffload.core.chunk_format.IntegrityReason` value, also the
-``kvoffload_integrity_errors_total`` ``reason`` label), ``"missing"``, or the
-error's own text (``"ConnectionError: ..."``).
+``kvoffload_integrity_errors_total`` ``reason`` label), ``"missing"``,
+``"timeout:<detail>"``, or the error's own text (``"ConnectionError: ..."``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class FailureKind(enum.Enum):
     INTEGRITY = "integrity"  # the tier's copy is corrupt (``detail``: the reason); deleted
     MISSING = "missing"  # the tier no longer holds the chunk (evicted, flushed, expired)
     ERROR = "error"  # the tier failed as a whole (``detail``: the exception, verbatim)
+    TIMEOUT = "timeout"  # the tier's I/O ran past its deadline (``detail``: how long); not
+    # known bad: the copy is kept, only not served this time; the I/O may still be running
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,12 @@ class ChunkFailure:
     def copy_gone(self) -> bool:
         """The tier's copy is proved bad or gone: the scheduler half forgets it."""
         return self.kind is FailureKind.INTEGRITY or self.kind is FailureKind.MISSING
+
+    @property
+    def timed_out(self) -> bool:
+        """The tier's I/O ran past its deadline: the copy is not known bad (kept), and
+        the memory the I/O may still touch is quarantined until it returns."""
+        return self.kind is FailureKind.TIMEOUT
 
     def __str__(self) -> str:
         if self.kind is FailureKind.MISSING:
@@ -58,3 +66,7 @@ def integrity_failure(reason: str) -> ChunkFailure:
 
 def error_failure(error: str) -> ChunkFailure:
     return ChunkFailure(FailureKind.ERROR, error)
+
+
+def timeout_failure(detail: str) -> ChunkFailure:
+    return ChunkFailure(FailureKind.TIMEOUT, detail)

@@ -262,7 +262,14 @@ class JobResult:
 
 @dataclass(frozen=True)
 class WorkerReport:
-    """The results one worker finished since its previous report."""
+    """The results one worker finished since its previous report.
+
+    ``released``: ids of tier jobs (spills, promotions) this worker reported earlier
+    as timed out (a chunk failure of kind ``TIMEOUT``), whose tier I/O has now
+    returned on this worker: the host slots they read or wrote are no longer touched
+    there. Every such result is followed by exactly one release (none if the I/O never
+    returns), in the same report or a later one."""
 
     rank: int
     results: tuple[JobResult, ...] = ()
+    released: tuple[int, ...] = ()

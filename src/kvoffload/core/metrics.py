@@ -135,6 +135,13 @@ METRICS: tuple[MetricDef, ...] = (
         ("tier", "reason"),
     ),
     MetricDef(
+        "tier_io_timeouts_total",
+        "counter",
+        "Disk or Redis jobs still running past tier_io_timeout_ms: reported failed (the "
+        "engine recomputes, the chunks stay in the tier), by direction and tier.",
+        ("direction", "tier"),
+    ),
+    MetricDef(
         "missing_chunks_total",
         "counter",
         "Chunks a tier was expected to hold but did not have when read (a miss).",
@@ -198,6 +205,13 @@ METRICS: tuple[MetricDef, ...] = (
         "pinned_chunks", "gauge", "Chunks pinned by transfers in flight, per tier.", ("tier",)
     ),
     MetricDef("jobs_in_flight", "gauge", "Transfer jobs not yet reported by every worker.", ()),
+    MetricDef(
+        "quarantined_chunks",
+        "gauge",
+        "Host slots held for spills and promotions reported past their deadline whose tier "
+        "I/O has not returned yet, per lower tier.",
+        ("tier",),
+    ),
 )
 
 BY_NAME = {m.name: m for m in METRICS}

@@ -56,6 +56,8 @@ def _gauges(scheduler: OffloadScheduler, chunk_bytes: int) -> dict[Series, float
     g[("pinned_chunks", labels(tier="host"))] = float(host.pinned_count)
     for tier in scheduler.tiers.tiers.values():
         g[("usage_bytes", labels(tier=tier.name))] = float(tier.held_count() * chunk_bytes)
+        quarantined = scheduler.moves.quarantine.chunks(tier.name)
+        g[("quarantined_chunks", labels(tier=tier.name))] = float(quarantined)
         if isinstance(tier, DirectoryTier):
             capacity = tier.directory.num_slots * chunk_bytes
             g[("capacity_bytes", labels(tier=tier.name))] = float(capacity)

@@ -42,7 +42,9 @@ worker found missing or corrupt.
 
 Counts, in each tier's ``metrics``: lookups and hit tokens (chunks found times
 ``chunk_tokens``), promoted and failed chunks, integrity errors by reason (the part
-of the failure's text after ``integrity:``), missing chunks.
+of the failure's text after ``integrity:``), missing chunks, jobs past their I/O
+deadline (``tier_io_timeouts_total``; a timed-out chunk is not forgotten: its copy
+is not known bad).
 """
 
 from __future__ import annotations
@@ -282,6 +284,13 @@ class TierPlanner:
         tier.metrics.count("transferred_chunks_total", len(mine) - len(failed), direction="load")
         tier.metrics.count("failed_chunks_total", len(failed), direction="load")
         self._count_failures(tier, failed.values())
+        self.count_timeouts(job.tier, "load", result)
+
+    def count_timeouts(self, tier_name: str, direction: str, result: JobResult) -> None:
+        """Count a job a worker timed out (once per job, whatever its chunks):
+        ``tier_io_timeouts_total`` under the tier's labels."""
+        if any(failure.timed_out for _, failure in result.failed_chunks):
+            self.tiers[tier_name].metrics.count("tier_io_timeouts_total", direction=direction)
 
     def _count_failures(self, tier: LowerTier, failures: Iterable[ChunkFailure]) -> None:
         for failure in failures:

@@ -51,6 +51,7 @@ def declare_tier_counters(metrics: CounterScope) -> None:
     metrics.declare("lookups_total", "hit_tokens_total", "missing_chunks_total", "no_room_total")
     for direction in ("spill", "promote", "load"):
         metrics.declare("transferred_chunks_total", "failed_chunks_total", direction=direction)
+        metrics.declare("tier_io_timeouts_total", direction=direction)
 
 
 class LowerTier(Protocol):

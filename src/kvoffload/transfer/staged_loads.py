@@ -41,6 +41,19 @@ load alone.
 CUDA: the staging worker is used from its lane thread only (a CUDA worker's calls
 must come from one thread); each copy follows the engine stream that was current
 when the job was submitted, as a host load follows it.
+
+Deadlines (:mod:`kvoffload.transfer.io_deadlines`): each job is due ``timeout_s``
+after its submission. A job still queued or reading at :meth:`StagedLoads.poll` past
+its deadline is reported failed at once, every tier chunk with a
+:data:`~kvoffload.core.failures.FailureKind.TIMEOUT` failure (the chunks stay in the
+tier: not known bad), so the engine recomputes its blocks. Its lane thread may still
+be inside the tier's read: the staging slots stay held by that thread (the lane runs
+nothing else meanwhile, its later jobs time out in turn from their own submission),
+and when the read returns the job's state refuses the copy: nothing reaches the
+engine blocks, which the engine has back. A copy in progress is never cut short (the
+deadline waits for it; it is local memory). ``io_hook`` (tests, harnesses) is called
+on the lane thread with the job before each tier read; it may block (a hung read) or
+raise (the tier failed as a whole).
 """
 
 from __future__ import annotations
@@ -53,9 +66,10 @@ from typing import Protocol
 
 import torch
 
-from kvoffload.core.failures import ChunkFailure, error_failure
+from kvoffload.core.failures import ChunkFailure, error_failure, timeout_failure
 from kvoffload.core.jobs import EngineJob, JobResult
 from kvoffload.tiers.host import HostSlab
+from kvoffload.transfer.io_deadlines import DeadlineBook
 from kvoffload.transfer.lanes import Lane
 from kvoffload.transfer.results import ResultBook
 from kvoffload.transfer.tier_worker import TierStore
@@ -63,6 +77,11 @@ from kvoffload.transfer.worker import TransferWorker
 
 STAGING_BYTES = 16 << 20
 """The staging area of a worker, all tiers together (each tier at least one chunk)."""
+
+TIMEOUT_S = 5.0
+"""A job's deadline after its submission, by default (``tier_io_timeout_ms``)."""
+
+IoHook = Callable[[EngineJob], None]
 
 
 class StagedLoadLane(Protocol):
@@ -77,6 +96,8 @@ class StagedLoadLane(Protocol):
     def running(self) -> set[int]: ...
 
     def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool: ...
+
+    def quarantined(self) -> set[int]: ...
 
     def shutdown(self, timeout: float | None = 10.0) -> None: ...
 
@@ -113,10 +134,20 @@ class StagedLoads:
     Threads: :meth:`submit`, :meth:`poll`, :meth:`running`, :meth:`wait` and
     :meth:`shutdown` may be called from any thread (the engine's)."""
 
-    def __init__(self, stages: Sequence[_Stage], stores: Mapping[str, TierStore]) -> None:
+    def __init__(
+        self,
+        stages: Sequence[_Stage],
+        stores: Mapping[str, TierStore],
+        *,
+        timeout_s: float = TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+        io_hook: IoHook | None = None,
+    ) -> None:
         self.stores = stores
+        self.io_hook = io_hook
         self._stages = {stage.tier: stage for stage in stages}
         self._book = ResultBook()
+        self._deadlines: DeadlineBook[EngineJob] = DeadlineBook(timeout_s, clock)
         self._closed = False
         for stage in stages:
             stage.lane = Lane(f"kvoffload-load-{stage.tier}", self._batch_runner(stage))
@@ -129,11 +160,15 @@ class StagedLoads:
         *,
         staging_bytes: int = STAGING_BYTES,
         threads: int = 1,
+        timeout_s: float = TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+        io_hook: IoHook | None = None,
     ) -> StagedLoads:
         """A staging area for each tier of ``stores``: ``staging_bytes`` split between
         them (at least one chunk each), slabs pinned like ``worker``'s, staging workers
-        over ``worker``'s layout with ``threads`` copy threads (CPU). Allocates
-        ``len(stores)`` slabs at once; raises what the allocation raises."""
+        over ``worker``'s layout with ``threads`` copy threads (CPU); jobs due
+        ``timeout_s`` after submission on ``clock``. Allocates ``len(stores)`` slabs
+        at once; raises what the allocation raises."""
         chunk = worker.slab.chunk_bytes
         per_tier = max(chunk, staging_bytes // max(1, len(stores)))
         stages = []
@@ -143,7 +178,7 @@ class StagedLoads:
                 worker.layout, slab, worker.blocks_per_chunk, threads=threads, rank=worker.rank
             )
             stages.append(_Stage(tier, staging))
-        return cls(stages, stores)
+        return cls(stages, stores, timeout_s=timeout_s, clock=clock, io_hook=io_hook)
 
     @property
     def staging_slots(self) -> dict[str, int]:
@@ -163,12 +198,29 @@ class StagedLoads:
             return
         cuda = stage.worker.layout.device
         stream = torch.cuda.current_stream(cuda) if cuda.type == "cuda" else None
+        self._deadlines.add(job.job_id, job)
         if not stage.lane.put(_Queued(job, stream)):
+            self._deadlines.finish(job.job_id)
             self._fail_all(job, "worker is shut down")
 
     def poll(self) -> list[JobResult]:
-        """Results of the jobs finished since the previous poll, in finishing order."""
+        """Results of the jobs finished since the previous poll, in finishing order;
+        first, every job past its deadline is reported failed (see the module
+        docstring)."""
+        for job in self._deadlines.expire():
+            self._time_out(job)
+        self._deadlines.take_returned()  # nothing to tell: the staging slots are the lane's
         return self._book.take()
+
+    def quarantined(self) -> set[int]:
+        """Ids of the jobs reported at their deadline whose read has not returned
+        (their lane's staging slots are still the read's)."""
+        return self._deadlines.quarantined()
+
+    @property
+    def staging_workers(self) -> dict[str, TransferWorker]:
+        """Each tier's staging worker (read-only use: harness checks of its copies)."""
+        return {tier: stage.worker for tier, stage in self._stages.items()}
 
     def running(self) -> set[int]:
         """Ids of the jobs submitted and not finished yet."""
@@ -182,17 +234,20 @@ class StagedLoads:
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop: queued jobs fail (cancelled), a running job fails before its next
         part (abandoned), or past ``timeout`` at once (its late result is dropped and
-        its thread left to end on its own). Idempotent; never raises; the stores
-        stay open (the tier lane closes them)."""
+        its thread left to end on its own, as a read past its deadline is).
+        Idempotent; never raises; the stores stay open (the tier lane closes them)."""
         self._closed = True
         for stage in self._stages.values():
             if stage.lane is not None:
                 for queued in stage.lane.close():
+                    self._deadlines.finish(queued.job.job_id)  # never started: no I/O
                     self._book.fail(queued.job.job_id, "cancelled: worker shut down")
         if not self._book.wait(self._book.running(), timeout):
             for job_id in self._book.running():
                 self._book.fail(job_id, "abandoned: still running at shutdown")
             return  # a lane may still be reading or copying: leave its stage alone
+        if self._deadlines.quarantined():
+            return  # a read past its deadline has not returned: leave its stage alone
         for stage in self._stages.values():
             if stage.lane is not None:
                 stage.lane.join()
@@ -209,16 +264,21 @@ class StagedLoads:
 
     def _run(self, stage: _Stage, queued: _Queued) -> None:
         """Lane thread: read, verify and copy the job's tier chunks part by part, then
-        report the job (never raises)."""
+        report the job, unless it timed out meanwhile (never raises)."""
         job, begin = queued.job, time.perf_counter()
         chunks = job.tier_chunks()
         outcome = _Outcome()
+        if not self._deadlines.begin_io(job.job_id):  # timed out while queued
+            self._deadlines.finish(job.job_id)
+            return
         for lo in range(0, len(chunks), stage.slots):
             if self._closed:
                 outcome.error = "abandoned: worker shut down during the load"
                 break
             if not self._part(stage, queued, lo, chunks, outcome):
                 break
+        if not self._deadlines.finish(job.job_id):
+            return  # reported at its deadline; its staging slots are free again now
         self._book.finish(
             JobResult(
                 job.job_id,
@@ -238,8 +298,9 @@ class StagedLoads:
         chunks: tuple[int, ...],
         outcome: _Outcome,
     ) -> bool:
-        """Read chunks ``chunks[lo:lo + S]`` into the staging slots and, all good,
-        copy them into their engine blocks; False (``outcome`` says why) to stop."""
+        """Read chunks ``chunks[lo:lo + S]`` into the staging slots and, all good and
+        the job not timed out, copy them into their engine blocks; False (``outcome``
+        says why) to stop."""
         job = queued.job
         batch = chunks[lo : lo + stage.slots]
         hi = lo + len(batch)
@@ -247,6 +308,8 @@ class StagedLoads:
             store = self.stores[job.tier or ""]
             views = [stage.worker.slab.slot_bytes(s) for s in range(len(batch))]
             keys = [job.keys[c] for c in batch]
+            if self.io_hook is not None:
+                self.io_hook(job)
             failures = store.read_many(keys, job.tier_slots[lo:hi], views, job.groups[lo:hi])
             bad = tuple(
                 (c, failure)
@@ -264,15 +327,31 @@ class StagedLoads:
         part = job.part(batch, range(len(batch)))
         if not part.moved_blocks():  # every block of these chunks is left out
             return True
+        if not self._deadlines.begin_copy(job.job_id):
+            return False  # the read came back after the deadline: its blocks are vLLM's
+        try:
+            return self._copy(stage, queued, part, outcome)
+        finally:
+            self._deadlines.end_copy(job.job_id)
+
+    def _copy(self, stage: _Stage, queued: _Queued, part: EngineJob, outcome: _Outcome) -> bool:
+        """Copy a staged part into its engine blocks and wait for it."""
+        job_id = part.job_id
         with _following(queued.stream):
             stage.worker.submit_load(part)
-        stage.worker.wait([job.job_id])
-        copied = [r for r in stage.worker.poll() if r.job_id == job.job_id]
+        stage.worker.wait([job_id])
+        copied = [r for r in stage.worker.poll() if r.job_id == job_id]
         if not copied or not copied[0].success:
             outcome.error = str(copied[0].error) if copied else "staging copy not reported"
             return False
         outcome.nbytes += copied[0].nbytes
         return True
+
+    def _time_out(self, job: EngineJob) -> None:
+        """Report ``job`` failed at its deadline: every tier chunk TIMEOUT."""
+        failure = timeout_failure(f"tier read past {self._deadlines.timeout_s:g} s")
+        failed = tuple((c, failure) for c in job.tier_chunks())
+        self._book.finish(JobResult(job.job_id, False, error=failure, failed_chunks=failed))
 
     def _fail_all(self, job: EngineJob, error: str) -> None:
         failure = error_failure(error)

@@ -15,6 +15,9 @@ the engine to recompute.
 A tier load is reported once, when both halves finished: successful only when both
 were, ``nbytes`` summed, ``seconds`` the longer half (they run at once), ``error``
 the host half's else the tier half's, ``failed_chunks`` the tier half's.
+
+A report's ``released`` are the tier lane's jobs whose I/O returned after their
+deadline (:meth:`~kvoffload.transfer.tier_worker.TierWorker.take_returned`).
 """
 
 from __future__ import annotations
@@ -154,7 +157,8 @@ class TransferBackend:
                     self._failed.add(job.request_id)
                 else:
                     self._invalid_blocks.update(failed)
-        return [WorkerReport(self.worker.rank, tuple(results))]
+        released = tuple(self.tiers.take_returned()) if self.tiers is not None else ()
+        return [WorkerReport(self.worker.rank, tuple(results), released)]
 
     def _complete(self, result: JobResult, *, host: bool) -> bool:
         """Whether ``result`` ends its job: any job's but a tier load's, whose other

@@ -15,20 +15,33 @@ chunks made it has ``success=False`` and as ``error`` the exception's text (the 
 raised: connection refused, timeout) or else its first chunk's failure. Nothing here
 raises into the engine. The scheduler half pins spilled slots and reserves promoted
 ones, so no other job touches them meanwhile.
+
+Deadlines (:mod:`kvoffload.transfer.io_deadlines`): each job is due ``timeout_s``
+after its submission. A job still queued or running at :meth:`TierWorker.poll` past
+its deadline is reported failed at once, every chunk with a
+:data:`~kvoffload.core.failures.FailureKind.TIMEOUT` failure; a part not started yet
+then never starts. Its threads may still be inside the tier call, reading the job's
+host slots (a spill) or writing them (a promotion): the job is *quarantined* until
+they come back, and then its id is handed out once by :meth:`TierWorker.take_returned`
+(reported to the scheduler half as :attr:`~kvoffload.core.jobs.WorkerReport.released`),
+which keeps those slots reserved until then. ``io_hook`` (tests, harnesses) is called
+on the pool thread with the job before each tier call; it may block (a hung call) or
+raise (the tier failed as a whole).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from kvoffload.core.failures import ChunkFailure, error_failure
+from kvoffload.core.failures import ChunkFailure, error_failure, timeout_failure
 from kvoffload.core.jobs import JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.host import HostSlab
+from kvoffload.transfer.io_deadlines import DeadlineBook, IoPhase
 from kvoffload.transfer.results import ResultBook
 
 
@@ -69,8 +82,15 @@ class TierLane(Protocol):
 
     def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool: ...
 
+    def take_returned(self) -> list[int]: ...
+
+    def quarantined(self) -> set[int]: ...
+
     def shutdown(self, timeout: float | None = 10.0) -> None: ...
 
+
+TIMEOUT_S = 5.0  # a job's deadline after its submission, by default (tier_io_timeout_ms)
+IoHook = Callable[[TierJob], None]
 
 PART_BYTES = 8 << 20  # a job is split into parts of about this size, run in parallel
 
@@ -95,11 +115,16 @@ class TierWorker:
         *,
         threads: int = 4,
         part_bytes: int = PART_BYTES,
+        timeout_s: float = TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+        io_hook: IoHook | None = None,
     ):
         self.slab = slab
         self.stores = stores
+        self.io_hook = io_hook
         self.part_chunks = max(1, part_bytes // max(1, slab.chunk_bytes))
         self._book = ResultBook()
+        self._deadlines: DeadlineBook[TierJob] = DeadlineBook(timeout_s, clock)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvoffload-tier")
         self._closed = False
 
@@ -109,13 +134,30 @@ class TierWorker:
         if self._closed or job.tier not in self.stores:
             self._book.fail(job.job_id, f"cannot run {job.kind.value} job on tier {job.tier!r}")
             return
+        self._deadlines.add(job.job_id, job)
         try:
             self._pool.submit(self._start, job)
         except RuntimeError as exc:
+            self._deadlines.finish(job.job_id)
             self._book.fail(job.job_id, f"worker is shut down: {exc}")
 
     def poll(self) -> list[JobResult]:
+        """Results finished since the previous poll; first, every job past its
+        deadline is reported failed (see the module docstring)."""
+        for job in self._deadlines.expire():
+            failure = timeout_failure(f"tier {job.kind.value} past {self._deadlines.timeout_s:g} s")
+            failed = tuple((i, failure) for i in range(len(job.keys)))
+            self._book.finish(JobResult(job.job_id, False, error=failure, failed_chunks=failed))
         return self._book.take()
+
+    def take_returned(self) -> list[int]:
+        """Ids of jobs reported at their deadline whose threads all came back since
+        the last call: the host slots they read or wrote are free again."""
+        return self._deadlines.take_returned()
+
+    def quarantined(self) -> set[int]:
+        """Ids of jobs reported at their deadline whose threads have not come back."""
+        return self._deadlines.quarantined()
 
     def running(self) -> set[int]:
         """Ids of the jobs submitted and not finished yet."""
@@ -131,6 +173,8 @@ class TierWorker:
             for job_id in self.running():
                 self._book.fail(job_id, "abandoned: still running at shutdown")
             return  # a thread may still use its store: leave the files open
+        if self.quarantined():
+            return  # a call past its deadline has not returned: leave the files open
         for store in self.stores.values():
             close = getattr(store, "close", None)
             if close is not None:
@@ -143,6 +187,9 @@ class TierWorker:
         n = len(job.keys)
         bounds = [(i, min(i + self.part_chunks, n)) for i in range(0, n, self.part_chunks)]
         parts = _Parts(job, max(1, len(bounds)), begin)
+        if not self._deadlines.begin_io(job.job_id):  # timed out while queued
+            self._deadlines.finish(job.job_id)
+            return
         if not bounds:
             self._finish(parts)
             return
@@ -159,6 +206,10 @@ class TierWorker:
         failures: list[ChunkFailure | None] = []
         error = ""
         try:
+            if self._deadlines.phase(job.job_id) is IoPhase.TIMED_OUT:
+                raise TimeoutError("past its deadline before this part started")
+            if self.io_hook is not None:
+                self.io_hook(job)
             views = [self.slab.slot_bytes(slot) for slot in job.slots[lo:hi]]
             keys, tier_slots, groups = job.keys[lo:hi], job.tier_slots[lo:hi], job.groups[lo:hi]
             if job.kind is JobKind.SPILL:
@@ -184,6 +235,8 @@ class TierWorker:
 
     def _finish(self, parts: _Parts) -> None:
         job = parts.job
+        if not self._deadlines.finish(job.job_id):
+            return  # reported at its deadline; take_returned hands its id out now
         failed = tuple(sorted(parts.failures.items(), key=lambda item: item[0]))
         done = len(job.keys) - len(failed)
         self._book.finish(

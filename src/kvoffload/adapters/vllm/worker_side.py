@@ -20,7 +20,8 @@ Nothing here raises for a failed copy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from kvoffload.adapters.vllm.scheduler_side import redis_settings
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.jobs import JobResult, WorkerReport
+from kvoffload.core.jobs import JobResult, TransferJob, WorkerReport
 from kvoffload.core.step_runner import StepRunner
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_lock import check_workers_engine
@@ -52,7 +53,9 @@ class WorkerSide:
     """One worker's connector role. Owns the step runner and, through its backend,
     the transfer worker (with the host slab), the tier lane and the staged loads
     (with their staging slabs: none without a lower tier); ``copy_hook``,
-    ``rank_override`` are set by tests and harnesses before ``register_kv_caches``."""
+    ``rank_override``, ``clock`` (of the tier I/O deadlines) and ``io_hook`` (called
+    before each tier call) are set by tests and harnesses before
+    ``register_kv_caches``."""
 
     def __init__(
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
@@ -64,6 +67,9 @@ class WorkerSide:
         self.rank = 0
         self.runner: StepRunner[TransferBackend] | None = None  # from register_kv_caches on
         self._results: list[JobResult] = []  # polled, not yet sent to the scheduler half
+        self._released: list[int] = []  # likewise: timed-out tier jobs whose I/O returned
+        self.clock: Callable[[], float] = time.monotonic  # tier I/O deadlines (harnesses)
+        self.io_hook: Callable[[TransferJob], None] | None = None  # tests: hang tier I/O
         self._invalid_blocks: set[int] = set()
 
     @property
@@ -98,7 +104,15 @@ class WorkerSide:
         tiers: TierWorker | None = None
         try:
             tiers = self._open_tiers(worker)
-            staged = None if tiers is None else StagedLoads.open(worker, tiers.stores)
+            staged = None
+            if tiers is not None:
+                staged = StagedLoads.open(
+                    worker,
+                    tiers.stores,
+                    timeout_s=self.config.tier_io_timeout_ms / 1000,
+                    clock=self.clock,
+                    io_hook=self.io_hook,
+                )
         except BaseException:
             if tiers is not None:
                 tiers.shutdown()
@@ -186,7 +200,16 @@ class WorkerSide:
             client = make_client(redis_settings(config))
             groups = len(g.kv_groups)
             stores["redis"] = RedisStore(client, digest, self.rank, g.chunk_bytes, groups)
-        return TierWorker(worker.slab, stores, threads=config.tier_threads) if stores else None
+        if not stores:
+            return None
+        return TierWorker(
+            worker.slab,
+            stores,
+            threads=config.tier_threads,
+            timeout_s=config.tier_io_timeout_ms / 1000,
+            clock=self.clock,
+            io_hook=self.io_hook,
+        )
 
     # ------------------------------------------------------------ per step
 
@@ -213,6 +236,7 @@ class WorkerSide:
             return None, None
         for report in self.runner.collect():
             self._results.extend(report.results)
+            self._released.extend(report.released)
         backend = self.runner.backend
         self._invalid_blocks.update(backend.take_invalid_blocks())
         return None, backend.take_loaded() or None
@@ -227,10 +251,11 @@ class WorkerSide:
         return invalid
 
     def build_connector_worker_meta(self) -> ReportMetadata | None:
-        if not self._results:
+        if not self._results and not self._released:
             return None
         results, self._results = tuple(self._results), []
-        return ReportMetadata((WorkerReport(self.rank, results),))
+        released, self._released = tuple(self._released), []
+        return ReportMetadata((WorkerReport(self.rank, results, released),))
 
     def shutdown(self) -> None:
         """Shut the staged loads, the tier lane (which closes the tier stores the

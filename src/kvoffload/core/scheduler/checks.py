@@ -29,17 +29,23 @@ def verify_scheduler(
     tracker: JobTracker,
     directory: Directory,
     tiers: TierPlanner | None = None,
+    quarantined: Sequence[TierJob] = (),
 ) -> None:
-    """Raise ContractViolation naming the first broken invariant."""
+    """Raise ContractViolation naming the first broken invariant. ``quarantined``:
+    timed-out spills and promotions whose completion waits for their I/O (they hold
+    pins and slots as jobs in flight do; they belong to no request any more)."""
     directory.check_integrity()
     for request_id, state in states.items():
         if state.request_id != request_id:
             _fail(f"state of {request_id!r} names {state.request_id!r}")
         _check_request(state, tracker.jobs_of(request_id))
-    jobs = tracker.jobs()
-    orphans = [j.job_id for j in jobs if j.request_id is not None and j.request_id not in states]
+    in_flight = tracker.jobs()
+    orphans = [
+        j.job_id for j in in_flight if j.request_id is not None and j.request_id not in states
+    ]
     if orphans:
         _fail(f"jobs {orphans} belong to no request")
+    jobs = [*in_flight, *quarantined]
     queued = tiers.queued_pins() if tiers is not None else 0
     pins = _host_keys_of(jobs, JobKind.LOAD, JobKind.SPILL) + queued
     if directory.pinned_count != pins:

@@ -1,7 +1,9 @@
 """Worker reports into completions: each job completes once (every worker reported),
 in the planner of its family, then on the request that waited for it.
 
-Unknown and repeated results are ignored and counted (``stale_completions``).
+Unknown and repeated results are ignored and counted (``stale_completions``). A
+report's ``released`` ids (timed-out tier I/O that returned) go to the tier moves'
+quarantine after its results.
 Mutates the planners' state (directories, tiers), the job tracker (the completed job
 leaves it), the requests' phases, the transfer histograms.
 """
@@ -34,6 +36,7 @@ class Completions:
         """Apply one worker's results; the jobs that completed with them."""
         done: list[Completion] = []
         if not report.results:
+            self.moves.released(report.rank, report.released)
             return done  # most steps: nothing finished
         tracker = self.requests.tracker
         for result in report.results:
@@ -41,6 +44,8 @@ class Completions:
             if job is not None:
                 tier = job.tier or "host"  # a tier load: its lower tier's
                 self.metrics.observe_transfer(job.kind.value, tier, result.nbytes, result.seconds)
+                if isinstance(job, TierJob) and tracker.counts(report.rank, job.job_id):
+                    self.moves.note(report.rank, job, result)
             completion = tracker.record(report.rank, result)
             if completion is None:
                 if result.job_id not in tracker:
@@ -48,6 +53,7 @@ class Completions:
                 continue
             self._complete(completion)
             done.append(completion)
+        self.moves.released(report.rank, report.released)  # after the results they follow
         return done
 
     def _complete(self, completion: Completion) -> None:

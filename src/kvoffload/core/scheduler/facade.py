@@ -212,9 +212,15 @@ class OffloadScheduler:
 
     def has_pending_work(self) -> bool:
         """True while the engine must keep stepping for kvoffload: jobs in flight,
-        or final stores of FINISHING requests not yet planned. An idle engine that
-        stopped stepping would never deliver their completions."""
-        return bool(len(self._tracker) or self.builder.has_pending() or self.tiers.has_queued())
+        final stores of FINISHING requests not yet planned, or timed-out tier jobs
+        whose I/O has not returned (their slots stay reserved until a report says
+        it did). An idle engine that stopped stepping would never deliver them."""
+        return bool(
+            len(self._tracker)
+            or self.builder.has_pending()
+            or self.tiers.has_queued()
+            or self.moves.quarantine
+        )
 
     def new_job_id(self) -> int:
         """A job id never handed out before (for jobs the engine adapter makes itself)."""
@@ -240,4 +246,10 @@ class OffloadScheduler:
 
     def check_integrity(self) -> None:
         """Verify every scheduler-half and directory invariant (tests, debug runs)."""
-        verify_scheduler(self.requests.as_dict(), self._tracker, self.directory, self.tiers)
+        verify_scheduler(
+            self.requests.as_dict(),
+            self._tracker,
+            self.directory,
+            self.tiers,
+            self.moves.quarantine.jobs(),
+        )

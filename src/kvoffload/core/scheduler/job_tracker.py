@@ -139,6 +139,12 @@ class JobTracker:
         """Whether any store in flight reads an engine block."""
         return bool(self._fences)
 
+    def counts(self, rank: int, job_id: int) -> bool:
+        """Whether a result of ``rank`` for ``job_id`` would be counted by
+        :meth:`record` now (a job in flight, a rank in range that has not reported it)."""
+        tracked = self._jobs.get(job_id)
+        return tracked is not None and 0 <= rank < self.world_size and rank not in tracked.reported
+
     def get(self, job_id: int) -> TransferJob | None:
         tracked = self._jobs.get(job_id)
         return None if tracked is None else tracked.job

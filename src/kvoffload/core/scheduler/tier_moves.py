@@ -6,12 +6,17 @@ is wished by a lookup (``state.promotion``) and planned in the next plan when th
 request still waits with nothing in flight; when it cannot be planned (no room, the
 run changed) the request takes what host memory has (``no_promotion``). Mutates
 the tier planner, the wishing requests' phase and promotion fields.
+
+A spill or promotion a worker timed out completes for its request at once, but its
+completion in the tier planner waits in the :class:`Quarantine` until the I/O
+returned on every worker that timed it out (``quarantine.py``).
 """
 
 from __future__ import annotations
 
 from kvoffload.core.jobs import JobResult, TierJob
 from kvoffload.core.scheduler.context import Context
+from kvoffload.core.scheduler.quarantine import Quarantine
 from kvoffload.core.scheduler.request_state import Phase
 
 
@@ -20,6 +25,7 @@ class TierMoves:
         self.tiers = ctx.tiers
         self.requests = ctx.requests
         self._lower = bool(ctx.tiers)  # lower tiers are fixed at construction
+        self.quarantine = Quarantine(ctx.directory)
 
     def plan_spills(self) -> list[TierJob]:
         """This step's spills, tracked (they belong to no request)."""
@@ -53,6 +59,18 @@ class TierMoves:
             jobs.append(job)
         return jobs
 
+    def note(self, rank: int, job: TierJob, result: JobResult) -> None:
+        """One worker's result of a spill or promotion (before it is counted)."""
+        self.quarantine.note(rank, job, result)
+
+    def released(self, rank: int, job_ids: tuple[int, ...]) -> None:
+        """Worker ``rank``'s timed-out I/O of ``job_ids`` returned."""
+        if job_ids:
+            self.quarantine.release(rank, job_ids)
+
     def complete(self, job: TierJob, result: JobResult) -> None:
-        """A spill or promotion every worker reported: book it in the tiers."""
-        self.tiers.complete(job, result)
+        """A spill or promotion every worker reported: book it in the tiers, now or,
+        while a timed-out I/O of it may still run, when it returned."""
+        self.tiers.count_timeouts(job.tier, job.kind.value, result)
+        if not self.quarantine.park(job, lambda: self.tiers.complete(job, result)):
+            self.tiers.complete(job, result)

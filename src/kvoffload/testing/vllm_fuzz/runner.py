@@ -24,8 +24,14 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.vllm_fuzz.faults import FaultPolicy, chance
 from kvoffload.testing.vllm_fuzz.groups import BLOCK_SIZE, MAX_BATCHED_TOKENS
-from kvoffload.testing.vllm_fuzz.scenario import FaultKind, Scenario, Tiers
+from kvoffload.testing.vllm_fuzz.scenario import (
+    HUNG_IO_DEADLINE_STEPS,
+    FaultKind,
+    Scenario,
+    Tiers,
+)
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation, TornWrites, VllmHarness
+from kvoffload.testing.vllm_harness.harness import SECONDS_PER_STEP
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes
 from kvoffload.tiers.disk_store import DiskTierStore
@@ -91,6 +97,9 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
     if scenario.tiers is Tiers.DISK:
         extra["disk_path"] = str(workdir / "disk")
         extra["disk_bytes"] = scenario.lower_chunks * slot_bytes(chunk_bytes) * world
+    if scenario.fault(FaultKind.HUNG_IO) is not None:
+        extra["tier_threads"] = 1  # one ordered tier lane: a hung call holds what follows
+        extra["tier_io_timeout_ms"] = round(HUNG_IO_DEADLINE_STEPS * SECONDS_PER_STEP * 1000)
     if scenario.tiers is Tiers.REDIS:
         server = env.redis()
         server.client().flushall()
@@ -143,6 +152,7 @@ def run_scenario(scenario: Scenario, env: Environment) -> Outcome:
 
 def _drive(scenario: Scenario, h: VllmHarness, env: Environment, outcome: Outcome) -> None:
     policy = FaultPolicy(scenario)
+    policy.hangs = h.hangs
     h.policy = policy
     _tear_disk_writes(scenario, h)
     down = scenario.fault(FaultKind.REDIS_DOWN)
@@ -157,6 +167,8 @@ def _drive(scenario: Scenario, h: VllmHarness, env: Environment, outcome: Outcom
     while True:
         _fire_events(scenario, h, env, step, arrived=arrived, outcome=outcome)
         if step > last_event and not h.scheduler.has_unfinished_requests():
+            if not policy.draining:
+                h.release_hangs()  # the calls hung "never": they return now
             policy.draining = True
             if not h.busy():
                 break
@@ -291,3 +303,5 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         outcome.stats[f"{tier.name}_found"] += found
         outcome.stats[f"{tier.name}_lookups"] += t.value("lookups_total")
         outcome.stats[f"{tier.name}_integrity_errors"] += sum(errors.values())
+        timeouts = t.breakdown("tier_io_timeouts_total", "direction")
+        outcome.stats["tier_io_timeouts"] += sum(timeouts.values())

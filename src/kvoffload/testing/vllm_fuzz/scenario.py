@@ -42,6 +42,7 @@ class FaultKind(enum.Enum):
     RANK_SKEW = "rank_skew"  # rank 1 finishes a job some steps after rank 0
     REORDER = "reorder"  # reports and ranks come in shuffled order
     REDIS_DOWN = "redis_down"  # the Redis server is killed, then restarted empty
+    HUNG_IO = "hung_io"  # a tier read or write hangs inside its job past its deadline
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,16 @@ class Fault:
     steps: int = 1  # how many steps late (slow, skew)
     start: int = 0  # REDIS_DOWN: killed at this step ...
     end: int = 0  # ... and restarted at this one
+    never: float = 0.0  # HUNG_IO: share of hung calls that return only once requests are done
 
     def describe(self) -> str:
         if self.kind is FaultKind.REDIS_DOWN:
             return f"{self.kind.value} steps {self.start}..{self.end}"
+        if self.kind is FaultKind.HUNG_IO:
+            return (
+                f"{self.kind.value} rate {self.rate:.2f} up to {self.steps} steps, "
+                f"never {self.never:.2f} (deadline {HUNG_IO_DEADLINE_STEPS} steps)"
+            )
         return f"{self.kind.value} rate {self.rate:.2f}" + (
             f" up to {self.steps} steps" if self.steps > 1 else ""
         )
@@ -156,6 +163,10 @@ class Scenario:
         ]
         lines += [f"  fault {f.describe()}" for f in self.faults]
         return "\n".join(lines)
+
+
+HUNG_IO_DEADLINE_STEPS = 10
+"""``tier_io_timeout_ms`` in engine steps of a schedule with hung tier I/O."""
 
 
 def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Scenario:
@@ -316,4 +327,20 @@ def _faults(rng: random.Random, scenario: Scenario, horizon: int) -> tuple[Fault
     if scenario.tiers is Tiers.REDIS and rng.random() < 0.3:
         start = rng.randint(1, horizon)
         faults.append(Fault(FaultKind.REDIS_DOWN, start=start, end=start + rng.randint(1, 20)))
-    return tuple(faults)
+    hung = _hung_io(scenario)
+    return tuple(faults) + ((hung,) if hung is not None else ())
+
+
+def _hung_io(scenario: Scenario) -> Fault | None:
+    """Hung tier I/O, drawn apart (every seed drawn before keeps its schedule): calls
+    that hang from a few steps (some return before their deadline) to many past it,
+    and some until the requests are done."""
+    rng = random.Random(f"kvoffload-vllm-fuzz:hung-io:{scenario.seed}")
+    if scenario.tiers is Tiers.HOST or rng.random() >= 0.35:
+        return None
+    return Fault(
+        FaultKind.HUNG_IO,
+        rate=rng.choice((0.1, 0.3, 0.6)),
+        steps=rng.choice((5, 20, 40)),
+        never=rng.choice((0.0, 0.25)),
+    )

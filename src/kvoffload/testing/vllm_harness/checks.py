@@ -19,7 +19,7 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.vllm_harness.kv_model import KVModel, ReadMismatch
 
 if TYPE_CHECKING:
-    from kvoffload.testing.vllm_harness.ranks import Child
+    from kvoffload.testing.vllm_harness.ranks import Child, Rank
 
 
 class HarnessViolation(AssertionError):
@@ -177,6 +177,16 @@ class Checks:
             raise
         except Exception as exc:
             raise HarnessViolation(f"integrity: {exc}") from None
+
+    def late_copies(self, ranks: Iterable[Rank]) -> None:
+        """No staged copy of a tier load after it was reported timed out: its engine
+        blocks were vLLM's again (recomputed, or another request's)."""
+        for entry in ranks:
+            if entry.late_copies:
+                raise HarnessViolation(
+                    f"rank {entry.rank}: tier loads {sorted(set(entry.late_copies))} copied "
+                    "into engine blocks after they were reported timed out"
+                )
 
     def quiescent(self, ranks: Iterable[tuple[int, Child]]) -> None:
         """Nothing left anywhere: every request gone, every pin, slot, job, engine

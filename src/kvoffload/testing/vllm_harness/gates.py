@@ -40,6 +40,8 @@ class JobLane(Protocol[J_contra]):
 
     def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool: ...
 
+    def quarantined(self) -> set[int]: ...
+
     def shutdown(self, timeout: float | None = 10.0) -> None: ...
 
 
@@ -163,6 +165,14 @@ class GatedTiers(Generic[J]):
 
     def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
         return self.inner.wait(set(job_ids) - set(self.held), timeout)
+
+    def quarantined(self) -> set[int]:
+        return self.inner.quarantined()
+
+    def take_returned(self) -> list[int]:
+        """The tier lane's timed-out jobs whose I/O returned (staged loads: none)."""
+        take = getattr(self.inner, "take_returned", None)
+        return list(take()) if take is not None else []
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         self.fail(list(self.held), "cancelled: worker shut down")

@@ -25,7 +25,8 @@ block table.
 
 Checked at every step (``checks.py``; a violation raises :class:`HarnessViolation`):
 every forward pass reads exactly its request's own KV, in every group what the
-group's attention reads; no store copy still running
+group's attention reads; no tier load reported timed out copies anything into engine
+blocks afterwards (its read came back late); no store copy still running
 reads a block the step writes; no load is planned for a request with jobs in flight;
 loads and promotions name only chunks written since the last connector reset; the
 scheduler half's invariants hold, and no internal error or anomaly was counted.
@@ -58,6 +59,7 @@ from kvoffload.core.jobs import EngineJob, JobKind, StepPlan, TransferJob
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.testing.vllm_harness.checks import Checks, HarnessViolation
 from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
+from kvoffload.testing.vllm_harness.hangs import IoHangs, settle
 from kvoffload.testing.vllm_harness.kv_model import KVModel
 from kvoffload.testing.vllm_harness.model_runner import ModelRunner
 from kvoffload.testing.vllm_harness.ranks import Rank, make_rank, plans_of, run_step
@@ -138,7 +140,18 @@ class VllmHarness:
         self.kv = [torch.zeros(shape, dtype=torch.float32) for _ in range(world)]
         null = self.scheduler.kv_cache_manager.block_pool.null_block.block_id
         self.model = KVModel(self.kv, self.block_size, null)
-        self.ranks = [make_rank(r, vllm_config, kv_cache_config, self.kv[r]) for r in range(world)]
+        self.hangs = IoHangs()  # tier calls the test hangs inside their jobs
+        self.ranks = [
+            make_rank(
+                r,
+                vllm_config,
+                kv_cache_config,
+                self.kv[r],
+                clock=lambda: self.clock,
+                hangs=self.hangs,
+            )
+            for r in range(world)
+        ]
         self.aggregator = KVOutputAggregator(world) if world > 1 else None
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(self.block_size, sha256)
@@ -293,7 +306,17 @@ class VllmHarness:
     def scheduler_half(self) -> OffloadScheduler:
         return self.side.scheduler
 
+    def release_hangs(self) -> None:
+        """Let every hung tier call return (and none hang from now on), wait until
+        the lanes settled, and check the late returns wrote no engine block."""
+        self.hangs.release_all()
+        for entry in self.ranks:
+            for lane in entry.lanes():
+                settle(lane, entry.rank, self.hangs)
+        self.checks.late_copies(self.ranks)
+
     def close(self) -> None:
+        self.hangs.release_all()
         for entry in self.ranks:
             for child in entry.children:
                 child.gate.open()
@@ -409,6 +432,7 @@ class VllmHarness:
             if index is not None:
                 index.pump()
         self.check()
+        self.checks.late_copies(self.ranks)
 
     def _trace_plan(self, record: StepRecord) -> None:
         sched = ", ".join(f"{r}+{n}" for r, n in record.scheduled.items()) or "-"

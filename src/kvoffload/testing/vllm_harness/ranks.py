@@ -35,7 +35,9 @@ from kvoffload.adapters.vllm.worker_side import WorkerSide
 from kvoffload.core.jobs import EngineJob, TierJob, TransferJob, WorkerReport
 from kvoffload.testing.vllm_harness.completions import Completions
 from kvoffload.testing.vllm_harness.gates import CopyGate, GatedTiers
+from kvoffload.testing.vllm_harness.hangs import IoHangs, settle
 from kvoffload.testing.vllm_harness.spec import layer_names
+from kvoffload.transfer.staged_loads import StagedLoads
 from kvoffload.transfer.worker import TransferWorker
 
 
@@ -51,6 +53,9 @@ class Child:
     tiers: GatedTiers[TierJob] | None
     staged: GatedTiers[EngineJob] | None = None  # tier loads' tier halves
     open_copies: dict[int, EngineJob] = field(default_factory=dict)  # submitted, unreported
+    hangs: IoHangs = field(default_factory=IoHangs)  # the tier calls parked (hung I/O)
+    timed_out_loads: set[int] = field(default_factory=set)  # tier loads reported TIMEOUT
+    late_copies: list[int] = field(default_factory=list)  # staged copies of those (a bug)
 
     def lanes(self) -> list[GatedTiers[TierJob] | GatedTiers[EngineJob]]:
         """The gated tier lane and staged loads this child has."""
@@ -66,6 +71,7 @@ class Rank:
     rank: int
     connector: KVConnectorBase_V1
     children: list[Child]
+    hangs: IoHangs = field(default_factory=IoHangs)  # the tier calls parked (hung I/O)
 
     @property
     def under_test(self) -> Child:
@@ -90,6 +96,11 @@ class Rank:
     def lanes(self) -> list[GatedTiers[TierJob] | GatedTiers[EngineJob]]:
         return self.under_test.lanes()
 
+    @property
+    def late_copies(self) -> list[int]:
+        """Staged copies of tier loads already reported timed out, any child's."""
+        return [job for c in self.children for job in c.late_copies]
+
     def running(self) -> bool:
         """Whether any child still copies or moves a tier job."""
         return any(
@@ -98,13 +109,22 @@ class Rank:
 
 
 def make_rank(
-    rank: int, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv: torch.Tensor
+    rank: int,
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    kv: torch.Tensor,
+    *,
+    clock: Callable[[], float],
+    hangs: IoHangs,
 ) -> Rank:
     """Rank ``rank``'s connector, registered over ``kv`` (``[layers, blocks, ...]``) as
     vLLM registers a hybrid model's KV: every group's layer names, layer ``i`` of
     each group a view of ``kv[i]`` (the groups' tensors alias). Under a
     ``MultiConnector`` config the rank's connector is vLLM's ``MultiConnector`` and
-    every kvoffload child is gated."""
+    every kvoffload child is gated. Tier I/O deadlines run on ``clock``; tier calls
+    may be hung by ``hangs``; every copy of a staged tier load is recorded (a copy of
+    a load already reported timed out is a late write into engine blocks vLLM has
+    back: ``late_copies``)."""
     connector: KVConnectorBase_V1
     if isinstance(vllm_config.kv_transfer_config, KVTransferConfig) and (
         vllm_config.kv_transfer_config.kv_connector == "MultiConnector"
@@ -118,14 +138,16 @@ def make_rank(
         assert kid.worker_side is not None
         kid.worker_side.copy_hook = CopyGate()
         kid.worker_side.rank_override = rank
+        kid.worker_side.clock = clock
+        kid.worker_side.io_hook = hangs.hook(rank)
     groups = len(kv_cache_config.kv_cache_groups)
     connector.register_kv_caches(
         {name: kv[i] for g in range(groups) for i, name in enumerate(layer_names(g))}
     )
-    return Rank(rank, connector, [_gated(kid) for kid in kids])
+    return Rank(rank, connector, [_gated(kid, hangs) for kid in kids], hangs)
 
 
-def _gated(connector: KVOffloadConnector) -> Child:
+def _gated(connector: KVOffloadConnector, hangs: IoHangs) -> Child:
     """Gate the registered connector's copies, tier lane and staged loads."""
     side = connector.worker_side
     assert side is not None and side.runner is not None
@@ -135,8 +157,12 @@ def _gated(connector: KVOffloadConnector) -> Child:
     copier = backend.worker
     tiers = GatedTiers(backend.tiers) if backend.tiers is not None else None
     staged = GatedTiers(backend.staged) if backend.staged is not None else None
+    inner_staged = backend.staged
     backend.tiers, backend.staged = tiers, staged
-    entry = Child(connector, side, copier, gate, tiers, staged)
+    entry = Child(connector, side, copier, gate, tiers, staged, hangs=hangs)
+    if isinstance(inner_staged, StagedLoads):
+        for staging in inner_staged.staging_workers.values():
+            _record_staged_copies(entry, staging)
     store, load = copier.submit_store, copier.submit_load
 
     def submit_store(job: EngineJob) -> None:
@@ -160,6 +186,18 @@ def plans_of(meta: KVConnectorMetadata) -> list[PlanMetadata]:
         return [m for m in meta.metadata if isinstance(m, PlanMetadata)]
     assert isinstance(meta, PlanMetadata), type(meta)
     return [meta]
+
+
+def _record_staged_copies(entry: Child, staging: TransferWorker) -> None:
+    """Note every staged copy (on its lane thread) of a load reported timed out."""
+    submit = staging.submit_load
+
+    def submit_load(job: EngineJob) -> None:
+        if job.job_id in entry.timed_out_loads:
+            entry.late_copies.append(job.job_id)
+        submit(job)
+
+    staging.submit_load = submit_load  # type: ignore[method-assign]
 
 
 def run_step(
@@ -215,7 +253,7 @@ def _complete(rank: int, entry: Child, step: int, policy: Completions) -> None:
         release, fail = policy.tier_jobs(rank, step, held)
         lane.fail(fail)
         lane.release(release)
-        lane.inner.wait(lane.inner.running())
+        settle(lane, rank, entry.hangs)
     entry.copier.wait(set(entry.open_copies) & entry.gate.let_through())
 
 
@@ -229,5 +267,8 @@ def _ordered(
         results = sorted(report.results, key=lambda r: r.job_id)
         for result in results:
             entry.open_copies.pop(result.job_id, None)
-        reports.append(WorkerReport(report.rank, tuple(policy.order(rank, step, results))))
+            if any(f.timed_out for _, f in result.failed_chunks):
+                entry.timed_out_loads.add(result.job_id)  # (ids of tier jobs never copy)
+        ordered = tuple(policy.order(rank, step, results))
+        reports.append(WorkerReport(report.rank, ordered, report.released))
     return ReportMetadata(tuple(reports))

@@ -5,6 +5,7 @@ each namespace's fields, or "fields unknown" for a namespace without a record.""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from pathlib import Path
@@ -79,7 +80,17 @@ def test_a_failed_record_is_logged_never_raised(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    record_namespace("disk", write_disk_record, blocker, NS)
+    # kvoffload's logger may route through vLLM's handlers (no propagation) and an
+    # earlier in-process run may have raised its level: listen on it directly.
+    ours = logging.getLogger("kvoffload")
+    level = ours.level
+    ours.addHandler(caplog.handler)
+    ours.setLevel(logging.DEBUG)
+    try:
+        record_namespace("disk", write_disk_record, blocker, NS)
+    finally:
+        ours.removeHandler(caplog.handler)
+        ours.setLevel(level)
     assert "could not record namespace" in caplog.text and NS.digest().hex() in caplog.text
 
 

@@ -484,3 +484,33 @@ def test_a_store_naming_a_block_twice_completes_without_raising() -> None:
     assert tracker.fence_count() == 1
     done = tracker.record(0, JobResult(1, True))
     assert done is not None and tracker.fence_count() == 0
+
+
+def test_a_hit_the_engine_did_not_allocate_while_idle_is_deferred_then_recomputed() -> None:
+    """An engine that could not allocate the hit it was offered and ran nothing since
+    (only waiting requests hold blocks) would stall on the same offer for good: the
+    next lookup answers retry-later (no_room), so the engine serves the requests
+    behind this one; past the deferral bound the request recomputes. While requests
+    run, the same offer stands (the engine's own back pressure)."""
+    s, clock = make(max_deferral_steps=50, max_deferral_seconds=1.0)
+    store_prompt(s, Req("a", list(range(12))), [1, 2, 3])
+    b = Req("b", list(range(12)) + [99])
+    assert s.lookup(b, 0) == 12  # offered; the engine could not allocate it
+    busy = StepInput((ScheduledRequest("x", 0, 4, ((9,),), True),))
+    s.build_plan(busy)  # other requests ran: the offer stands
+    assert s.lookup(b, 0) == 12
+    s.build_plan(StepInput())
+    assert s.lookup(b, 0) == 12  # one idle step is a batch queue's rhythm
+    s.build_plan(StepInput())
+    assert s.lookup(b, 0) is RETRY_LATER  # stalled: the requests behind go first
+    assert s.metrics.breakdown("deferrals_total", "reason")["no_room"] == 1
+    s.build_plan(StepInput())
+    clock.now += 1.0
+    assert s.lookup(b, 0) == 12  # offered again (nothing pending from last answer)
+    s.build_plan(StepInput())
+    s.build_plan(StepInput())
+    assert s.lookup(b, 0) == 0  # still stalled past the bound: recompute
+    assert s.metrics.value("deferral_timeouts_total") == 1
+    alloc(s, "b", [4, 5, 6, 7], 0)
+    assert s.state_of("b").phase is Phase.RUNNING  # type: ignore[union-attr]
+    s.check_integrity()

@@ -33,12 +33,12 @@ class DeferralClock:
         self.metrics = metrics
         self.clock = clock  # harnesses substitute logical time
         self.busy_steps = 0
-        self.idle = False  # the last engine step scheduled no request
+        self.idle_steps = 0  # consecutive engine steps that scheduled no request
 
     def tick(self, busy: bool) -> None:
         """One engine step passed; ``busy``: it scheduled work."""
         self.busy_steps += busy
-        self.idle = not busy
+        self.idle_steps = 0 if busy else self.idle_steps + 1
 
     def defer(self, state: RequestState, reason: Deferral) -> None:
         if state.deferred is None:

@@ -41,6 +41,10 @@ from kvoffload.core.scheduler_types import (
 )
 from kvoffload.core.tier_planning import UNKNOWN, Found, Lookup, TierPlanner
 
+IDLE_STEPS_STALLED = 2
+"""Consecutive engine steps that scheduled nothing after which an unallocated hit is
+taken for a stalled engine (one such step happens in a batch queue's rhythm)."""
+
 
 class LoadPlanner:
     """Lookup answers, load jobs and their completion (see the module docstring)."""
@@ -122,13 +126,13 @@ class LoadPlanner:
         if external < chunk or num_computed_tokens % self.config.block_size:
             external = 0
         # The engine allocates a hit's blocks at once. When it could not allocate the
-        # hit offered last time and its last step ran nothing, only waiting requests
+        # hit offered last time and its last steps ran nothing, only waiting requests
         # hold blocks (e.g. requests whose loads landed, queued behind this one): the
         # same offer would stall the engine for good. Answer retry-later (the engine
         # then skips this request and serves those behind it), recompute once the
         # deferral bound is reached. While requests run, the engine's own back
         # pressure applies, as without kvoffload.
-        if external and unallocated and self.deferral.idle:
+        if external and unallocated and self.deferral.idle_steps >= IDLE_STEPS_STALLED:
             if not self.deferral.expired(state):
                 self.deferral.defer(state, Deferral.NO_ROOM)
                 return RETRY_LATER

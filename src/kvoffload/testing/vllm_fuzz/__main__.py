@@ -13,6 +13,7 @@ import argparse
 import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     from kvoffload.demos.tiny_model import ensure_model
 
     quiet_vllm()
+    # Terminated (a --jobs parent interrupted, a CI time-out): unwind, so the
+    # redis-server and scratch directory of this run are closed as at its end.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = Environment(ensure_model("tiny"))
     totals: Counter[str] = Counter()
     counts: Counter[str] = Counter()

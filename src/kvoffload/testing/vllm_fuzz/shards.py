@@ -8,8 +8,10 @@ parent passes through unchanged. The parent's exit status is the worst of its
 shards' (3 a hang, 1 a failure, else 0); a shard that died without a summary counts
 as a failure.
 
-Contract: :func:`run_shards` starts and waits for every shard it started (each is
-stopped by its pid if the parent is interrupted) and never leaves one running.
+Contract: :func:`run_shards` starts and waits for every shard it started and never
+leaves one running: interrupted, it terminates each by its pid (a shard then closes
+its redis-server and scratch directory, as at its end) and kills one that does not
+end within 30 s.
 """
 
 from __future__ import annotations
@@ -79,8 +81,13 @@ def run_shards(argv: list[str], jobs: int) -> tuple[int, ShardTotals]:
                 code = proc.wait()
                 worst = max(worst, code if code in (1, 3) else (1 if code else 0))
         finally:
-            for proc in procs:
+            for proc in procs:  # interrupted: each shard closes its redis-server first
                 if proc.poll() is None:
+                    proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
         for summary in summaries:

@@ -5,3 +5,27 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def make(tiny_model: Path) -> Iterator[Any]:
+    """Build harnesses over vLLM's real scheduler (``VllmHarness`` keywords); every
+    one built is closed at the end of the test, on failure too."""
+    from kvoffload.testing.vllm_harness import VllmHarness
+
+    made: list[VllmHarness] = []
+
+    def build(**kwargs: Any) -> VllmHarness:
+        h = VllmHarness(tiny_model, **kwargs)
+        made.append(h)
+        return h
+
+    yield build
+    for h in made:
+        h.close()

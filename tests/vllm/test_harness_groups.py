@@ -6,7 +6,7 @@ on the synchronous and the asynchronous scheduler."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,20 +28,6 @@ from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS
 MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
 BLOCK = 16
 DOC = list(range(10, 170))  # 160 tokens: 10 chunks of one block, several windows long
-
-
-@pytest.fixture
-def make(tiny_model: Path) -> Iterator[Any]:
-    made: list[VllmHarness] = []
-
-    def build(**kwargs: Any) -> VllmHarness:
-        h = VllmHarness(tiny_model, **kwargs)
-        made.append(h)
-        return h
-
-    yield build
-    for h in made:
-        h.close()
 
 
 def engine_groups(h: VllmHarness) -> tuple[str, list[tuple[str, int | None]]]:

@@ -6,7 +6,7 @@ kvoffload under test second, and checks both and every forward pass."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,20 +37,6 @@ class HoldStores(CompleteAll):
         self, rank: int, step: int, jobs: Sequence[TransferJob]
     ) -> tuple[set[int], set[int]]:
         return {j.job_id for j in jobs if not (self.hold and j.kind is JobKind.STORE)}, set()
-
-
-@pytest.fixture
-def make(tiny_model: Path) -> Iterator[Any]:
-    made: list[VllmHarness] = []
-
-    def build(**kwargs: Any) -> VllmHarness:
-        h = VllmHarness(tiny_model, **kwargs)
-        made.append(h)
-        return h
-
-    yield build
-    for h in made:
-        h.close()
 
 
 def steps_until_finished(h: VllmHarness, request_id: str, limit: int = 60) -> None:

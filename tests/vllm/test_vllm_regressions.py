@@ -5,7 +5,7 @@ every forward pass, so a wrong chunk anywhere fails these tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,20 +41,6 @@ class HoldTiers(CompleteAll):
     ) -> tuple[set[int], set[int]]:
         held = self.hold
         return {j.job_id for j in jobs if not (held and j.kind in self.kinds)}, set()
-
-
-@pytest.fixture
-def make(tiny_model: Path) -> Iterator[Any]:
-    made: list[VllmHarness] = []
-
-    def build(**kwargs: Any) -> VllmHarness:
-        h = VllmHarness(tiny_model, **kwargs)
-        made.append(h)
-        return h
-
-    yield build
-    for h in made:
-        h.close()
 
 
 def tiers(tmp_path: Path, redis: RedisServer | None = None) -> dict[str, Any]:

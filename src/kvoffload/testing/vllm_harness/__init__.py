@@ -7,7 +7,8 @@ checked; ``gates.py``, ``completions.py``: when transfers finish); the vLLM fuzz
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
 from kvoffload.testing.vllm_harness.gates import CopyGate, GatedTiers, TornWrites
-from kvoffload.testing.vllm_harness.harness import StepRecord, VllmHarness
+from kvoffload.testing.vllm_harness.harness import VllmHarness
+from kvoffload.testing.vllm_harness.records import StepRecord
 from kvoffload.testing.vllm_harness.spec import HarnessSpec
 
 __all__ = [

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
-from kvoffload.core.jobs import EngineJob, JobKind, StepPlan, TransferJob
+from kvoffload.core.jobs import EngineJob, JobKind, TransferJob
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.testing.vllm_harness.checks import Checks, HarnessViolation
 from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
@@ -63,6 +63,7 @@ from kvoffload.testing.vllm_harness.hangs import IoHangs, settle
 from kvoffload.testing.vllm_harness.kv_model import KVModel
 from kvoffload.testing.vllm_harness.model_runner import ModelRunner
 from kvoffload.testing.vllm_harness.ranks import Rank, make_rank, plans_of, run_step
+from kvoffload.testing.vllm_harness.records import StepRecord, plan_lines
 from kvoffload.testing.vllm_harness.spec import (
     HEAD_SIZE,
     HEADS,
@@ -76,21 +77,6 @@ from kvoffload.tiers.redis_index import RedisIndex
 SECONDS_PER_STEP = 0.02
 """The logical duration of one engine step (a step of a real engine takes 10-50 ms):
 what the deferral bound in seconds and the Redis index's expiries are measured in."""
-
-
-@dataclass
-class StepRecord:
-    step: int
-    plan: StepPlan
-    scheduled: dict[str, int]
-    preempted: set[str]
-    finished_recving: set[str] = field(default_factory=set)
-    failed_recving: set[str] = field(default_factory=set)  # loads failed, by request
-    invalid_blocks: set[int] = field(default_factory=set)
-    beside: tuple[StepPlan, ...] = ()  # the plans of the connectors beside kvoffload
-
-    def loads_for(self, request_id: str) -> list[EngineJob]:
-        return [j for j in self.plan.loads if j.request_id == request_id]
 
 
 @dataclass
@@ -374,7 +360,7 @@ class VllmHarness:
             beside=tuple(plans[:-1]),
         )
         self.steps.append(record)
-        self._trace_plan(record)
+        self.trace.extend(plan_lines(record))
         self.runner.inputs(output, self._queue[0].sampled if self._queue else {})
         sampled = self.runner.sample(output)
         outputs: dict[int, ModelRunnerOutput] = {}
@@ -433,26 +419,3 @@ class VllmHarness:
                 index.pump()
         self.check()
         self.checks.late_copies(self.ranks)
-
-    def _trace_plan(self, record: StepRecord) -> None:
-        sched = ", ".join(f"{r}+{n}" for r, n in record.scheduled.items()) or "-"
-        line = f"step {record.step}: scheduled {sched}"
-        if record.preempted:
-            line += f"; preempted {sorted(record.preempted)}"
-        self.trace.append(line)
-        for i, plan in enumerate((*record.beside, record.plan)):
-            who = f"[beside {i}] " if i < len(record.beside) else ""
-            jobs: tuple[TransferJob, ...] = (
-                *plan.loads,
-                *plan.stores,
-                *plan.spills,
-                *plan.promotions,
-            )
-            for job in jobs:
-                where = f"blocks {list(job.block_ids)}" if isinstance(job, EngineJob) else job.tier
-                self.trace.append(
-                    f"    {who}{job.kind.value} {job.job_id} {job.request_id or '-'}: "
-                    f"{len(job.keys)} chunks, {where}"
-                )
-            if plan.flush:
-                self.trace.append(f"    {who}flush {sorted(plan.flush)}")

@@ -152,3 +152,32 @@ def test_an_odd_configuration_never_fails_the_start() -> None:
     odd = SimpleNamespace(model_config=SimpleNamespace(hf_config=object(), dtype=None))
     assert identity.config_digest(odd) == identity.config_digest(odd)
     assert identity.weights_digest(SimpleNamespace()) == identity.weights_digest(None)
+
+
+def test_each_worker_announces_its_namespace_and_a_mismatch_is_counted(
+    tiny_model: Path,
+) -> None:
+    """Workers send the namespace they derived with their first report; the harness
+    (real connectors) runs without an anomaly, so they agree. A worker that derived
+    another one (its model load edited the configuration) is counted and named."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    from kvoffload.adapters.vllm.messages import ReportMetadata
+    from kvoffload.core.anomalies import Anomaly
+    from kvoffload.testing.vllm_harness import VllmHarness
+
+    h = VllmHarness(tiny_model, world_size=2, expect_anomalies=True)
+    try:
+        seen: list[tuple[int, bytes]] = []
+        check = h.side._check_namespaces
+        h.side._check_namespaces = lambda announced: (seen.extend(announced), check(announced))  # type: ignore[method-assign]
+        h.add_request("a", list(range(40)), 2)
+        h.run()
+        own = h.side.geometry.namespace.digest()
+        assert sorted(seen) == [(0, own), (1, own)]  # each rank once, the same namespace
+        assert h.scheduler_half.anomalies.counts == {}
+        other = ReportMetadata((), ((1, b"\x07" * 16),))
+        h.side.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=other))
+        assert h.scheduler_half.anomalies.counts == {Anomaly.NAMESPACE_MISMATCH: 1}
+    finally:
+        h.close()

@@ -31,6 +31,7 @@ class Anomaly(enum.Enum):
     UNTRACKED_REQUEST = "untracked_request"  # scheduled, allocated or ended, unknown here
     REUSED_REQUEST_ID = "reused_request_id"  # a new request under a draining one's id
     CHUNK_GONE = "chunk_gone"  # a hit's chunk left host memory and the tier since lookup
+    NAMESPACE_MISMATCH = "namespace_mismatch"  # a worker derived another namespace
 
 
 class AnomalyLog:

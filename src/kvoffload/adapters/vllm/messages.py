@@ -22,8 +22,11 @@ class PlanMetadata(KVConnectorMetadata):
 @dataclass(frozen=True)
 class ReportMetadata(KVConnectorWorkerMetadata):
     reports: tuple[WorkerReport, ...] = ()
+    namespaces: tuple[tuple[int, bytes], ...] = ()
+    """(rank, namespace digest) each worker derived, sent once with its first report:
+    the scheduler half checks they are its own (``SchedulerSide``)."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, ReportMetadata):
             return self
-        return ReportMetadata(self.reports + other.reports)
+        return ReportMetadata(self.reports + other.reports, self.namespaces + other.namespaces)

@@ -24,6 +24,7 @@ from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.startup import probe_redis, record_namespace, scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
+from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
@@ -214,12 +215,29 @@ class SchedulerSide:
             if self.guard.off:
                 return
             try:
+                self._check_namespaces(meta.namespaces)
                 for report in meta.reports:
                     done = self.scheduler.on_report(report)
                     if self.events is not None:
                         self.events.note_completed(c.job for c in done)
             except Exception as exc:
                 self.guard.trip("update_connector_output", exc)
+
+    def _check_namespaces(self, announced: tuple[tuple[int, bytes], ...]) -> None:
+        """Every worker must key its lower-tier copies under this engine's namespace.
+        A worker whose model load changed the configuration it digests (a model
+        implementation that edits its HF config while building) derives another one:
+        its disk and Redis copies then never verify here (counted misses, never
+        data). Counted and logged once, naming both digests."""
+        own = self.geometry.namespace.digest()
+        for rank, digest in announced:
+            if digest != own:
+                self.scheduler.anomalies.note(
+                    Anomaly.NAMESPACE_MISMATCH,
+                    f"worker rank {rank} derived namespace {digest.hex()}, the scheduler "
+                    f"{own.hex()}: its disk and Redis copies will not be found (the model's "
+                    "configuration differs between the processes)",
+                )
 
     def request_finished(self, request: Request) -> None:
         with self.lock:

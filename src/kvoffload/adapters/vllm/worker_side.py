@@ -67,6 +67,7 @@ class WorkerSide:
         self.rank = 0
         self.runner: StepRunner[TransferBackend] | None = None  # from register_kv_caches on
         self._results: list[JobResult] = []  # polled, not yet sent to the scheduler half
+        self._announced = False  # this worker's namespace sent to the scheduler half
         self._released: list[int] = []  # likewise: timed-out tier jobs whose I/O returned
         self.clock: Callable[[], float] = time.monotonic  # tier I/O deadlines (harnesses)
         self.io_hook: Callable[[TransferJob], None] | None = None  # tests: hang tier I/O
@@ -251,11 +252,16 @@ class WorkerSide:
         return invalid
 
     def build_connector_worker_meta(self) -> ReportMetadata | None:
-        if not self._results and not self._released:
+        """This step's report; the first one also names the namespace this worker
+        derived (its model configuration as it loaded the model), for the scheduler
+        half to check against its own."""
+        announce = () if self._announced else ((self.rank, self.geometry.namespace.digest()),)
+        if not self._results and not self._released and not announce:
             return None
+        self._announced = True
         results, self._results = tuple(self._results), []
         released, self._released = tuple(self._released), []
-        return ReportMetadata((WorkerReport(self.rank, results, released),))
+        return ReportMetadata((WorkerReport(self.rank, results, released),), announce)
 
     def shutdown(self) -> None:
         """Shut the staged loads, the tier lane (which closes the tier stores the

@@ -271,4 +271,4 @@ def _ordered(
                 entry.timed_out_loads.add(result.job_id)  # (ids of tier jobs never copy)
         ordered = tuple(policy.order(rank, step, results))
         reports.append(WorkerReport(report.rank, ordered, report.released))
-    return ReportMetadata(tuple(reports))
+    return ReportMetadata(tuple(reports), meta.namespaces)

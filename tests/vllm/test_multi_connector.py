@@ -160,24 +160,26 @@ def test_without_the_fresh_fence_the_harness_catches_the_overwrite(
             h.step()
 
 
-@pytest.mark.parametrize("seed", [41, 172])
-def test_a_hit_the_engine_cannot_allocate_while_idle_never_stalls_it(
-    tiny_model: Path, seed: int
+@pytest.mark.parametrize(
+    ("seed", "async_scheduling"), [(41, False), (172, False), (227, True), (1424, False)]
+)
+def test_a_request_the_engine_cannot_admit_while_idle_never_stalls_it(
+    tiny_model: Path, seed: int, async_scheduling: bool
 ) -> None:
-    """Found by the fuzzer's MultiConnector seeds: a request whose load by the other
-    connector failed is re-queued at the head of vLLM's queue of block holders;
-    kvoffload offered it a hit whose blocks the engine could not allocate, so every
-    step stopped at it and the request behind it, whose load had landed, never
-    ran (nothing else would free blocks). Now a hit the engine did not allocate while
-    it ran nothing is answered retry-later next time (vLLM skips the request and
-    serves those behind it), bounded by the deferral limits."""
+    """Found by the fuzzer (MultiConnector seeds, and 227 with hung tier I/O alone):
+    a request whose load failed is
+    re-queued at the head of vLLM's queue of block holders; the engine could not
+    allocate it (with kvoffload's hit, or without one on a hybrid model), so every
+    step stopped at it and the request behind it, whose load had landed, never ran
+    (nothing else would free blocks). Now a request the engine did not admit while
+    it ran nothing is answered retry-later every other time (vLLM skips it and serves
+    those behind it); a hit is dropped past the deferral bound."""
     from kvoffload.testing.vllm_fuzz.runner import Environment, run_scenario
     from kvoffload.testing.vllm_fuzz.scenario import random_scenario
 
     env = Environment(tiny_model)
     try:
-        scenario = random_scenario(seed, async_scheduling=False)
-        assert scenario.beside is not None
+        scenario = random_scenario(seed, async_scheduling=async_scheduling)
         outcome = run_scenario(scenario, env)
     finally:
         env.close()

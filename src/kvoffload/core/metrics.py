@@ -62,8 +62,8 @@ METRICS: tuple[MetricDef, ...] = (
         "counter",
         "Lookups answered retry-later, by reason: transfer_in_flight (the request's own "
         "jobs), promotion, pending (its next chunk is being stored: the convoy case), "
-        "lookup (a lower tier was asked), no_room (the engine could not allocate the hit "
-        "offered before and ran nothing: requests behind it go first).",
+        "lookup (a lower tier was asked), no_room (the engine did not admit the request "
+        "and ran nothing since: the requests behind it go first).",
         ("reason",),
     ),
     MetricDef(

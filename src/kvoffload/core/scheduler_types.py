@@ -46,7 +46,7 @@ class Deferral(enum.Enum):
     PROMOTION = "promotion"  # its next chunks are being brought up from a lower tier
     PENDING = "pending"  # its next chunk is being stored to host memory
     LOOKUP = "lookup"  # a lower tier is being asked whether it holds the next chunks
-    NO_ROOM = "no_room"  # the engine could not allocate the hit offered, and ran nothing
+    NO_ROOM = "no_room"  # the engine did not admit the request and ran nothing since
 
 
 RETRY_LATER = None

@@ -143,9 +143,10 @@ class OffloadScheduler:
             self.on_preempted(request.request_id)  # only a preempted request is re-looked-up
         state.request = request
         state.blocks.clear()
-        unallocated = state.lookup_hit is not None and state.lookup_hit[1] > 0
+        unallocated = state.lookup_hit is not None  # answered, not admitted since
         state.lookup_hit, state.lookup_tier = None, None
-        return self.loads.answer(state, request, num_computed_tokens, unallocated=unallocated)
+        answer = self.loads.answer(state, request, num_computed_tokens)
+        return self.loads.unstall(state, answer, unallocated)
 
     # -------------------------------------------------------------- allocation
 

@@ -42,8 +42,9 @@ from kvoffload.core.scheduler_types import (
 from kvoffload.core.tier_planning import UNKNOWN, Found, Lookup, TierPlanner
 
 IDLE_STEPS_STALLED = 2
-"""Consecutive engine steps that scheduled nothing after which an unallocated hit is
-taken for a stalled engine (one such step happens in a batch queue's rhythm)."""
+"""Consecutive engine steps that scheduled nothing after which a request the engine
+looked up and did not admit is taken for a stalled engine (one such step happens in a
+batch queue's rhythm)."""
 
 
 class LoadPlanner:
@@ -61,17 +62,11 @@ class LoadPlanner:
         self.wished: list[str] = []  # requests whose promotion a lookup wished this step
 
     def answer(
-        self,
-        state: RequestState,
-        request: EngineRequest,
-        num_computed_tokens: int,
-        *,
-        unallocated: bool = False,
+        self, state: RequestState, request: EngineRequest, num_computed_tokens: int
     ) -> int | None:
         """Tokens loadable past ``num_computed_tokens``, 0, or RETRY_LATER, for a
-        request whose stale block ids were just cleared (``unallocated``: the
-        previous lookup offered a hit the engine did not allocate). Records the offer
-        in ``state.lookup_hit``; changes no directory state."""
+        request whose stale block ids were just cleared. Records the offer in
+        ``state.lookup_hit``; changes no directory state."""
         local_only = (num_computed_tokens, 0)
         if getattr(request, "skip_reading_prefix_cache", False) or not state.controls.load:
             # The engine serves this request no cached KV whatever the answer (or the
@@ -125,21 +120,34 @@ class LoadPlanner:
         external = readable * chunk - num_computed_tokens
         if external < chunk or num_computed_tokens % self.config.block_size:
             external = 0
-        # The engine allocates a hit's blocks at once. When it could not allocate the
-        # hit offered last time and its last steps ran nothing, only waiting requests
-        # hold blocks (e.g. requests whose loads landed, queued behind this one): the
-        # same offer would stall the engine for good. Answer retry-later (the engine
-        # then skips this request and serves those behind it), recompute once the
-        # deferral bound is reached. While requests run, the engine's own back
-        # pressure applies, as without kvoffload.
-        if external and unallocated and self.deferral.idle_steps >= IDLE_STEPS_STALLED:
-            if not self.deferral.expired(state):
-                self.deferral.defer(state, Deferral.NO_ROOM)
-                return RETRY_LATER
-            self.metrics.count("deferral_timeouts_total")
-            external = 0
         state.lookup_hit = (num_computed_tokens, external)
         return external
+
+    def unstall(self, state: RequestState, answer: int | None, unallocated: bool) -> int | None:
+        """``answer`` (lookup's), unless the engine is stalled on this request.
+
+        ``unallocated``: the request's previous lookup was answered and the engine
+        did not admit it. If the engine has run nothing since
+        (:data:`IDLE_STEPS_STALLED` steps), only waiting requests hold blocks (e.g.
+        requests whose loads landed, queued behind this one) and vLLM stops its scan
+        at this request for good: the answer becomes retry-later (vLLM skips the
+        request and serves those behind it; the next lookup answers as usual, so the
+        request is tried every other step), or, for a hit past the deferral bound,
+        0 (an admission without the hit allocates less). While requests run, the
+        engine's own back pressure applies, as without kvoffload. Mutates the
+        request's offer and deferral only."""
+        if answer is None or not unallocated:
+            return answer
+        if self.deferral.idle_steps < IDLE_STEPS_STALLED:
+            return answer
+        if answer and self.deferral.expired(state):
+            self.metrics.count("deferral_timeouts_total")
+            local, _ = state.lookup_hit or (0, 0)
+            state.lookup_hit = (local, 0)
+            return 0
+        self.deferral.defer(state, Deferral.NO_ROOM)
+        state.lookup_hit = state.lookup_tier = None
+        return RETRY_LATER
 
     def plan(
         self,

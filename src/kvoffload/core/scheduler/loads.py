@@ -7,9 +7,12 @@ admitted hit (pinning its host chunks; its chunks a lower tier holds are read fr
 there, a *tier load*, booked in the tier), and completes it (unpinning; a failed load
 discards its host chunks, whose copies may be torn, unless the failure was the tier's
 chunks, which the tier then forgets). With ``direct_tier_loads`` off, a lower tier's
-run is instead promoted into host memory first while the request waits. The
-functions below it are pure over the state they are given (they mutate only what
-their docstrings name).
+run is instead promoted into host memory first while the request waits. With
+``load_policy`` ``cost`` each part of a hit (the host head, a lower tier's tail) is
+offered only when the cost model says loading it beats recomputing it
+(:meth:`LoadPlanner.worth`; decision 0013): a declined part is recomputed at once,
+never waited for. The functions below it are pure over the state they are given (they
+mutate only what their docstrings name).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class LoadPlanner:
         self.stats = ctx.stats
         self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
+        self.cost = ctx.cost
         self.wished: list[str] = []  # requests whose promotion a lookup wished this step
 
     def answer(
@@ -101,6 +105,10 @@ class LoadPlanner:
         readable = readable_chunks(
             self.directory, groups, keys, num_computed_tokens // chunk, chunk
         )
+        head = readable * chunk - num_computed_tokens
+        if head >= chunk and not self.worth(state, "host", -(-head // chunk), head):
+            state.lookup_hit = local_only  # recompute; lower tiers are not asked either
+            return 0
         if readable < len(keys) and readable * chunk >= num_computed_tokens:
             reason, wished = next_chunks_wait(
                 state,
@@ -110,6 +118,7 @@ class LoadPlanner:
                 directory=self.directory,
                 tiers=self.tiers,
                 config=self.config,
+                take=lambda tier, n, tokens: self.worth(state, tier, n, tokens),
             )
             if wished:
                 self.wished.append(state.request_id)
@@ -140,6 +149,22 @@ class LoadPlanner:
             external = 0
         state.lookup_hit = (num_computed_tokens, external)
         return external
+
+    def worth(self, state: RequestState, lane: str, chunks: int, tokens: int) -> bool:
+        """Whether ``chunks`` chunks (``tokens`` tokens past what the engine holds) read
+        on ``lane`` are worth loading rather than recomputing: always under
+        ``load_policy`` ``always`` (the configuration's, or the request's own), else the
+        cost model's decision, which moves the lane's verdict; a decline is counted
+        (``hits_declined_total``, ``declined_tokens_total``)."""
+        policy = state.controls.load_policy
+        if policy == "always" or (policy is None and self.cost.always):
+            return True
+        decision = self.cost.decide(lane, chunks, tokens)
+        if decision.decline is None:
+            return True
+        self.metrics.count("hits_declined_total", tier=lane, reason=decision.decline.value)
+        self.metrics.count("declined_tokens_total", tokens, tier=lane)
+        return False
 
     def plan(
         self,
@@ -212,12 +237,15 @@ def next_chunks_wait(
     directory: Directory,
     tiers: TierPlanner,
     config: SchedulerConfig,
+    take: Callable[[str, int, int], bool] = lambda tier, chunks, tokens: True,
 ) -> tuple[Deferral | TierHit | None, bool]:
     """Whether the chunks after the readable prefix (``readable`` chunks of ``keys``)
     are worth waiting for: a host store of the next one is in flight, a lower tier
     cannot tell yet, or (``direct_tier_loads`` off) a lower tier holds the next ones
     (their promotion is then wished in ``state.promotion``, for the next plan); with
     ``direct_tier_loads`` a lower tier's run is a :class:`TierHit` to offer now.
+    A lower tier's run is neither offered nor promoted unless ``take(tier, chunks,
+    tokens)`` (the load-or-recompute decision) accepts it.
     Returns the reason to wait or the tier hit (None: neither) and whether the
     promotion wish is new."""
     if state.no_promotion:
@@ -238,6 +266,8 @@ def next_chunks_wait(
     tier, hit, wanted, wanted_groups = found
     if hit * chunk - local < chunk:
         return None, False  # less than a chunk past the engine's own hit
+    if not take(tier, len(wanted), hit * chunk - max(local, readable * chunk)):
+        return None, False  # recomputing the tier's part is faster: never wait for it
     if config.direct_tier_loads:
         return TierHit(tier, hit), False
     new = state.promotion is None

@@ -181,11 +181,14 @@ def test_a_tier_slower_than_recomputing_is_declined_at_once() -> None:
     assert rig.s.state_of("a").promotion is None  # type: ignore[union-attr]
 
 
-def test_a_fast_tier_and_an_unmeasured_one_are_taken() -> None:
+def test_a_fast_tier_is_taken_and_an_unmeasured_one_probed_once() -> None:
     rig = Rig()
-    assert rig.ask("a") == 16  # no timing yet: loaded, as always
+    assert rig.ask("a") == 16  # no timing yet: loaded, as always; it measures the lane
+    rig.admit("a")
+    assert rig.ask("b") == 0  # the probe is in flight: recompute rather than queue
+    assert rig.declined("unmeasured") == 1
     rig.disk_takes(0.001)  # 4 ms against 16 ms
-    assert rig.ask("b") == 16
+    assert rig.ask("c") == 16
     assert rig.declined() == 0
 
 

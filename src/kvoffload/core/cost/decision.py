@@ -11,8 +11,11 @@ per part, never a cut inside it.
 Hysteresis: each lane holds a :class:`Verdict`. A lane that loads turns to recompute
 only when loading is slower than ``threshold * (1 + hysteresis)``; a lane that
 recomputes turns back only when loading is faster than ``threshold * (1 - hysteresis)``;
-in between it keeps its verdict. An unmeasured lane (no estimate) loads, and so does a
-load expected within :data:`NEGLIGIBLE_S` (a decision below timing noise).
+in between it keeps its verdict. An unmeasured lower tier's lane (no estimate) loads one part at a
+time: its first load is the probe that measures it, and while that is in flight further
+parts are recomputed (a slow tier's first minutes never pile up a queue behind a
+transfer nobody has timed yet). A load expected within :data:`NEGLIGIBLE_S` is always
+taken (a decision below timing noise).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Decline(enum.Enum):
 
     TRANSFER = "transfer"  # its transfer alone is slower than recomputing it
     QUEUE = "queue"  # an idle lane would have loaded it: the work queued on it is why
+    UNMEASURED = "unmeasured"  # the lane's first load, its probe, is still in flight
 
 
 class LaneDecision(NamedTuple):
@@ -51,10 +55,14 @@ def decide_lane(
     recompute_s: float,
     margin: float,
     hysteresis: float,
+    probing: bool = False,
 ) -> LaneDecision:
     """The lane's new verdict for a part that takes ``load_s`` to be ready (queue
-    included; ``idle_load_s`` without the queue; None: unmeasured) against
-    ``recompute_s`` to recompute. Pure."""
+    included; ``idle_load_s`` without the queue; None: unmeasured, and ``probing``
+    when the unmeasured lane has a load in flight) against ``recompute_s`` to
+    recompute. Pure."""
+    if load_s is None and probing:
+        return LaneDecision(previous, Decline.UNMEASURED)
     if load_s is None or load_s <= NEGLIGIBLE_S:
         return LaneDecision(Verdict.LOAD, None)
     threshold = recompute_s * margin

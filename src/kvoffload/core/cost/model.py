@@ -122,8 +122,8 @@ class CostModel:
         """Load ``chunks`` chunks (``tokens`` tokens) on lane ``name``, or recompute
         them; moves the lane's verdict (hysteresis). Never raises."""
         lane = self.lane(name)
-        idle = lane.seconds(chunks)
-        queued = lane.seconds(chunks + self.queued_chunks(name)) if idle is not None else None
+        idle, in_flight = lane.seconds(chunks), self.queued_chunks(name)
+        queued = lane.seconds(chunks + in_flight) if idle is not None else None
         decision = decide_lane(
             self.verdicts.get(name, Verdict.LOAD),
             load_s=queued,
@@ -131,6 +131,7 @@ class CostModel:
             recompute_s=max(0, tokens) / self.prefill.tokens_per_s(),
             margin=HOST_MARGIN if name == HOST else 1.0,
             hysteresis=HYSTERESIS,
+            probing=idle is None and in_flight > 0 and name != HOST,  # host: memcpy-fast
         )
         self.verdicts[name] = decision.verdict
         return decision

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvoffload.core.cost import LaneCosts
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.vllm_fuzz.faults import FaultPolicy, chance
@@ -112,7 +113,10 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
             "chunk_tokens": extra["chunk_tokens"],
             "store_threshold": scenario.beside.store_threshold,
         }
+    tier = {Tiers.DISK: "disk", Tiers.REDIS: "redis"}.get(scenario.tiers)
+    costs = {tier: LaneCosts(0.0, scenario.lane_cost)} if tier and scenario.lane_cost else {}
     return HarnessSpec(
+        lane_costs=costs,
         beside=beside,
         async_scheduling=scenario.async_scheduling,
         num_blocks=scenario.num_blocks,
@@ -305,3 +309,6 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         outcome.stats[f"{tier.name}_integrity_errors"] += sum(errors.values())
         timeouts = t.breakdown("tier_io_timeouts_total", "direction")
         outcome.stats["tier_io_timeouts"] += sum(timeouts.values())
+        declined = half.metrics.breakdown("hits_declined_total", "reason", tier=tier.name)
+        for reason, n in declined.items():
+            outcome.stats[f"declined_{reason}"] += n

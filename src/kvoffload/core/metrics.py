@@ -173,8 +173,8 @@ METRICS: tuple[MetricDef, ...] = (
         "counter",
         "Parts of hits recomputed instead of loaded (load_policy cost), by the tier that "
         "held them and reason: transfer (loading them was slower than recomputing), queue "
-        "(an idle lane would have loaded them: the work queued on it was why). Counted per "
-        "lookup.",
+        "(an idle lane would have loaded them: the work queued on it was why), unmeasured "
+        "(the tier's first load, which measures it, was still in flight). Counted per lookup.",
         ("tier", "reason"),
     ),
     MetricDef(

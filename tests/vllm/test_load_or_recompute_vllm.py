@@ -1,18 +1,22 @@
 """Load or recompute (decision 0013) on vLLM's real scheduler, in logical time with
 fixed lane costs (``HarnessSpec.lane_costs``): once the disk lane was timed slower than
 the engine's prefill, a hit held on disk only is declined (the request recomputes at
-once, its output equals the reference); a fast disk's hit is loaded."""
+once, its output equals the reference); a fast disk's hit is loaded; tier loads held in
+flight queue on the lane until a hit is declined for the queue, and once they land the
+lane loads again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kvoffload.core.cost import LaneCosts
-from kvoffload.testing.vllm_harness import VllmHarness
+from kvoffload.core.cost import LaneCosts, fixed_timing
+from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.testing.vllm_harness import CompleteAll, VllmHarness
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes
 
@@ -81,4 +85,57 @@ def test_a_slow_disk_s_hit_is_recomputed_and_a_fast_one_loaded(
         assert h.loaded_tokens("doc3") == 0 and declined >= 1
         assert half.metrics.value("deferral_timeouts_total") == 0  # never waited for
     assert half.metrics.value("declined_tokens_total", tier="disk") == (0 if loaded else 64)
+    h.quiescent()
+
+
+@dataclass
+class HoldTierLoads(CompleteAll):
+    """Every job completes at once, except tier loads while ``hold``."""
+
+    hold: bool = True
+
+    def tier_jobs(
+        self, rank: int, step: int, jobs: Sequence[TransferJob]
+    ) -> tuple[set[int], set[int]]:
+        held = {j.job_id for j in jobs if self.hold and j.kind is JobKind.LOAD}
+        return {j.job_id for j in jobs} - held, set()
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_a_growing_queue_declines_and_a_drained_one_loads_again(
+    harness: Any, async_scheduling: bool
+) -> None:
+    """The disk lane is cheap idle; tier loads held in flight queue on it until loading
+    is slower than recomputing (declined: ``queue``); once they land it loads again."""
+    h: VllmHarness = harness(async_scheduling, LaneCosts(0.0, 0.0))
+    half = h.scheduler_half
+    serve(h, "doc", DOC)
+    evict_doc(h, 0)
+    rate = half.cost.prefill.tokens_per_s()
+    per_chunk = 0.25 * len(DOC) / rate / 4  # one load of DOC: a quarter of recomputing it
+    half.cost.timing = fixed_timing({"disk": LaneCosts(0.0, per_chunk)})
+    serve(h, "probe", DOC)  # measures the lane
+    assert h.loaded_tokens("probe") > 0
+    evict_doc(h, 1)
+    h.policy = policy = HoldTierLoads()
+    waiting = []
+    for i in range(30):
+        rid = f"q{i}"
+        h.add_request(rid, DOC, 2)
+        h.step()
+        h.step()
+        if half.metrics.value("hits_declined_total", tier="disk", reason="queue"):
+            break
+        waiting.append(rid)
+    assert half.metrics.value("hits_declined_total", tier="disk", reason="queue") == 1
+    assert h.loaded_tokens(rid) == 0  # recomputed at once
+    assert all(h.loaded_tokens(w) > 0 for w in waiting)
+    policy.hold = False
+    h.run()
+    assert half.cost.queued_chunks("disk") == 0
+    h.reset_prefix_cache()
+    serve(h, "after", DOC)
+    assert h.loaded_tokens("after") > 0
+    for rid in [*waiting, f"q{len(waiting)}"]:
+        assert h.output_tokens(rid) == h.model.reference_output(rid, DOC, 2)
     h.quiescent()

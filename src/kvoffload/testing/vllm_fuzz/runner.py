@@ -84,6 +84,15 @@ class Environment:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def _seed_lanes(harness: VllmHarness) -> None:
+    """A drawn lane cost is known from the start, as a start-up probe would measure it:
+    every tier hit of the seed meets the measured decision (lanes without a drawn cost
+    stay unmeasured, so their first tier load is the probe)."""
+    for unit in harness.units:
+        for name, lane in harness.spec.lane_costs.items():
+            unit.side.scheduler.cost.lane(name).observe(1, 0, lane.latency_s + lane.s_per_chunk)
+
+
 def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> HarnessSpec:
     chunk_bytes = BLOCK_BYTES * scenario.blocks_per_chunk
     world = scenario.world_size
@@ -136,6 +145,7 @@ def run_scenario(scenario: Scenario, env: Environment) -> Outcome:
     harness: VllmHarness | None = None
     try:
         harness = VllmHarness(env.model_path, harness_spec(scenario, env, workdir))
+        _seed_lanes(harness)
         _drive(scenario, harness, env, outcome)
     except Exception as exc:
         outcome.status = "failed"

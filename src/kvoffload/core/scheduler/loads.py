@@ -12,8 +12,8 @@ run is instead promoted into host memory first while the request waits. With
 offered only when the cost model says loading it beats recomputing it
 (:meth:`LoadPlanner.worth`; decision 0013): a declined part is recomputed at once,
 never waited for. What lookup finds past the host prefix is :mod:`.below_host`. The
-functions below it are pure over the state they are given (they
-mutate only what their docstrings name).
+functions below it are pure over the state they are given (they mutate only what their
+docstrings name).
 """
 
 from __future__ import annotations

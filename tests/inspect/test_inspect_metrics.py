@@ -410,3 +410,44 @@ def test_the_exporter_puts_each_label_value_under_its_own_label(endpoint: str) -
     with urllib.request.urlopen(f"{endpoint}/metrics", timeout=5) as response:
         text = response.read().decode()
     assert 'kvoffload_integrity_errors_total{reason="checksum",tier="disk"} 1.0' in text
+
+
+def test_the_cost_model_s_lanes_and_declines(capsys: pytest.CaptureFixture[str]) -> None:
+    """The load-or-recompute lines (decision 0013): the prefill speed, each lane the
+    model decided on with its estimate, queue, verdict and declines by reason."""
+    r = recorder()
+    r.count("hits_declined_total", 5, tier="disk", reason="transfer")
+    r.count("hits_declined_total", 2, tier="disk", reason="queue")
+    gauges = {
+        **GAUGES,
+        ("cost_prefill_tokens_per_second", ()): 3200.0,
+        ("cost_lane_loads", labels(tier="host")): 1.0,
+        ("cost_lane_queued_chunks", labels(tier="host")): 0.0,
+        ("cost_lane_latency_seconds", labels(tier="host")): 0.0001,
+        ("cost_lane_seconds_per_chunk", labels(tier="host")): 0.0005,
+        ("cost_lane_bytes_per_second", labels(tier="host")): float(4 * MIB) / 0.0005,
+        ("cost_lane_loads", labels(tier="disk")): 0.0,
+        ("cost_lane_queued_chunks", labels(tier="disk")): 8.0,
+        ("cost_lane_latency_seconds", labels(tier="disk")): 0.002,
+        ("cost_lane_seconds_per_chunk", labels(tier="disk")): 0.025,
+        ("cost_lane_loads", labels(tier="redis")): 1.0,
+        ("cost_lane_queued_chunks", labels(tier="redis")): 1.0,
+    }
+
+    def read() -> MetricsReading:
+        counters = {series: float(n) for series, n in r.counters.items()}
+        return MetricsReading(counters, gauges, dict(r.histograms))
+
+    served = MetricsEndpoint(read, 0)
+    try:
+        assert main(["metrics", f"http://127.0.0.1:{served.port}"]) == 0
+    finally:
+        served.close()
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("load or recompute: prefill 3200 tokens/s")
+    assert out[at + 1 : at + 4] == [
+        "  host: loads (0.10 ms + 0.50 ms/chunk, 7.8 GiB/s; 0 chunks queued)",
+        "  disk: recomputes (2.00 ms + 25.00 ms/chunk; 8 chunks queued); declined queue=2 "
+        "transfer=5",
+        "  redis: loads (unmeasured; 1 chunks queued)",
+    ]

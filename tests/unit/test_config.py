@@ -31,6 +31,8 @@ BAD: dict[str, list[Any]] = {
     "redis_password": [b"pw"],
     "lower_tier_admission": ["sometimes", 0, -1, "3"],
     "lower_tier_loads": ["Direct", "", True, None],
+    "load_policy": ["Cost", "never", True, None],
+    "prefill_tokens_per_s": [0, -1, float("nan"), "1e4", True],
     "metrics_port": [0, 70000, "9400", True],
     "max_deferral_steps": [0, 1.5],
     "max_deferral_seconds": [0, -1, float("nan"), float("inf"), "5"],

@@ -33,6 +33,8 @@ class ParamReq(Req):
         ({"kvoffload": {}}, DEFAULT),
         ({"kvoffload": {"store": False}}, RequestControls(store=False)),
         ({"kvoffload": {"load": False}}, RequestControls(load=False)),
+        ({"kvoffload": {"load": "always"}}, RequestControls(load_policy="always")),
+        ({"kvoffload": {"load": "cost"}}, RequestControls(load_policy="cost")),
         ({"kvoffload": {"max_store_tokens": 64}}, RequestControls(max_store_tokens=64)),
         ({"kvoffload": {"max_load_tokens": 0}}, RequestControls(max_load_tokens=0)),
         (
@@ -52,6 +54,7 @@ def test_valid_controls(params: Any, controls: RequestControls) -> None:
         ({"kvoffload": "off"}, "kvoffload"),
         ({"kvoffload": {"store": "no"}}, "kvoffload.store"),
         ({"kvoffload": {"load": 0}}, "kvoffload.load"),
+        ({"kvoffload": {"load": "never"}}, "kvoffload.load"),
         ({"kvoffload": {"max_load_tokens": -1}}, "kvoffload.max_load_tokens"),
         ({"kvoffload": {"max_store_tokens": 1.5}}, "kvoffload.max_store_tokens"),
         ({"kvoffload": {"max_store_tokens": True}}, "kvoffload.max_store_tokens"),

@@ -199,6 +199,25 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: v in ("direct", "promote"),
     ),
     Option(
+        "load_policy",
+        "cost | always",
+        "cost",
+        "Which hits are loaded: cost offers a hit's part held by a tier only when its "
+        "expected ready time (the work queued on the tier's lane plus its transfer, learned "
+        "from the tier's own jobs) beats recomputing it at the engine's measured prefill "
+        "speed (a slow tier's tail is recomputed; decision 0013); always loads every hit. "
+        'A request may override it: ``"kvoffload": {"load": "always"}``.',
+        lambda v: v in ("cost", "always"),
+    ),
+    Option(
+        "prefill_tokens_per_s",
+        "number > 0",
+        10000.0,
+        "The engine's prefill speed (tokens per second) assumed by load_policy cost until "
+        "step timings measure it. A tier is loaded until its own jobs were timed.",
+        _positive_number,
+    ),
+    Option(
         "metrics_port",
         "integer 1..65535",
         None,

@@ -168,6 +168,59 @@ METRICS: tuple[MetricDef, ...] = (
         "the request waits a step), per tier.",
         ("tier",),
     ),
+    MetricDef(
+        "hits_declined_total",
+        "counter",
+        "Parts of hits recomputed instead of loaded (load_policy cost), by the tier that "
+        "held them and reason: transfer (loading them was slower than recomputing), queue "
+        "(an idle lane would have loaded them: the work queued on it was why), unmeasured "
+        "(the tier's first load, which measures it, was still in flight). Counted per lookup.",
+        ("tier", "reason"),
+    ),
+    MetricDef(
+        "declined_tokens_total",
+        "counter",
+        "Tokens of declined hits (recomputed instead of loaded), by the tier that held them.",
+        ("tier",),
+    ),
+    MetricDef(
+        "cost_lane_latency_seconds",
+        "gauge",
+        "The cost model's fixed latency of one load on a lane (host: host memory to the "
+        "engine; disk, redis: the tier's reads), learned from its jobs' timings; absent "
+        "while unmeasured.",
+        ("tier",),
+    ),
+    MetricDef(
+        "cost_lane_seconds_per_chunk",
+        "gauge",
+        "The cost model's transfer time of one chunk on a lane (per worker).",
+        ("tier",),
+    ),
+    MetricDef(
+        "cost_lane_bytes_per_second",
+        "gauge",
+        "The cost model's bandwidth of a lane (per worker).",
+        ("tier",),
+    ),
+    MetricDef(
+        "cost_lane_queued_chunks",
+        "gauge",
+        "Chunks of the loads and promotions in flight reading on a lane.",
+        ("tier",),
+    ),
+    MetricDef(
+        "cost_lane_loads",
+        "gauge",
+        "A lane's standing verdict: 1 loads, 0 recomputes (hysteresis holds it).",
+        ("tier",),
+    ),
+    MetricDef(
+        "cost_prefill_tokens_per_second",
+        "gauge",
+        "The engine's prefill speed the cost model uses (measured from step timings; the "
+        "prefill_tokens_per_s seed until then).",
+    ),
     MetricDef("preemptions_total", "counter", "Requests preempted while kvoffload tracked them."),
     MetricDef(
         "anomalies_total",

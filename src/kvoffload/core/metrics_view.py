@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvoffload.core.cost import Verdict
 from kvoffload.core.metrics import Series, labels
 from kvoffload.core.recorder import Histogram
 from kvoffload.core.tiering import DirectoryTier
@@ -54,6 +55,7 @@ def _gauges(scheduler: OffloadScheduler, chunk_bytes: int) -> dict[Series, float
     g[("usage_bytes", labels(tier="host"))] = float(len(host) * chunk_bytes)
     g[("capacity_bytes", labels(tier="host"))] = float(host.num_slots * chunk_bytes)
     g[("pinned_chunks", labels(tier="host"))] = float(host.pinned_count)
+    g.update(_cost_gauges(scheduler))
     for tier in scheduler.tiers.tiers.values():
         g[("usage_bytes", labels(tier=tier.name))] = float(tier.held_count() * chunk_bytes)
         quarantined = scheduler.moves.quarantine.chunks(tier.name)
@@ -62,4 +64,24 @@ def _gauges(scheduler: OffloadScheduler, chunk_bytes: int) -> dict[Series, float
             capacity = tier.directory.num_slots * chunk_bytes
             g[("capacity_bytes", labels(tier=tier.name))] = float(capacity)
             g[("pinned_chunks", labels(tier=tier.name))] = float(tier.directory.pinned_count)
+    return g
+
+
+def _cost_gauges(scheduler: OffloadScheduler) -> dict[Series, float]:
+    """The cost model's lanes (those measured or decided on) and prefill speed."""
+    cost = scheduler.cost
+    g: dict[Series, float] = {
+        ("cost_prefill_tokens_per_second", ()): cost.prefill.tokens_per_s(),
+    }
+    for name, lane in sorted(cost.lanes.items()):  # every lane decided on is here
+        tier = labels(tier=name)
+        g[("cost_lane_queued_chunks", tier)] = float(cost.queued_chunks(name))
+        g[("cost_lane_loads", tier)] = float(cost.verdicts.get(name) is not Verdict.RECOMPUTE)
+        fitted = lane.fit()
+        if fitted is not None:
+            g[("cost_lane_latency_seconds", tier)] = fitted[0]
+            g[("cost_lane_seconds_per_chunk", tier)] = fitted[1]
+        bandwidth = lane.bytes_per_second()
+        if bandwidth is not None:
+            g[("cost_lane_bytes_per_second", tier)] = bandwidth
     return g

@@ -12,7 +12,10 @@ they never collide with another connector's parameters::
 field             accepted                    meaning
 ================  ==========================  ===========================================
 store             true | false                false: never store this request's KV
-load              true | false                false: never serve it stored KV
+load              true | false | "always"     false: never serve it stored KV;
+                  | "cost"                    "always": load every hit (load_policy
+                                              always for this request); "cost": only
+                                              what beats recomputing (load_policy cost)
 max_store_tokens  integer >= 0                store only chunks within its first N tokens
 max_load_tokens   integer >= 0                serve only chunks within its first N tokens
 load_tiers        list of host, disk, redis   the lower tiers a hit may be read from
@@ -43,6 +46,7 @@ class RequestControls:
     max_store_tokens: int | None = None
     max_load_tokens: int | None = None
     load_tiers: frozenset[str] | None = None  # None: every tier
+    load_policy: str | None = None  # "always" | "cost"; None: the configured load_policy
 
     def store_chunks(self, chunk_tokens: int) -> int | None:
         """How many leading chunks may be stored (None: no limit)."""
@@ -68,6 +72,16 @@ def _flag(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+LOAD_POLICIES = ("always", "cost")
+
+
+def _load(value: Any) -> bool | str | None:
+    """``load``: a flag, or a load policy (which loads)."""
+    if isinstance(value, bool):
+        return value
+    return value if isinstance(value, str) and value in LOAD_POLICIES else None
+
+
 def _tokens(value: Any) -> int | None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
     return value if ok else None
@@ -79,9 +93,9 @@ def _tiers(value: Any) -> frozenset[str] | None:
     return frozenset(value)
 
 
-_FIELDS = {
+_FIELDS: dict[str, Any] = {
     "store": _flag,
-    "load": _flag,
+    "load": _load,
     "max_store_tokens": _tokens,
     "max_load_tokens": _tokens,
     "load_tiers": _tiers,
@@ -108,5 +122,8 @@ def parse_controls(params: Any) -> tuple[RequestControls, str | None]:
         parsed = check(value)
         if parsed is None:
             return OFF, f"{PARAMS_KEY}.{name}"
+        if isinstance(parsed, str):  # load: a policy
+            values["load_policy"] = parsed
+            parsed = True
         values[name] = parsed
     return RequestControls(**values), None

@@ -94,6 +94,14 @@ class SchedulerConfig:
     staging area); off, it is first promoted into host memory (which needs room for
     the whole run) while the request waits.
 
+    ``load_policy``: ``cost`` offers a hit only where loading beats recomputing it
+    (:mod:`kvoffload.core.cost`, decision 0013), ``always`` offers every hit. The
+    engine-facing default is the user option's (``cost``); this internal default is
+    ``always`` so that engines built directly on the scheduler half (the reference
+    engine, the explorer) keep deterministic offers unless they opt in.
+    ``prefill_tokens_per_s``: the engine's prefill speed assumed until step timings
+    measure it.
+
     ``testing_disable_inflight_deferral`` exists only so the interleaving explorer
     can show that it finds the race this deferral prevents; never set it otherwise.
     """
@@ -107,6 +115,8 @@ class SchedulerConfig:
     null_block: int | None = None
     kv_groups: KVGroups = ONE_GROUP
     direct_tier_loads: bool = True
+    load_policy: str = "always"
+    prefill_tokens_per_s: float = 10000.0
     testing_disable_inflight_deferral: bool = False
 
     def __post_init__(self) -> None:
@@ -118,6 +128,15 @@ class SchedulerConfig:
             raise ConfigError(
                 "max_deferral_seconds",
                 f"invalid value {self.max_deferral_seconds!r}; accepted: number > 0",
+            )
+        if self.load_policy not in ("cost", "always"):
+            raise ConfigError(
+                "load_policy", f"invalid value {self.load_policy!r}; accepted: cost | always"
+            )
+        if not self.prefill_tokens_per_s > 0:
+            raise ConfigError(
+                "prefill_tokens_per_s",
+                f"invalid value {self.prefill_tokens_per_s!r}; accepted: number > 0",
             )
 
         if self.hash_block_size < 0 or (
@@ -165,6 +184,7 @@ SCHEDULER_SERIES: tuple[Series, ...] = (
     ("failed_chunks_total", labels(direction="load", tier="host")),
     ("failed_chunks_total", labels(direction="store", tier="host")),
     ("preemptions_total", ()),
+    ("hits_declined_total", labels(tier="host", reason="transfer")),
     ("internal_errors_total", ()),
     ("resets_total", ()),
     ("flushes_total", ()),

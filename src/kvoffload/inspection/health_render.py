@@ -4,7 +4,8 @@ The table has one column per tier and one row per counter; ``-`` is a series the
 scrape does not have (``None``, or an empty by-direction / by-reason mapping). The
 ``failed`` and ``integrity errors`` rows are totals; their nonzero parts follow the
 table by direction and by reason. Then the host evictions without a lower-tier copy
-(when there is a lower tier), the deferrals by reason and the internal errors. The
+(when there is a lower tier), the deferrals by reason, the cost model (the prefill
+speed, each lane's estimate, verdict and declines) and the internal errors. The
 JSON document is ``dataclasses.asdict`` of the report. Both are deterministic for a
 given report.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from kvoffload.inspection.render import human_bytes, table
-from kvoffload.inspection.tier_health import HOST, HealthReport, TierHealth
+from kvoffload.inspection.tier_health import HOST, HealthReport, LaneHealth, TierHealth
 
 _ROWS: tuple[tuple[str, Callable[[TierHealth], int | None]], ...] = (
     ("lookups", lambda t: t.lookups),
@@ -67,6 +68,7 @@ def to_text(report: HealthReport) -> str:
         + (f" ({deferrals})" if deferrals else "")
         + f"; timed out: {timeouts}"
     )
+    out += _cost_lines(report)
     errors = _cell(report.internal_errors, str)
     if report.internal_errors:
         errors += " (offloading is off for the rest of the engine's life)"
@@ -93,3 +95,30 @@ def _without_copy(host: TierHealth) -> str:
     if host.evicted_without_copy_share is None:
         return f"{n} (no host evictions)"
     return f"{n} ({host.evicted_without_copy_share:.1%} of {host.evictions} host evictions)"
+
+
+def _cost_lines(report: HealthReport) -> list[str]:
+    """``load or recompute: prefill 3200 tokens/s`` and one line per lane."""
+    if report.prefill_tokens_per_s is None and not report.lanes:
+        return []
+    rate = report.prefill_tokens_per_s
+    out = [f"load or recompute: prefill {'-' if rate is None else f'{rate:.0f}'} tokens/s"]
+    out += [f"  {_lane(lane)}" for lane in report.lanes]
+    return out
+
+
+def _lane(lane: LaneHealth) -> str:
+    verdict = "-" if lane.loads is None else "loads" if lane.loads else "recomputes"
+    if lane.seconds_per_chunk is None:
+        cost = "unmeasured"
+    else:
+        cost = (
+            f"{1e3 * (lane.latency_s or 0.0):.2f} ms + {1e3 * lane.seconds_per_chunk:.2f} ms/chunk"
+        )
+    if lane.bytes_per_second is not None:
+        cost += f", {human_bytes(round(lane.bytes_per_second))}/s"
+    queued = "-" if lane.queued_chunks is None else f"{lane.queued_chunks:.0f}"
+    declined = " ".join(f"{r}={n}" for r, n in lane.declined.items() if n)
+    return f"{lane.tier}: {verdict} ({cost}; {queued} chunks queued)" + (
+        f"; declined {declined}" if declined else ""
+    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvoffload.core.metrics import PREFIX
 from kvoffload.inspection.exposition import Exposition, Sample
@@ -59,17 +59,35 @@ class TierHealth:
 
 
 @dataclass(frozen=True)
+class LaneHealth:
+    """One lane of the load-or-recompute cost model (decision 0013), from its gauges:
+    ``latency_s`` and ``seconds_per_chunk`` learned from its jobs (None: unmeasured),
+    ``bytes_per_second``, ``queued_chunks`` in flight, ``loads`` (its standing
+    verdict), and ``declined``: hits it recomputed, by reason."""
+
+    tier: str
+    latency_s: float | None
+    seconds_per_chunk: float | None
+    bytes_per_second: float | None
+    queued_chunks: float | None
+    loads: bool | None
+    declined: dict[str, int]
+
+
+@dataclass(frozen=True)
 class HealthReport:
     """``location``: the URL read. ``deferrals``: lookups answered retry-later, by
     reason; ``deferral_timeouts``: deferrals that gave up (the request recomputed);
     ``internal_errors``: errors caught at the engine boundary (after the first,
-    offloading is off)."""
+    offloading is off); ``prefill_tokens_per_s`` and ``lanes``: the cost model."""
 
     location: str
     tiers: list[TierHealth]
     deferrals: dict[str, int]
     deferral_timeouts: int | None
     internal_errors: int | None
+    prefill_tokens_per_s: float | None = None
+    lanes: list[LaneHealth] = field(default_factory=list)
 
 
 def has_kvoffload_metrics(exposition: Exposition) -> bool:
@@ -93,7 +111,31 @@ def tier_health(exposition: Exposition, location: str) -> HealthReport:
         deferrals=series.by("deferrals_total", "reason"),
         deferral_timeouts=series.total("deferral_timeouts_total"),
         internal_errors=series.total("internal_errors_total"),
+        prefill_tokens_per_s=series.gauge("cost_prefill_tokens_per_second"),
+        lanes=_lanes(series, names),
     )
+
+
+def _lanes(series: _Series, tiers: list[str]) -> list[LaneHealth]:
+    """The cost model's lanes the scrape names (a verdict or a decline), in tier order."""
+    lanes = []
+    for tier in tiers:
+        verdict = series.gauge("cost_lane_loads", tier=tier)
+        declined = {r: n for r, n in series.by("hits_declined_total", "reason", tier=tier).items()}
+        if verdict is None and not any(declined.values()):
+            continue
+        lanes.append(
+            LaneHealth(
+                tier=tier,
+                latency_s=series.gauge("cost_lane_latency_seconds", tier=tier),
+                seconds_per_chunk=series.gauge("cost_lane_seconds_per_chunk", tier=tier),
+                bytes_per_second=series.gauge("cost_lane_bytes_per_second", tier=tier),
+                queued_chunks=series.gauge("cost_lane_queued_chunks", tier=tier),
+                loads=None if verdict is None else verdict > 0,
+                declined=declined,
+            )
+        )
+    return lanes
 
 
 def _tier(series: _Series, tier: str, *, lower: bool) -> TierHealth:
@@ -141,6 +183,12 @@ class _Series:
         """The sum of ``name``'s samples whose labels include ``pairs``; None if none."""
         matching = self._matching(name, pairs)
         return sum(_count(s) for s in matching) if matching else None
+
+    def gauge(self, name: str, **pairs: str) -> float | None:
+        """The sum of ``name``'s finite samples whose labels include ``pairs``; None if
+        none (gauges: any finite value)."""
+        values = [s.value for s in self._matching(name, pairs) if math.isfinite(s.value)]
+        return sum(values) if values else None
 
     def by(self, name: str, label: str, **pairs: str) -> dict[str, int]:
         """Those sums per value of ``label``, sorted by it (samples without it: not counted)."""

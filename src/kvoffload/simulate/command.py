@@ -17,6 +17,12 @@ from typing import Any, NoReturn
 from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import ONE_GROUP
 from kvoffload.core.policies import policy_names
+from kvoffload.simulate.bandwidth_sweep import (
+    bandwidth_json,
+    format_bandwidth_sweep,
+    parse_gbps_list,
+    run_bandwidth_sweep,
+)
 from kvoffload.simulate.chat import ChatTrace
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import parse_kv_groups
@@ -49,6 +55,7 @@ examples:
   kvoffload simulate --trace my.jsonl --json results.json
   kvoffload simulate --sweep 8GiB,16GiB,32GiB,64GiB,128GiB --output sweep.png
   kvoffload simulate --users 20 --turns 3 --write-trace example.jsonl
+  kvoffload simulate --cpu-bytes 1GiB --disk-bytes 1TiB --tier-bandwidth 0.05,0.2,1,4
   kvoffload simulate --kv-groups full,5xwindow=1024     # a Gemma-3-style hybrid model
 
 --kv-groups lists a hybrid model's KV cache groups (full, window=TOKENS, NxGROUP);
@@ -120,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="direct (tier loads straight into the engine) | promote (through host memory)",
     )
     k.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="tokens per chunk")
+    k.add_argument(
+        "--load-policy",
+        default=d.load_policy,
+        help="cost (load a hit only where it beats recomputing) | always",
+    )
     c = p.add_argument_group("cost model")
     c.add_argument("--prefill-s-per-token", type=float, default=_COST.prefill_s_per_token)
     c.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token)
@@ -139,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
         const="auto",
         metavar="SIZES",
         help="host memory sizes (comma-separated, or auto) x every eviction policy",
+    )
+    o.add_argument(
+        "--tier-bandwidth",
+        metavar="GBPS",
+        help="disk and redis bandwidths (GB/s, comma-separated) x load_policy always, cost: "
+        "mean time to first token against no kvoffload",
     )
     o.add_argument("--output", default="kvoffload-sweep.png", help="the sweep's PNG chart")
     o.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweep processes")
@@ -192,6 +210,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         store_threshold=args.store_threshold,
         lower_tier_admission=admission,
         lower_tier_loads=args.lower_tier_loads,
+        load_policy=args.load_policy,
         engine_tokens=args.engine_tokens,
         block_size=args.block_size,
         chunk_tokens=args.chunk_tokens,
@@ -246,6 +265,8 @@ def main(argv: list[str]) -> int:
     summary = workload.summary(capacity if capacity is not None else 2**62)
     _check_fits(summary, config)
     show = not args.no_progress and sys.stderr.isatty()
+    if args.tier_bandwidth is not None:
+        return _bandwidth_sweep(args, config, workload, show)
     if args.sweep is None:
         update, bar = _progress(summary.requests, "req", show)
         with bar:
@@ -269,6 +290,24 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--output: cannot write {args.output}: {exc.strerror or exc}") from None
     text = f"Workload: {title}\n{format_sweep(points)}\n\nwrote the chart to {args.output}"
     _emit(text, sweep_json(points), args.json)
+    return 0
+
+
+def _bandwidth_sweep(
+    args: argparse.Namespace, config: SimConfig, workload: Workload, show: bool
+) -> int:
+    if args.sweep is not None:
+        raise UsageError("--tier-bandwidth and --sweep: one sweep at a time")
+    if args.jobs < 1:
+        raise UsageError("--jobs: must be an integer >= 1")
+    bandwidths = parse_gbps_list(args.tier_bandwidth)
+    update, bar = _progress(1 + 2 * len(bandwidths), "sim", show)
+    with bar:
+        baseline, points = run_bandwidth_sweep(
+            config, workload, bandwidths, jobs=args.jobs, progress=update
+        )
+    text = f"Workload: {workload.describe()}\n{format_bandwidth_sweep(baseline, points)}"
+    _emit(text, bandwidth_json(baseline, points), args.json)
     return 0
 
 

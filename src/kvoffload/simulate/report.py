@@ -73,6 +73,7 @@ class SimResult:
     tiers: list[TierResult] = field(default_factory=list)
     deferrals: dict[str, int] = field(default_factory=dict)
     deferral_timeouts: int = 0
+    declined_tokens: dict[str, int] = field(default_factory=dict)  # by tier, per lookup
     admission_refusals: int = 0
     preemptions: int = 0
     engine_steps: int = 0
@@ -166,7 +167,8 @@ def format_report(r: SimResult) -> str:
         f"  kvoffload    host {format_bytes(s['cpu_bytes'])}, disk "
         f"{format_bytes(s['disk_bytes'])}, redis {format_bytes(s['redis_bytes'])}; eviction "
         f"{s['eviction']}, store_threshold {s['store_threshold']}, lower_tier_admission "
-        f"{s['lower_tier_admission']}, lower_tier_loads {s['lower_tier_loads']}",
+        f"{s['lower_tier_admission']}, lower_tier_loads {s['lower_tier_loads']}, "
+        f"load_policy {s['load_policy']}",
         *_chunk_lines(r),
         f"  cost model   prefill {c.prefill_s_per_token * 1e6:.0f} us/token, decode "
         f"{c.decode_s_per_token * 1e6:.0f} us/token (one step per {s['decode_stride']} tokens); "
@@ -191,6 +193,8 @@ def format_report(r: SimResult) -> str:
         f"  deferrals                 {sum(r.deferrals.values())}"
         + "".join(f", {k} {v}" for k, v in sorted(r.deferrals.items()))
         + f"; timeouts {r.deferral_timeouts}; admission refusals {r.admission_refusals}",
+        f"  hits recomputed (cost)    {sum(r.declined_tokens.values())} tokens"
+        + "".join(f", {k} {v}" for k, v in sorted(r.declined_tokens.items())),
         *_group_results(r),
         "",
         "Traffic         capacity     written (stored/spilled)   read (loaded/promoted)  "

@@ -84,6 +84,8 @@ class _Simulation:
                     null_block=NULL_BLOCK if self.tables is not None else None,
                     kv_groups=c.kv_groups,
                     direct_tier_loads=c.lower_tier_loads == "direct",
+                    load_policy=c.load_policy,  # the engine's decision, learned the same way
+                    prefill_tokens_per_s=1.0 / c.cost.prefill_s_per_token,
                 ),
                 self.host,
                 Namespace(model="simulated", layout=self._layout(), dtype="-"),
@@ -214,6 +216,7 @@ class _Simulation:
         metrics, chunks = self.scheduler.metrics, self.worker.traffic.chunks
         r.deferrals = metrics.breakdown("deferrals_total", "reason")
         r.deferral_timeouts = metrics.value("deferral_timeouts_total")
+        r.declined_tokens = metrics.breakdown("declined_tokens_total", "tier")
         r.admission_refusals = self.host.metrics.value("admission_refusals_total")
         r.lane_busy_s = dict(self.worker.traffic.busy_s)
         r.tiers.append(

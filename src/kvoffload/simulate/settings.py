@@ -32,6 +32,7 @@ class SimConfig:
     store_threshold: int = 1
     lower_tier_admission: str | int = "write_through"
     lower_tier_loads: str = "direct"
+    load_policy: str = "cost"
     engine_tokens: int = 262144
     block_size: int = 64
     chunk_tokens: int = 256
@@ -65,6 +66,7 @@ class SimConfig:
             store_threshold=self.store_threshold,
             lower_tier_admission=self.lower_tier_admission,
             lower_tier_loads=self.lower_tier_loads,
+            load_policy=self.load_policy,
             max_deferral_steps=self.max_deferral_steps,
             max_deferral_seconds=self.max_deferral_seconds,
         ).resolve_chunk_tokens(self.block_size)

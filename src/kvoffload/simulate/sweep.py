@@ -52,7 +52,8 @@ def auto_sizes(unique_bytes: int, chunk_bytes: int) -> list[int]:
     return [s for s in sizes if s >= chunk_bytes] or [chunk_bytes]
 
 
-def _run_point(args: tuple[SimConfig, Workload]) -> SimResult:
+def run_point(args: tuple[SimConfig, Workload]) -> SimResult:
+    """One simulation of a sweep (picklable: runs in a worker process)."""
     config, workload = args
     return run_simulation(config, workload.requests())
 
@@ -73,12 +74,12 @@ def run_sweep(
     results: list[SimResult] = []
     if jobs <= 1 or len(tasks) == 1:
         for task in tasks:
-            results.append(_run_point(task))
+            results.append(run_point(task))
             if progress is not None:
                 progress(1)
     else:
         with multiprocessing.get_context().Pool(min(jobs, len(tasks))) as pool:
-            for result in pool.imap(_run_point, tasks):
+            for result in pool.imap(run_point, tasks):
                 results.append(result)
                 if progress is not None:
                     progress(1)

@@ -70,6 +70,8 @@ class Geometry:
             max_deferral_seconds=config.max_deferral_seconds,
             kv_groups=self.kv_groups,
             direct_tier_loads=config.lower_tier_loads == "direct",
+            load_policy=config.load_policy,
+            prefill_tokens_per_s=float(config.prefill_tokens_per_s),
         )
 
 

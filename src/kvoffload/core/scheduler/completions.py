@@ -5,7 +5,7 @@ Unknown and repeated results are ignored and counted (``stale_completions``). A
 report's ``released`` ids (timed-out tier I/O that returned) go to the tier moves'
 quarantine after its results.
 Mutates the planners' state (directories, tiers), the job tracker (the completed job
-leaves it), the requests' phases, the transfer histograms.
+leaves it), the requests' phases, the transfer histograms, the cost model's lanes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Completions:
         self.requests = ctx.requests
         self.stats = ctx.stats
         self.metrics = metrics
+        self.cost = ctx.cost
         self.loads, self.stores, self.moves = planners
 
     def apply(self, report: WorkerReport) -> list[Completion]:
@@ -44,6 +45,7 @@ class Completions:
             if job is not None:
                 tier = job.tier or "host"  # a tier load: its lower tier's
                 self.metrics.observe_transfer(job.kind.value, tier, result.nbytes, result.seconds)
+                self.cost.observe(job, result)
                 if isinstance(job, TierJob) and tracker.counts(report.rank, job.job_id):
                     self.moves.note(report.rank, job, result)
             completion = tracker.record(report.rank, result)

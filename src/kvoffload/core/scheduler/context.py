@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvoffload.core.anomalies import AnomalyLog
+from kvoffload.core.cost import CostModel
 from kvoffload.core.directory import Directory
 from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.core.scheduler.deferral import DeferralClock
@@ -18,7 +19,7 @@ class Context:
     """The collaborators (each the one owner of its state): the host directory, the
     tier planner (lower tiers), the request table (states; it holds the job
     tracker), the deferral clock, the job counts, the metrics recorder (every exported
-    counter) and the anomaly log."""
+    counter), the anomaly log and the cost model (load or recompute)."""
 
     config: SchedulerConfig
     directory: Directory
@@ -28,3 +29,4 @@ class Context:
     stats: SchedulerStats
     metrics: MetricsRecorder
     anomalies: AnomalyLog
+    cost: CostModel

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog, ParamErrorLog
+from kvoffload.core.cost import CostModel
 from kvoffload.core.directory import Directory
 from kvoffload.core.events import CacheEvent
 from kvoffload.core.jobs import EngineJob, StepPlan, TransferJob, WorkerReport
@@ -83,6 +84,11 @@ class OffloadScheduler:
             groups=len(config.kv_groups),
         )
         self.deferral = DeferralClock(config, self.metrics, clock)
+        self.cost = CostModel(
+            prefill_tokens_per_s=config.prefill_tokens_per_s,
+            always=config.load_policy == "always",
+            in_flight=self._tracker.jobs,
+        )
         ctx = Context(
             config,
             directory,
@@ -92,6 +98,7 @@ class OffloadScheduler:
             self.stats,
             self.metrics,
             self.anomalies,
+            self.cost,
         )
         self.loads = LoadPlanner(ctx)
         self.stores = StorePlanner(ctx)
@@ -102,7 +109,8 @@ class OffloadScheduler:
 
     @property
     def clock(self) -> Callable[[], float]:
-        """The deferral bound's time source (harnesses substitute logical time)."""
+        """The time source of the deferral bound and of the prefill speed the cost
+        model measures (harnesses substitute logical time)."""
         return self.deferral.clock
 
     @clock.setter
@@ -177,7 +185,9 @@ class OffloadScheduler:
 
     def build_plan(self, step: StepInput) -> StepPlan:
         """The plan for this engine step (see :class:`StepPlan` and
-        :class:`StepBuilder`)."""
+        :class:`StepBuilder`). The cost model times the engine's steps here."""
+        tokens = sum(s.num_scheduled_tokens for s in step.scheduled)
+        self.cost.on_step(self.deferral.clock(), tokens)
         return self.builder.build(step)
 
     def on_report(self, report: WorkerReport) -> list[Completion]:

@@ -7,31 +7,33 @@ admitted hit (pinning its host chunks; its chunks a lower tier holds are read fr
 there, a *tier load*, booked in the tier), and completes it (unpinning; a failed load
 discards its host chunks, whose copies may be torn, unless the failure was the tier's
 chunks, which the tier then forgets). With ``direct_tier_loads`` off, a lower tier's
-run is instead promoted into host memory first while the request waits. The
-functions below it are pure over the state they are given (they mutate only what
-their docstrings name).
+run is instead promoted into host memory first while the request waits. With
+``load_policy`` ``cost`` each part of a hit (the host head, a lower tier's tail) is
+offered only when the cost model says loading it beats recomputing it
+(:meth:`LoadPlanner.worth`; decision 0013): a declined part is recomputed at once,
+never waited for. What lookup finds past the host prefix is :mod:`.below_host`. The
+functions below it are pure over the state they are given (they mutate only what their
+docstrings name).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
-from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory, LookupStatus
 from kvoffload.core.jobs import NO_BLOCK, NO_SLOT, EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.scheduler.below_host import TierHit, next_chunks_wait
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.group_chunks import (
     Entry,
     load_entries,
     readable_chunks,
-    wanted_entries,
 )
 from kvoffload.core.scheduler.job_tracker import Completion
-from kvoffload.core.scheduler.request_state import PromotionWish, RequestState
+from kvoffload.core.scheduler.request_state import RequestState
 from kvoffload.core.scheduler.stores import check_blocks
 from kvoffload.core.scheduler_types import (
     RETRY_LATER,
@@ -39,7 +41,7 @@ from kvoffload.core.scheduler_types import (
     EngineRequest,
     SchedulerConfig,
 )
-from kvoffload.core.tier_planning import UNKNOWN, Found, Lookup, TierPlanner
+from kvoffload.core.tier_planning import TierPlanner
 
 IDLE_STEPS_STALLED = 2
 """Consecutive engine steps that scheduled nothing after which a request the engine
@@ -59,6 +61,7 @@ class LoadPlanner:
         self.stats = ctx.stats
         self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
+        self.cost = ctx.cost
         self.wished: list[str] = []  # requests whose promotion a lookup wished this step
 
     def answer(
@@ -96,6 +99,10 @@ class LoadPlanner:
         readable = readable_chunks(
             self.directory, groups, keys, num_computed_tokens // chunk, chunk
         )
+        head = readable * chunk - num_computed_tokens
+        if head >= chunk and not self.worth(state, "host", -(-head // chunk), head):
+            state.lookup_hit = local_only  # recompute; lower tiers are not asked either
+            return 0
         if readable < len(keys) and readable * chunk >= num_computed_tokens:
             reason, wished = next_chunks_wait(
                 state,
@@ -105,6 +112,7 @@ class LoadPlanner:
                 directory=self.directory,
                 tiers=self.tiers,
                 config=self.config,
+                take=lambda tier, n, tokens: self.worth(state, tier, n, tokens),
             )
             if wished:
                 self.wished.append(state.request_id)
@@ -148,6 +156,22 @@ class LoadPlanner:
         self.deferral.defer(state, Deferral.NO_ROOM)
         state.lookup_hit = state.lookup_tier = None
         return RETRY_LATER
+
+    def worth(self, state: RequestState, lane: str, chunks: int, tokens: int) -> bool:
+        """Whether ``chunks`` chunks (``tokens`` tokens past what the engine holds) read
+        on ``lane`` are worth loading rather than recomputing: always under
+        ``load_policy`` ``always`` (the configuration's, or the request's own), else the
+        cost model's decision, which moves the lane's verdict; a decline is counted
+        (``hits_declined_total``, ``declined_tokens_total``)."""
+        policy = state.controls.load_policy
+        if policy == "always" or (policy is None and self.cost.always):
+            return True
+        decision = self.cost.decide(lane, chunks, tokens)
+        if decision.decline is None:
+            return True
+        self.metrics.count("hits_declined_total", tier=lane, reason=decision.decline.value)
+        self.metrics.count("declined_tokens_total", tokens, tier=lane)
+        return False
 
     def plan(
         self,
@@ -201,93 +225,6 @@ class LoadPlanner:
             return  # the tier's chunks failed (counted under its labels)
         self.directory.discard(keys)
         self.metrics.count("failed_chunks_total", len(keys), direction="load", tier="host")
-
-
-class TierHit(NamedTuple):
-    """:func:`next_chunks_wait`: offer a hit of ``chunks`` chunks now, those past the
-    host prefix read from lower tier ``tier`` (a tier load)."""
-
-    tier: str
-    chunks: int
-
-
-def next_chunks_wait(
-    state: RequestState,
-    keys: list[ChunkKey],
-    readable: int,
-    local: int,
-    *,
-    directory: Directory,
-    tiers: TierPlanner,
-    config: SchedulerConfig,
-) -> tuple[Deferral | TierHit | None, bool]:
-    """Whether the chunks after the readable prefix (``readable`` chunks of ``keys``)
-    are worth waiting for: a host store of the next one is in flight, a lower tier
-    cannot tell yet, or (``direct_tier_loads`` off) a lower tier holds the next ones
-    (their promotion is then wished in ``state.promotion``, for the next plan); with
-    ``direct_tier_loads`` a lower tier's run is a :class:`TierHit` to offer now.
-    Returns the reason to wait or the tier hit (None: neither) and whether the
-    promotion wish is new."""
-    if state.no_promotion:
-        return None, False
-    chunk, groups = config.chunk_tokens, config.kv_groups
-    if any(
-        directory.state_of(groups.key(keys[readable], g)) is ChunkState.STORING
-        for g in range(len(groups))
-    ):
-        return Deferral.PENDING, False
-    if not tiers:
-        return None, False
-    found = _run_below(state, keys, readable, directory=directory, tiers=tiers, config=config)
-    if found is UNKNOWN:
-        return Deferral.LOOKUP, False
-    if not isinstance(found, tuple):
-        return None, False
-    tier, hit, wanted, wanted_groups = found
-    if hit * chunk - local < chunk:
-        return None, False  # less than a chunk past the engine's own hit
-    if config.direct_tier_loads:
-        return TierHit(tier, hit), False
-    new = state.promotion is None
-    state.promotion = PromotionWish(tier, tuple(wanted), wanted_groups)
-    return Deferral.PROMOTION, new
-
-
-def _run_below(
-    state: RequestState,
-    keys: list[ChunkKey],
-    readable: int,
-    *,
-    directory: Directory,
-    tiers: TierPlanner,
-    config: SchedulerConfig,
-) -> tuple[str, int, list[ChunkKey], tuple[int, ...]] | Lookup | None:
-    """(tier, the hit in chunks a promotion from it makes, the keys to promote, their
-    KV cache groups), or :data:`UNKNOWN` / None. One group: the run of chain keys the
-    first tier holds (no groups). Several: the entries a hit needs beyond host memory,
-    the hit shrunk to the first entry no tier in front holds (a few rounds at most)."""
-    allowed = state.controls.may_promote_from
-    chunk, groups = config.chunk_tokens, config.kv_groups
-    if groups.plain:
-        found = tiers.find_below(keys[readable:], allowed=allowed)
-        if not isinstance(found, Found):
-            return found if found is UNKNOWN else None
-        return found.tier.name, readable + found.run, keys[readable : readable + found.run], ()
-    hit = len(keys)
-    for _ in range(4):
-        wanted = wanted_entries(directory, groups, keys, readable=readable, hit=hit, chunk=chunk)
-        if not wanted:
-            return None
-        found = tiers.find_below([e.key for e in wanted], allowed=allowed)
-        if not isinstance(found, Found):
-            return found if found is UNKNOWN else None
-        if found.run == len(wanted):
-            groups_of = () if groups.single else tuple(e.group for e in wanted)
-            return found.tier.name, hit, [e.key for e in wanted], groups_of
-        hit = wanted[found.run].chunk
-        if hit <= readable:
-            return None
-    return None
 
 
 def plan_load_job(

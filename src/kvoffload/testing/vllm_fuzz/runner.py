@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvoffload.core.cost import LaneCosts
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.vllm_fuzz.faults import FaultPolicy, chance
@@ -83,6 +84,15 @@ class Environment:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def _seed_lanes(harness: VllmHarness) -> None:
+    """A drawn lane cost is known from the start, as a start-up probe would measure it:
+    every tier hit of the seed meets the measured decision (lanes without a drawn cost
+    stay unmeasured, so their first tier load is the probe)."""
+    for unit in harness.units:
+        for name, lane in harness.spec.lane_costs.items():
+            unit.side.scheduler.cost.lane(name).observe(1, 0, lane.latency_s + lane.s_per_chunk)
+
+
 def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> HarnessSpec:
     chunk_bytes = BLOCK_BYTES * scenario.blocks_per_chunk
     world = scenario.world_size
@@ -112,7 +122,10 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
             "chunk_tokens": extra["chunk_tokens"],
             "store_threshold": scenario.beside.store_threshold,
         }
+    tier = {Tiers.DISK: "disk", Tiers.REDIS: "redis"}.get(scenario.tiers)
+    costs = {tier: LaneCosts(0.0, scenario.lane_cost)} if tier and scenario.lane_cost else {}
     return HarnessSpec(
+        lane_costs=costs,
         beside=beside,
         async_scheduling=scenario.async_scheduling,
         num_blocks=scenario.num_blocks,
@@ -132,6 +145,7 @@ def run_scenario(scenario: Scenario, env: Environment) -> Outcome:
     harness: VllmHarness | None = None
     try:
         harness = VllmHarness(env.model_path, harness_spec(scenario, env, workdir))
+        _seed_lanes(harness)
         _drive(scenario, harness, env, outcome)
     except Exception as exc:
         outcome.status = "failed"
@@ -305,3 +319,6 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         outcome.stats[f"{tier.name}_integrity_errors"] += sum(errors.values())
         timeouts = t.breakdown("tier_io_timeouts_total", "direction")
         outcome.stats["tier_io_timeouts"] += sum(timeouts.values())
+        declined = half.metrics.breakdown("hits_declined_total", "reason", tier=tier.name)
+        for reason, n in declined.items():
+            outcome.stats[f"declined_{reason}"] += n

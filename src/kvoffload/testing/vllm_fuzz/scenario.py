@@ -118,6 +118,7 @@ class Scenario:
     resets: tuple[Reset, ...] = ()
     faults: tuple[Fault, ...] = field(default_factory=tuple)
     beside: Beside | None = None  # kvoffload beside another loading connector
+    lane_cost: float = 0.0  # the lower tier's seconds per chunk loaded (decision 0013)
 
     def fault(self, kind: FaultKind) -> Fault | None:
         return next((f for f in self.faults if f.kind is kind), None)
@@ -139,6 +140,7 @@ class Scenario:
             f"world={self.world_size} max_num_seqs={self.max_num_seqs} "
             f"deferral<={self.max_deferral_steps} steps/{self.max_deferral_seconds} s"
             + (f" groups={describe_groups(self.groups)}" if self.groups != (None,) else "")
+            + (f" lane_cost={self.lane_cost:g} s/chunk" if self.lane_cost else "")
             + (
                 f" beside=MultiConnector(other kvoffload: host={self.beside.host_chunks} "
                 f"chunks, store_threshold={self.beside.store_threshold})"
@@ -217,7 +219,18 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
         resets=resets,
         faults=_faults(rng, scenario, last + 40),
         beside=draw_beside(seed),
+        lane_cost=draw_lane_cost(seed),
     )
+
+
+def draw_lane_cost(seed: int) -> float:
+    """The lower tier's fixed cost per chunk loaded (its own stream: the other draws of
+    a seed stay as they were). Mostly free; else slow enough that the cost model
+    declines its hits once it measured one, or near a recomputation's cost (a chunk of
+    16-64 tokens at the harness's 64 tokens per 20 ms step: 5-20 ms), where the queue
+    flips the decision."""
+    rng = random.Random(f"kvoffload-vllm-fuzz-lane:{seed}")
+    return rng.choice((0.0, 0.0, 0.0, 0.5, 0.004, 0.01))
 
 
 BESIDE_SHARE = 0.3

@@ -55,6 +55,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
+from kvoffload.core.cost import fixed_timing
 from kvoffload.core.jobs import EngineJob, JobKind, TransferJob
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.testing.vllm_harness.checks import Checks, HarnessViolation
@@ -76,7 +77,8 @@ from kvoffload.tiers.redis_index import RedisIndex
 
 SECONDS_PER_STEP = 0.02
 """The logical duration of one engine step (a step of a real engine takes 10-50 ms):
-what the deferral bound in seconds and the Redis index's expiries are measured in."""
+what the deferral bound in seconds, the Redis index's expiries and the cost model's
+prefill speed are measured in (job timings are the spec's fixed ``lane_costs``)."""
 
 
 @dataclass
@@ -120,6 +122,7 @@ class VllmHarness:
         for kid in kids:
             assert kid.scheduler_side is not None
             kid.scheduler_side.scheduler.clock = lambda: self.clock
+            kid.scheduler_side.scheduler.cost.timing = fixed_timing(self.spec.lane_costs)
             self._deterministic_redis_index(kid.scheduler_side)
         world = self.spec.world_size
         shape = (LAYERS_PER_GROUP, self.spec.num_blocks, HEADS, self.block_size, 2 * HEAD_SIZE)

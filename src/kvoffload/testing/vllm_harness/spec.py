@@ -39,6 +39,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
+from kvoffload.core.cost import LaneCosts
 from kvoffload.testing.vllm_cpu import keep_async_scheduling
 
 LAYERS_PER_GROUP = 2
@@ -80,6 +81,10 @@ class HarnessSpec:
     after another loading connector (a second kvoffload with this
     ``kv_connector_extra_config``, standing in for a P/D connector): the first child
     with a hit loads, every child stores."""
+    lane_costs: dict[str, LaneCosts] = field(default_factory=dict)
+    """The fixed cost of a load on each lane (``host``, ``disk``, ``redis``) the cost
+    model learns from, instead of the worker threads' real timings (decision 0013):
+    lanes not named cost nothing, so every hit is taken unless a test says otherwise."""
 
     def __post_init__(self) -> None:
         if not self.groups or any(w is not None and w < 1 for w in self.groups):

@@ -1,0 +1,26 @@
+"""The cost model of loads against recomputation (decision 0013).
+
+- :mod:`.lanes`: one lane's transfer time learned online from its jobs' timings;
+- :mod:`.prefill`: the engine's prefill speed learned from step timings;
+- :mod:`.decision`: the pure load-or-recompute decision with its hysteresis verdicts;
+- :mod:`.model`: :class:`CostModel`, the scheduler half's one owner of all of it.
+
+Pure Python; imports neither torch nor vllm.
+"""
+
+from kvoffload.core.cost.decision import Decline, Verdict, decide_lane
+from kvoffload.core.cost.lanes import LaneModel
+from kvoffload.core.cost.model import CostModel, JobTiming, LaneCosts, fixed_timing
+from kvoffload.core.cost.prefill import PrefillMeter
+
+__all__ = [
+    "CostModel",
+    "Decline",
+    "JobTiming",
+    "LaneCosts",
+    "LaneModel",
+    "PrefillMeter",
+    "Verdict",
+    "decide_lane",
+    "fixed_timing",
+]

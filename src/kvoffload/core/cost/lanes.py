@@ -1,0 +1,83 @@
+"""One lane's transfer time, learned online from its own jobs' timings.
+
+A lane (host memory -> engine, or one lower tier -> engine) moves ``n`` chunks in
+``latency_s + n * s_per_chunk`` seconds. :class:`LaneModel` fits both from the last
+:data:`WINDOW` job timings (chunks, seconds), each older sample weighing
+:data:`DECAY` times the next one (weighted least squares; when every sample moved
+as many chunks the latency stays at its seed, clamped to the samples' time). Bytes are
+kept beside, only to show a bandwidth. With no sample the lane is *unmeasured*: its
+estimate is None, which the decision takes as "load" (no loss against always
+loading until there is evidence).
+
+Owned and mutated by one :class:`~kvoffload.core.cost.model.CostModel`; never raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+WINDOW = 32
+"""Job timings a lane keeps (the oldest is dropped past it)."""
+
+DECAY = 0.9
+"""Weight of a sample relative to the next newer one."""
+
+
+class LaneModel:
+    """One lane's latency and time per chunk (see the module docstring)."""
+
+    __slots__ = ("_samples", "bytes_per_chunk", "name", "seed_latency_s")
+
+    def __init__(self, name: str, *, seed_latency_s: float = 0.0) -> None:
+        self.name = name
+        self.seed_latency_s = seed_latency_s
+        self._samples: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self.bytes_per_chunk = 0.0  # the last sample's, for the bandwidth shown
+
+    def observe(self, chunks: int, nbytes: int, seconds: float) -> None:
+        """One job of ``chunks`` chunks took ``seconds``; nonsense is ignored."""
+        if chunks < 1 or not math.isfinite(seconds) or seconds < 0:
+            return
+        self._samples.append((chunks, seconds))
+        if nbytes > 0:
+            self.bytes_per_chunk = nbytes / chunks
+
+    @property
+    def samples(self) -> int:
+        return len(self._samples)
+
+    def fit(self) -> tuple[float, float] | None:
+        """(latency_s, s_per_chunk), or None while unmeasured."""
+        if not self._samples:
+            return None
+        w = sw = sx = sy = sxx = sxy = 0.0
+        for chunks, seconds in reversed(self._samples):  # newest first
+            w = 1.0 if w == 0.0 else w * DECAY
+            sw += w
+            sx += w * chunks
+            sy += w * seconds
+            sxx += w * chunks * chunks
+            sxy += w * chunks * seconds
+        mx, my = sx / sw, sy / sw
+        var = sxx / sw - mx * mx
+        if var > 1e-9 * mx * mx:
+            slope = max(0.0, (sxy / sw - mx * my) / var)
+            latency = max(0.0, my - slope * mx)
+            return latency, slope
+        latency = min(self.seed_latency_s, my)
+        return latency, (my - latency) / mx
+
+    def seconds(self, chunks: int) -> float | None:
+        """Expected seconds to move ``chunks`` chunks on an idle lane (None: unmeasured)."""
+        fitted = self.fit()
+        if fitted is None:
+            return None
+        latency, per_chunk = fitted
+        return latency + chunks * per_chunk
+
+    def bytes_per_second(self) -> float | None:
+        fitted = self.fit()
+        if fitted is None or fitted[1] <= 0 or self.bytes_per_chunk <= 0:
+            return None
+        return self.bytes_per_chunk / fitted[1]

@@ -1,0 +1,140 @@
+"""The scheduler half's cost model: lanes, prefill speed, verdicts (decision 0013).
+
+:class:`CostModel` is the one owner of the lane models (one per lane: ``host`` for
+host memory -> engine, one per lower tier for its reads), the prefill meter and each
+lane's verdict. It learns from completed jobs (:meth:`observe`: successful loads and
+promotions; stores and spills move the other way and teach nothing about reads) and
+from plans (:meth:`on_step`), and decides one part of a hit (:meth:`decide`), reading
+the work queued on the lane from the jobs in flight it is given.
+
+Job timings are read through ``timing`` (default: the worker's measured seconds). The
+harnesses replace it with :func:`fixed_timing` so decisions are reproducible whatever
+the worker threads' real timings; the simulator's workers report simulated seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
+
+from kvoffload.core.cost.decision import Decline, LaneDecision, Verdict, decide_lane
+from kvoffload.core.cost.lanes import LaneModel
+from kvoffload.core.cost.prefill import PrefillMeter
+from kvoffload.core.jobs import NO_SLOT, JobKind, JobResult, TierJob, TransferJob
+
+HOST = "host"
+HOST_MARGIN = 4.0
+"""Host memory's hit is declined only when loading it looks this many times slower than
+recomputing it (a host copy is memcpy-fast; a measurement that says otherwise is more
+likely noise than a slow bus)."""
+HYSTERESIS = 0.2
+
+JobTiming = Callable[[TransferJob, JobResult], float]
+"""The seconds a completed job's result counts for (the cost model learns from them)."""
+
+
+def measured_timing(job: TransferJob, result: JobResult) -> float:
+    """The worker's own measurement."""
+    return result.seconds
+
+
+class LaneCosts(NamedTuple):
+    """A fixed cost of a lane: ``latency_s + chunks * s_per_chunk``."""
+
+    latency_s: float = 0.0
+    s_per_chunk: float = 0.0
+
+
+def fixed_timing(costs: Mapping[str, LaneCosts]) -> JobTiming:
+    """A timing that ignores the measurement: a job takes its lane's fixed cost (lanes
+    not named cost nothing). For harnesses, explorers and tests."""
+
+    def timing(job: TransferJob, result: JobResult) -> float:
+        part = lane_part(job)
+        if part is None:
+            return result.seconds
+        cost = costs.get(part[0], LaneCosts())
+        return cost.latency_s + part[1] * cost.s_per_chunk
+
+    return timing
+
+
+def lane_part(job: TransferJob) -> tuple[str, int] | None:
+    """(lane, chunks) a job's timing teaches about, or None (stores, spills, empty
+    loads). A tier load counts for its tier's lane (its slower part), with its tier
+    chunks."""
+    if isinstance(job, TierJob):
+        return (job.tier, len(job.keys)) if job.kind is JobKind.PROMOTE and job.keys else None
+    if job.kind is not JobKind.LOAD or not job.keys:
+        return None
+    if job.tier is None:
+        return HOST, len(job.keys)
+    return job.tier, job.slots.count(NO_SLOT)
+
+
+class CostModel:
+    """See the module docstring. ``always``: the configured ``load_policy`` is
+    ``always`` (every hit is taken; the model still learns, for the metrics)."""
+
+    def __init__(
+        self,
+        *,
+        prefill_tokens_per_s: float,
+        always: bool,
+        in_flight: Callable[[], Iterable[TransferJob]],
+        timing: JobTiming = measured_timing,
+    ) -> None:
+        self.always = always
+        self.timing = timing
+        self.prefill = PrefillMeter(prefill_tokens_per_s)
+        self.lanes: dict[str, LaneModel] = {}
+        self.verdicts: dict[str, Verdict] = {}
+        self._in_flight = in_flight
+
+    def lane(self, name: str) -> LaneModel:
+        lane = self.lanes.get(name)
+        if lane is None:
+            lane = self.lanes[name] = LaneModel(name)
+        return lane
+
+    def observe(self, job: TransferJob, result: JobResult) -> None:
+        """One worker's result of ``job``: teaches its lane (successful reads only)."""
+        part = lane_part(job)
+        if part is None or not result.success:
+            return
+        name, chunks = part
+        nbytes = result.nbytes * chunks // max(1, len(job.keys))
+        self.lane(name).observe(chunks, nbytes, self.timing(job, result))
+
+    def on_step(self, now: float, scheduled_tokens: int) -> None:
+        self.prefill.step(now, scheduled_tokens)
+
+    def queued_chunks(self, name: str) -> int:
+        """Chunks of the jobs in flight that read on lane ``name``."""
+        total = 0
+        for job in self._in_flight():
+            part = lane_part(job)
+            if part is not None and part[0] == name:
+                total += part[1]
+        return total
+
+    def decide(self, name: str, chunks: int, tokens: int) -> LaneDecision:
+        """Load ``chunks`` chunks (``tokens`` tokens) on lane ``name``, or recompute
+        them; moves the lane's verdict (hysteresis). Never raises."""
+        lane = self.lane(name)
+        idle, in_flight = lane.seconds(chunks), self.queued_chunks(name)
+        queued = lane.seconds(chunks + in_flight) if idle is not None else None
+        decision = decide_lane(
+            self.verdicts.get(name, Verdict.LOAD),
+            load_s=queued,
+            idle_load_s=idle,
+            recompute_s=max(0, tokens) / self.prefill.tokens_per_s(),
+            margin=HOST_MARGIN if name == HOST else 1.0,
+            hysteresis=HYSTERESIS,
+            probing=idle is None and in_flight > 0 and name != HOST,  # host: memcpy-fast
+        )
+        self.verdicts[name] = decision.verdict
+        return decision
+
+
+__all__ = ["HOST", "CostModel", "Decline", "JobTiming", "LaneCosts", "fixed_timing"]

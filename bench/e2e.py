@@ -24,16 +24,29 @@ Workloads (``--workload``, default ``all``), the same for every configuration:
   a lower-tier copy <= 1% of host evictions. The report also shows the simulator's
   predicted hit tokens and hit rate for the same requests and settings next to the
   measured (``bench/e2e_sim.py``; PASS within 10%; ``--no-sim`` leaves it out).
+- ``slowtiers`` (only when named: ``all`` leaves it out; ``bench/e2e_slowtiers.py``):
+  the tiers workload's capped chat with host memory at 10% over a slowed lower tier:
+  Redis behind a bandwidth- and latency-limiting loopback proxy
+  (``bench/throttle_proxy.py``), the disk tier with its reads and writes paced in the
+  engine process; link speeds (``--speeds``, default 0.1,0.3,1,3,10) are multiples of
+  the engine's recompute speed measured first in the same run (prefill tokens/s x KV
+  bytes per token), plus ``--tier-latency-ms`` per request. Per speed and tier
+  (``--tiers redis,disk``): no offload, kvoffload ``load_policy: always`` and
+  ``load_policy: cost``. Targets: cost / min(no offload, always) mean TTFT <= 1.05 at
+  every speed; cost / always <= 1.02 where the tier is fast (>= 3x); outputs
+  identical to no offload.
 
 Every (workload, configuration, run) gets a fresh in-process engine; runs are
 interleaved across configurations and medians are reported. TTFT is vLLM's
 per-request ``first_token_latency`` (see ``kvoffload.demos.vllm_runner``). Greedy
-float32 outputs must equal the reference's (no offload for chat, never-evicting for
-tiers): a difference, or a kvoffload tiers configuration that fails, makes the exit
-status non-zero; a missed timing target only prints FAIL.
+float32 outputs must equal the reference's (no offload for chat and slowtiers,
+never-evicting for tiers): a difference, or a kvoffload tiers or slowtiers
+configuration that fails, makes the exit status non-zero; a missed timing target only
+prints FAIL.
 
-Usage: ``python bench/e2e.py [--quick] [--workload tiers|chat|zero|all] [--configs
-a,b] [--runs N] [--zero-pairs N] [--no-sim]``.
+Usage: ``python bench/e2e.py [--quick] [--workload tiers|chat|zero|slowtiers|all]
+[--configs a,b] [--runs N] [--zero-pairs N] [--no-sim] [--speeds 0.1,1,10] [--tiers
+redis,disk] [--tier-latency-ms MS]``.
 """
 
 from __future__ import annotations
@@ -49,6 +62,8 @@ import warnings
 from pathlib import Path
 
 import e2e_chat
+import e2e_slowtiers
+import e2e_slowtiers_report
 import e2e_tiers
 import e2e_tiers_report
 from e2e_chat import CONFIGS, ZERO_BATCHES
@@ -59,13 +74,13 @@ from kvoffload.demos.vllm_runner import turn_batches
 
 __all__ = ["med", "same_outputs"]  # bench/tiers.py reads them from here
 
-WORKLOADS = ("tiers", "chat", "zero")
+WORKLOADS = ("tiers", "chat", "zero")  # "all"; slowtiers only when named
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="tiny model, small workloads, 1 run")
-    parser.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
+    parser.add_argument("--workload", choices=(*WORKLOADS, "slowtiers", "all"), default="all")
     everything = sorted({*CONFIGS, *e2e_tiers.CONFIGS})
     parser.add_argument(
         "--configs",
@@ -84,7 +99,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-sim", action="store_true", help="tiers: no simulator prediction (bench/e2e_sim.py)"
     )
+    parser.add_argument(
+        "--speeds",
+        default=",".join(f"{s:g}" for s in e2e_slowtiers.SPEEDS),
+        help="slowtiers: tier link speeds, multiples of the engine's recompute speed",
+    )
+    parser.add_argument(
+        "--tiers", default=",".join(e2e_slowtiers.TIERS), help="slowtiers: redis,disk"
+    )
+    parser.add_argument(
+        "--tier-latency-ms",
+        type=float,
+        default=e2e_slowtiers.LATENCY_MS,
+        help=f"slowtiers: latency per tier request ({e2e_slowtiers.LATENCY_MS:g})",
+    )
     args = parser.parse_args(argv)
+    try:
+        args.speeds = e2e_slowtiers.parse_speeds(args.speeds)
+        args.tiers = e2e_slowtiers.parse_tiers(args.tiers)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.workloads = WORKLOADS if args.workload == "all" else (args.workload,)
     chosen = set(everything) if args.configs is None else set(args.configs.split(","))
     if chosen - set(everything):
@@ -169,6 +203,22 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
         report += ["", *lines]
         targets += e2e_tiers_report.target_lines(res)
+        status |= 0 if ok else 1
+    if "slowtiers" in args.workloads:
+        base = args.dir or Path("/var/tmp" if Path("/var/tmp").is_dir() else ".")
+        root = Path(tempfile.mkdtemp(prefix="kvoffload-e2e-slowtiers-", dir=base))
+        try:
+            tiers = e2e_tiers.make_setup(args.quick, args.runs, args.users, args.turns, root)
+            slow = e2e_slowtiers.SlowSetup(
+                tiers, args.speeds, args.tiers, args.tier_latency_ms / 1000
+            )
+            ensure_model(tiers.preset)
+            sres = e2e_slowtiers.measure(slow)
+            lines, ok = e2e_slowtiers_report.report(slow, sres)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        report += ["", *lines]
+        targets += e2e_slowtiers_report.target_lines(slow, sres)
         status |= 0 if ok else 1
     print("\n" + "\n".join(report))
     if targets:

@@ -204,6 +204,8 @@ async def _connection(
         )
     except (OSError, asyncio.IncompleteReadError):
         pass  # either side went away: close both
+    except asyncio.CancelledError:
+        pass  # the proxy is stopping: close both, quietly (the task ends normally)
     finally:
         for w in (client_w, server_w):
             if w is not None:

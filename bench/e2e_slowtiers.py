@@ -33,7 +33,13 @@ always where the tier is fast (speeds >= :data:`FAST`: target <= 1.02), each the
 median over rounds of the same round's ratio; kvoffload's counters (tier loads,
 declined tokens, failed chunks, I/O timeouts, the per-job read rate it measured);
 outputs must equal no offload's (a difference, or a kvoffload run that fails, makes
-the exit status non-zero; timing targets only print FAIL).
+the exit status non-zero; timing targets only print FAIL). The report and the targets
+are in ``bench/e2e_slowtiers_report.py``.
+
+Duration: each run is a fresh engine over the whole workload; the default sweep (2 tiers
+x 5 speeds x 2 policies + no offload = 21 runs a round, 3 rounds) took an estimated
+45-90 minutes on a 2-core CPU machine (demo model: about 30 s per fast run, more for
+``always`` at the slowest speeds, where tier jobs run into ``tier_io_timeout_ms``).
 """
 
 from __future__ import annotations

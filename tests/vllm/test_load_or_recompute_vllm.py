@@ -34,7 +34,11 @@ def harness(tiny_model: Path, tmp_path: Path) -> Iterator[Any]:
     made: list[VllmHarness] = []
 
     def build(async_scheduling: bool, disk: LaneCosts) -> VllmHarness:
-        extra = {"disk_path": str(tmp_path / "disk"), "disk_bytes": 64 * slot_bytes(CHUNK)}
+        extra = {
+            "disk_path": str(tmp_path / "disk"),
+            "disk_bytes": 64 * slot_bytes(CHUNK),
+            "load_policy": "cost",
+        }
         h = VllmHarness(
             tiny_model,
             async_scheduling=async_scheduling,

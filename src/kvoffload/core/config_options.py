@@ -200,12 +200,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "load_policy",
-        "cost | always",
-        "cost",
-        "Which hits are loaded: cost offers a hit's part held by a tier only when its "
-        "expected ready time (the work queued on the tier's lane plus its transfer, learned "
-        "from the tier's own jobs) beats recomputing it at the engine's measured prefill "
-        "speed (a slow tier's tail is recomputed; decision 0013); always loads every hit. "
+        "always | cost",
+        "always",
+        "Which hits are loaded: always loads every hit (the default until the slow-tier "
+        "benchmark confirms cost on real engines); cost offers a hit's part held by a "
+        "tier only when its expected ready time (the work queued on the tier's lane plus "
+        "its transfer, learned from the tier's own jobs) beats recomputing it at the "
+        "engine's measured prefill speed (a slow tier's tail is recomputed; decision 0013). "
         'A request may override it: ``"kvoffload": {"load": "always"}``.',
         lambda v: v in ("cost", "always"),
     ),

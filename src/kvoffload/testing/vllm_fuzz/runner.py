@@ -124,6 +124,8 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
         }
     tier = {Tiers.DISK: "disk", Tiers.REDIS: "redis"}.get(scenario.tiers)
     costs = {tier: LaneCosts(0.0, scenario.lane_cost)} if tier and scenario.lane_cost else {}
+    if costs:
+        extra["load_policy"] = "cost"  # the drawn lane cost decides load or recompute
     return HarnessSpec(
         lane_costs=costs,
         beside=beside,

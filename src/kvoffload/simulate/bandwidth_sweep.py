@@ -11,7 +11,6 @@ both. Deterministic like every simulation; points may run in processes (``jobs``
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from kvoffload.core.errors import UsageError
 from kvoffload.simulate.report import SimResult
 from kvoffload.simulate.settings import SimConfig
-from kvoffload.simulate.sweep import Workload, run_point
+from kvoffload.simulate.sweep import Workload, run_points
 
 POLICIES = ("always", "cost")
 
@@ -58,18 +57,7 @@ def run_bandwidth_sweep(
     for gbps, policy in grid:
         cost = replace(base.cost, disk_gbps=gbps, redis_gbps=gbps)
         tasks.append((replace(base, cost=cost, load_policy=policy), workload))
-    results: list[SimResult] = []
-    if jobs <= 1:
-        for task in tasks:
-            results.append(run_point(task))
-            if progress is not None:
-                progress(1)
-    else:
-        with multiprocessing.get_context().Pool(min(jobs, len(tasks))) as pool:
-            for result in pool.imap(run_point, tasks):
-                results.append(result)
-                if progress is not None:
-                    progress(1)
+    results = run_points(tasks, jobs=jobs, progress=progress)
     points = [BandwidthPoint(g, p, r) for (g, p), r in zip(grid, results[1:], strict=True)]
     return results[0], points
 

@@ -71,19 +71,31 @@ def run_sweep(
     with 1 per finished point."""
     grid = [(size, policy) for size in sizes for policy in policy_names()]
     tasks = [(replace(base, cpu_bytes=size, eviction=policy), workload) for size, policy in grid]
+    results = run_points(tasks, jobs=jobs, progress=progress)
+    return [SweepPoint(size, policy, r) for (size, policy), r in zip(grid, results, strict=True)]
+
+
+def run_points(
+    tasks: Sequence[tuple[SimConfig, Workload]],
+    *,
+    jobs: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> list[SimResult]:
+    """Simulate each task (settings, workload), in order; ``jobs`` > 1 runs them in
+    that many processes. ``progress`` is called with 1 per finished point."""
     results: list[SimResult] = []
     if jobs <= 1 or len(tasks) == 1:
         for task in tasks:
             results.append(run_point(task))
             if progress is not None:
                 progress(1)
-    else:
-        with multiprocessing.get_context().Pool(min(jobs, len(tasks))) as pool:
-            for result in pool.imap(run_point, tasks):
-                results.append(result)
-                if progress is not None:
-                    progress(1)
-    return [SweepPoint(size, policy, r) for (size, policy), r in zip(grid, results, strict=True)]
+        return results
+    with multiprocessing.get_context().Pool(min(jobs, len(tasks))) as pool:
+        for result in pool.imap(run_point, tasks):
+            results.append(result)
+            if progress is not None:
+                progress(1)
+    return results
 
 
 def format_sweep(points: Sequence[SweepPoint]) -> str:

@@ -55,10 +55,9 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
-from kvoffload.core.cost import fixed_timing
 from kvoffload.core.jobs import EngineJob, JobKind, TransferJob
 from kvoffload.core.scheduler import OffloadScheduler
-from kvoffload.testing.vllm_harness.checks import Checks, HarnessViolation
+from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
 from kvoffload.testing.vllm_harness.hangs import IoHangs, settle
 from kvoffload.testing.vllm_harness.kv_model import KVModel
@@ -72,8 +71,7 @@ from kvoffload.testing.vllm_harness.spec import (
     HarnessSpec,
     build_configs,
 )
-from kvoffload.testing.vllm_harness.units import Unit, kvoffload_children
-from kvoffload.tiers.redis_index import RedisIndex
+from kvoffload.testing.vllm_harness.units import Unit, make_units
 
 SECONDS_PER_STEP = 0.02
 """The logical duration of one engine step (a step of a real engine takes 10-50 ms):
@@ -115,20 +113,22 @@ class VllmHarness:
         self.scheduler = cls(
             vllm_config, kv_cache_config, StructuredOutputManager(vllm_config), self.block_size
         )
-        kids = kvoffload_children(self.scheduler.connector)
-        self.connector = kids[-1]  # kvoffload under test
-        assert self.connector.scheduler_side is not None
-        self.side: SchedulerSide = self.connector.scheduler_side
-        for kid in kids:
-            assert kid.scheduler_side is not None
-            kid.scheduler_side.scheduler.clock = lambda: self.clock
-            kid.scheduler_side.scheduler.cost.timing = fixed_timing(self.spec.lane_costs)
-            self._deterministic_redis_index(kid.scheduler_side)
         world = self.spec.world_size
         shape = (LAYERS_PER_GROUP, self.spec.num_blocks, HEADS, self.block_size, 2 * HEAD_SIZE)
         self.kv = [torch.zeros(shape, dtype=torch.float32) for _ in range(world)]
         null = self.scheduler.kv_cache_manager.block_pool.null_block.block_id
         self.model = KVModel(self.kv, self.block_size, null)
+        self.units = make_units(
+            self.scheduler,
+            self.model,
+            clock=lambda: self.clock,
+            lane_costs=self.spec.lane_costs,
+            check_provenance=check_provenance,
+            expect_anomalies=expect_anomalies,
+        )
+        self.connector = self.units[-1].connector  # kvoffload under test
+        self.side: SchedulerSide = self.units[-1].side
+        self.checks = self.units[-1].checks
         self.hangs = IoHangs()  # tier calls the test hangs inside their jobs
         self.ranks = [
             make_rank(
@@ -151,44 +151,6 @@ class VllmHarness:
         self.outputs: dict[str, list[int]] = {}  # the tokens the engine handed out
         self.steps: list[StepRecord] = []
         self._queue: deque[_Executed] = deque()
-        self.units = [
-            Unit(
-                i,
-                kid,
-                kid.scheduler_side,
-                Checks(
-                    self.scheduler,
-                    kid.scheduler_side,
-                    self.model,
-                    check_provenance=check_provenance,
-                    expect_anomalies=expect_anomalies,
-                ),
-            )
-            for i, kid in enumerate(kids)
-            if kid.scheduler_side is not None
-        ]
-        self.checks = self.units[-1].checks  # kvoffload under test
-
-    # ------------------------------------------------------------ set-up
-
-    def _deterministic_redis_index(self, side: SchedulerSide) -> None:
-        """Swap the scheduler side's Redis index for one without its thread, in logical
-        time, probing in the background (the harness answers its queries after each
-        step: lookups of unknown chunks are deferred a step)."""
-        old = side.redis_index
-        if old is None:
-            return
-        old.close()
-        index = RedisIndex(
-            old.client,
-            old.digest,
-            old.world_size,
-            probe="async",
-            background=False,
-            clock=lambda: self.clock,
-        )
-        side.redis_index = index
-        side.scheduler.tiers.tiers[index.name] = index
 
     # ------------------------------------------------------------ requests
 

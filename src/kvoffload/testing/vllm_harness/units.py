@@ -6,18 +6,25 @@ in for a P/D connector that loads into the engine's blocks at times of its own) 
 kvoffload under test last. Each :class:`Unit` is one of them in the scheduler
 process: its scheduler side and a :class:`Checks` of its own (its plans, loads,
 integrity, quiescence), so both are held to every rule; the KV model's read checks
-cover every forward pass whoever filled the blocks.
+cover every forward pass whoever filled the blocks. :func:`make_units` builds them and
+makes each scheduler half deterministic (logical clock, fixed lane costs, a Redis
+index without its thread).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+from vllm.v1.core.sched.scheduler import Scheduler
 
 from kvoffload.adapters.vllm.connector import KVOffloadConnector
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
+from kvoffload.core.cost import LaneCosts, fixed_timing
 from kvoffload.testing.vllm_harness.checks import Checks
+from kvoffload.testing.vllm_harness.kv_model import KVModel
+from kvoffload.tiers.redis_index import RedisIndex
 
 
 @dataclass
@@ -40,3 +47,48 @@ def kvoffload_children(connector: object) -> list[KVOffloadConnector]:
         if kid.scheduler_side is None:
             raise TypeError("a kvoffload connector without its scheduler role")
     return kids
+
+
+def make_units(
+    scheduler: Scheduler,
+    model: KVModel,
+    *,
+    clock: Callable[[], float],
+    lane_costs: Mapping[str, LaneCosts],
+    check_provenance: bool,
+    expect_anomalies: bool,
+) -> list[Unit]:
+    """The scheduler's kvoffload connectors as units, each made deterministic: its
+    scheduler half on the harness's logical ``clock``, its cost model on the fixed
+    ``lane_costs``, its Redis index without a thread (:func:`deterministic_redis_index`)."""
+    units = []
+    for index, kid in enumerate(kvoffload_children(scheduler.connector)):
+        side = kid.scheduler_side
+        assert side is not None  # checked by kvoffload_children
+        side.scheduler.clock = clock
+        side.scheduler.cost.timing = fixed_timing(lane_costs)
+        deterministic_redis_index(side, clock)
+        checks = Checks(
+            scheduler,
+            side,
+            model,
+            check_provenance=check_provenance,
+            expect_anomalies=expect_anomalies,
+        )
+        units.append(Unit(index, kid, side, checks))
+    return units
+
+
+def deterministic_redis_index(side: SchedulerSide, clock: Callable[[], float]) -> None:
+    """Swap the scheduler side's Redis index for one without its thread, in logical
+    time, probing in the background (the harness answers its queries after each
+    step: lookups of unknown chunks are deferred a step)."""
+    old = side.redis_index
+    if old is None:
+        return
+    old.close()
+    index = RedisIndex(
+        old.client, old.digest, old.world_size, probe="async", background=False, clock=clock
+    )
+    side.redis_index = index
+    side.scheduler.tiers.tiers[index.name] = index

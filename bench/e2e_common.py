@@ -4,7 +4,7 @@ comparison against a reference configuration, target lines with PASS/FAIL."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kvoffload.demos.vllm_runner import RunResult
 
@@ -26,6 +26,34 @@ def mismatches(base: RunResult, runs: Sequence[RunResult]) -> tuple[int, int]:
             if x.token_ids != y.token_ids:
                 differ.add(i)
     return len(differ), len(base.requests)
+
+
+def output_checks(
+    runs: Mapping[str, Sequence[RunResult]],
+    configs: Iterable[str],
+    failed: Mapping[str, str],
+    reference: str,
+    must_run: Callable[[str], bool],
+) -> tuple[list[str], bool]:
+    """The ``!!!`` lines of a report, and whether it is fine: ``reference`` ran, every
+    configuration's outputs equal its first run's, and every configuration
+    ``must_run`` accepts ran."""
+    lines: list[str] = []
+    ok = True
+    base = runs[reference][0] if runs[reference] else None
+    if base is None:
+        lines.append(f"!!! OUTPUTS NOT CHECKED: {reference} did not run")
+        ok = False
+    for c in configs:
+        if base is not None and runs[c]:
+            differ, total = mismatches(base, runs[c])
+            if differ:
+                lines.append(f"!!! OUTPUT MISMATCH: {c}: {differ}/{total} requests differ")
+                ok = False
+        if must_run(c) and c in failed:
+            lines.append(f"!!! {c} did not run: {failed[c]}")
+            ok = False
+    return lines, ok
 
 
 def identical(base: RunResult | None, runs: Sequence[RunResult]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from e2e_common import mismatches, per_round_ratio, target
+from e2e_common import identical, output_checks, per_round_ratio, target
 from e2e_metrics import GB, Counts
 from e2e_slowtiers import (
     CALIBRATION_BATCHES,
@@ -70,10 +70,7 @@ def _cell(value: float | None, fmt: str) -> str:
 
 def _identical(res: SlowResults, config: str) -> str:
     base = res.runs[REFERENCE][0] if res.runs[REFERENCE] else None
-    if base is None or not res.runs[config]:
-        return "-"
-    differ, total = mismatches(base, res.runs[config])
-    return f"{total - differ}/{total}"
+    return identical(base, res.runs[config])
 
 
 def ttft_table(setup: SlowSetup, res: SlowResults) -> list[str]:
@@ -135,20 +132,10 @@ def report(setup: SlowSetup, res: SlowResults) -> tuple[list[str], bool]:
         "read MB/s: kvoffload's per-job tier load rate",
         *ttft_table(setup, res),
     ]
-    ok = True
-    base = res.runs[REFERENCE][0] if res.runs[REFERENCE] else None
-    if base is None:
-        lines.append(f"!!! OUTPUTS NOT CHECKED: {REFERENCE} did not run")
-        ok = False
-    for c in res.configs:
-        if base is not None and res.runs[c]:
-            differ, total = mismatches(base, res.runs[c])
-            if differ:
-                lines.append(f"!!! OUTPUT MISMATCH: {c}: {differ}/{total} requests differ")
-                ok = False
-        if c != REFERENCE and c in res.failed:
-            lines.append(f"!!! {c} did not run: {res.failed[c]}")
-            ok = False
+    checks, ok = output_checks(
+        res.runs, res.configs, res.failed, REFERENCE, lambda c: c != REFERENCE
+    )
+    lines += checks
     return lines, ok
 
 

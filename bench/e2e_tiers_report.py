@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Callable
 
 import e2e_sim
-from e2e_common import identical, med, mismatches, per_round_ratio, target
+from e2e_common import identical, med, output_checks, per_round_ratio, target
 from e2e_metrics import Counts
 from e2e_tiers import KVOFFLOAD, MAX_RUNNING, REFERENCE, TIER_THREADS, Rate, Results, TierSetup
 from kvoffload.core.chunk_format import HEADER_BYTES
@@ -200,18 +200,8 @@ def report(setup: TierSetup, res: Results, simulate: bool = True) -> tuple[list[
         "tier transfer throughput (medians) vs baselines measured in the same run:",
         *rate_table(setup, res),
     ]
-    ok = True
-    base = res.runs[REFERENCE][0] if res.runs[REFERENCE] else None
-    if base is None:
-        lines.append(f"!!! OUTPUTS NOT CHECKED: {REFERENCE} did not run")
-        ok = False
-    for c in res.configs:
-        if base is not None and res.runs[c]:
-            differ, total = mismatches(base, res.runs[c])
-            if differ:
-                lines.append(f"!!! OUTPUT MISMATCH: {c}: {differ}/{total} requests differ")
-                ok = False
-        if c in KVOFFLOAD and c in res.failed:
-            lines.append(f"!!! {c} did not run: {res.failed[c]}")
-            ok = False
+    checks, ok = output_checks(
+        res.runs, res.configs, res.failed, REFERENCE, lambda c: c in KVOFFLOAD
+    )
+    lines += checks
     return lines, ok

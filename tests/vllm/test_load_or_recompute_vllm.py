@@ -7,7 +7,7 @@ lane loads again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,28 +30,22 @@ FILLERS = [
 
 
 @pytest.fixture
-def harness(tiny_model: Path, tmp_path: Path) -> Iterator[Any]:
-    made: list[VllmHarness] = []
-
+def harness(make: Any, tmp_path: Path) -> Any:
     def build(async_scheduling: bool, disk: LaneCosts) -> VllmHarness:
         extra = {
             "disk_path": str(tmp_path / "disk"),
             "disk_bytes": 64 * slot_bytes(CHUNK),
             "load_policy": "cost",
         }
-        h = VllmHarness(
-            tiny_model,
+        harness: VllmHarness = make(
             async_scheduling=async_scheduling,
             cpu_bytes=4 * CHUNK,
             extra=extra,
             lane_costs={"disk": disk},
         )
-        made.append(h)
-        return h
+        return harness
 
-    yield build
-    for h in made:
-        h.close()
+    return build
 
 
 def serve(h: VllmHarness, request_id: str, prompt: list[int]) -> None:

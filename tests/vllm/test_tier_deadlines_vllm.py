@@ -6,7 +6,7 @@ late return writes nothing the engine or another job uses."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,7 @@ class HangReads(CompleteAll):
 
 
 @pytest.fixture
-def harness(tiny_model: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    made: list[VllmHarness] = []
-
+def harness(make: Any, tmp_path: Path) -> Any:
     def build(async_scheduling: bool, loads: str) -> VllmHarness:
         extra = {
             "disk_path": str(tmp_path / "disk"),
@@ -60,15 +58,12 @@ def harness(tiny_model: Path, tmp_path: Path, request: pytest.FixtureRequest) ->
             "tier_io_timeout_ms": round(DEADLINE_STEPS * SECONDS_PER_STEP * 1000),
             "tier_threads": 1,
         }
-        h = VllmHarness(
-            tiny_model, async_scheduling=async_scheduling, cpu_bytes=4 * HARNESS_CHUNK, extra=extra
+        harness: VllmHarness = make(
+            async_scheduling=async_scheduling, cpu_bytes=4 * HARNESS_CHUNK, extra=extra
         )
-        made.append(h)
-        return h
+        return harness
 
-    yield build
-    for h in made:
-        h.close()
+    return build
 
 
 def serve(h: VllmHarness, request_id: str, prompt: list[int]) -> None:

@@ -109,12 +109,8 @@ class DiskLock:
         make_private_dirs(path.parent)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
-                raise in_use(root, read_holder(fd)) from None
+            if not try_flock(fd, fcntl.LOCK_EX):
+                raise in_use(root, read_holder(fd))
             holder = Holder.this_process()
             os.ftruncate(fd, 0)
             os.pwrite(fd, holder.encode(), 0)
@@ -144,18 +140,26 @@ def check_workers_engine(root: Path, namespace_digest: bytes) -> None:
     except FileNotFoundError:
         return  # never held
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            holder = read_holder(fd)
-            if holder is None or not _is_own_engine(holder):
-                raise in_use(root, holder) from None
-        else:
+        if try_flock(fd, fcntl.LOCK_SH):
             fcntl.flock(fd, fcntl.LOCK_UN)
+            return
+        holder = read_holder(fd)
+        if holder is None or not _is_own_engine(holder):
+            raise in_use(root, holder)
     finally:
         os.close(fd)
+
+
+def try_flock(fd: int, mode: int) -> bool:
+    """Take ``mode`` (``LOCK_EX`` or ``LOCK_SH``) on ``fd`` without waiting: False when
+    another open file description holds a conflicting lock; other errors raise."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return False
+    return True
 
 
 def read_holder(fd: int) -> Holder | None:

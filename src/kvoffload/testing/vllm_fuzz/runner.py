@@ -250,7 +250,8 @@ def _tear_disk_writes(scenario: Scenario, h: VllmHarness) -> None:
     if fault is None:
         return
     for entry in h.ranks:
-        lane = entry.tiers.inner if entry.tiers is not None else None
+        tiers = entry.under_test.tiers
+        lane = tiers.inner if tiers is not None else None
         if isinstance(lane, TierWorker) and isinstance(lane.stores.get("disk"), DiskTierStore):
             disk = lane.stores["disk"]
             assert isinstance(disk, DiskTierStore)

@@ -262,8 +262,9 @@ class VllmHarness:
         the lanes settled, and check the late returns wrote no engine block."""
         self.hangs.release_all()
         for entry in self.ranks:
-            for lane in entry.lanes():
-                settle(lane, entry.rank, self.hangs)
+            for child in entry.children:
+                for lane in child.lanes():
+                    settle(lane, entry.rank, self.hangs)
         self.checks.late_copies(self.ranks)
 
     def close(self) -> None:

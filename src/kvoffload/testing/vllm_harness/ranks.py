@@ -78,34 +78,9 @@ class Rank:
         return self.children[-1]
 
     @property
-    def gate(self) -> CopyGate:
-        return self.under_test.gate
-
-    @property
-    def copier(self) -> TransferWorker:
-        return self.under_test.copier
-
-    @property
-    def side(self) -> WorkerSide:
-        return self.under_test.side
-
-    @property
-    def tiers(self) -> GatedTiers[TierJob] | None:
-        return self.under_test.tiers
-
-    def lanes(self) -> list[GatedTiers[TierJob] | GatedTiers[EngineJob]]:
-        return self.under_test.lanes()
-
-    @property
     def late_copies(self) -> list[int]:
         """Staged copies of tier loads already reported timed out, any child's."""
         return [job for c in self.children for job in c.late_copies]
-
-    def running(self) -> bool:
-        """Whether any child still copies or moves a tier job."""
-        return any(
-            c.copier.running() or any(lane.running() for lane in c.lanes()) for c in self.children
-        )
 
 
 def make_rank(

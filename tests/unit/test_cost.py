@@ -57,6 +57,21 @@ def test_a_lane_forgets_old_timings() -> None:
     assert lane.samples == 32
 
 
+def test_a_shared_lane_is_learned_as_its_throughput() -> None:
+    """Jobs that shared a bandwidth-bound lane took longer; counting the chunks queued
+    ahead of each makes the time per chunk the lane's throughput, so the queue the
+    decision adds is not counted twice."""
+    lane = LaneModel("redis")
+    for _ in range(4):  # four 2-chunk jobs planned together on a 10 ms/chunk link
+        for ahead in (0, 2, 4, 6):
+            lane.observe(2, 2000, (ahead + 2) * 0.01, ahead)
+    assert lane.seconds(2) == pytest.approx(0.02)  # alone: 20 ms, not the 50 ms mean
+    assert lane.seconds(2 + 6) == pytest.approx(0.08)  # behind 6 queued chunks
+    assert lane.bytes_per_second() == pytest.approx(1000 / 0.01)
+    lane.observe(2, 0, 0.01, -1)  # nonsense is ignored
+    assert lane.samples == 16
+
+
 def test_prefill_speed_comes_from_step_timings() -> None:
     meter = PrefillMeter(500.0)
     assert meter.tokens_per_s() == 500.0  # the seed
@@ -76,7 +91,6 @@ def test_the_verdict_flips_only_outside_the_hysteresis_band() -> None:
             load_s=load_s,
             idle_load_s=load_s,
             recompute_s=1.0,
-            margin=1.0,
             hysteresis=0.2,
         ).verdict
 
@@ -89,27 +103,47 @@ def test_the_verdict_flips_only_outside_the_hysteresis_band() -> None:
         load_s=None,
         idle_load_s=None,
         recompute_s=1e-9,
-        margin=1.0,
         hysteresis=0.2,
     )
     assert unmeasured.verdict is Verdict.LOAD  # no evidence: load, as always
+
+    def probe(age: float) -> Verdict:
+        return decide_lane(
+            Verdict.LOAD,
+            load_s=None,
+            idle_load_s=None,
+            recompute_s=1.0,
+            hysteresis=0.2,
+            probe_age_s=age,
+        ).verdict
+
+    assert probe(0.9) is Verdict.LOAD  # the probe is younger than recomputing: load
+    assert probe(1.1) is Verdict.LOAD  # older: recomputed, the verdict kept
+    assert (
+        decide_lane(
+            Verdict.LOAD,
+            load_s=None,
+            idle_load_s=None,
+            recompute_s=1.0,
+            hysteresis=0.2,
+            probe_age_s=1.1,
+        ).decline
+        is Decline.UNMEASURED
+    )
     negligible = decide_lane(
         Verdict.LOAD,
         load_s=NEGLIGIBLE_S,
         idle_load_s=NEGLIGIBLE_S,
         recompute_s=1e-9,
-        margin=1.0,
         hysteresis=0.2,
     )
     assert negligible.verdict is Verdict.LOAD
 
 
 def test_a_decline_names_the_queue_when_an_idle_lane_would_load() -> None:
-    queue = decide_lane(
-        Verdict.LOAD, load_s=3.0, idle_load_s=0.5, recompute_s=1.0, margin=1.0, hysteresis=0.2
-    )
+    queue = decide_lane(Verdict.LOAD, load_s=3.0, idle_load_s=0.5, recompute_s=1.0, hysteresis=0.2)
     transfer = decide_lane(
-        Verdict.LOAD, load_s=3.0, idle_load_s=2.0, recompute_s=1.0, margin=1.0, hysteresis=0.2
+        Verdict.LOAD, load_s=3.0, idle_load_s=2.0, recompute_s=1.0, hysteresis=0.2
     )
     assert queue.decline is Decline.QUEUE and transfer.decline is Decline.TRANSFER
 
@@ -181,14 +215,18 @@ def test_a_tier_slower_than_recomputing_is_declined_at_once() -> None:
     assert rig.s.state_of("a").promotion is None  # type: ignore[union-attr]
 
 
-def test_a_fast_tier_is_taken_and_an_unmeasured_one_probed_once() -> None:
+def test_a_fast_tier_is_taken_and_an_unmeasured_one_probed_by_its_first_load() -> None:
     rig = Rig()
     assert rig.ask("a") == 16  # no timing yet: loaded, as always; it measures the lane
     rig.admit("a")
-    assert rig.ask("b") == 0  # the probe is in flight: recompute rather than queue
+    rig.clock.now += 0.010  # the probe in flight for 10 ms: less than 16 ms to recompute
+    assert rig.ask("b") == 16  # concurrent hits of a fresh engine load too
+    rig.admit("b")
+    rig.clock.now += 0.007  # in flight for 17 ms: already slower than recomputing
+    assert rig.ask("c") == 0
     assert rig.declined("unmeasured") == 1
-    rig.disk_takes(0.001)  # 4 ms against 16 ms
-    assert rig.ask("c") == 16
+    rig.disk_takes(0.001)  # 4 ms against 16 ms (its queue: 8 chunks, 12 ms in all)
+    assert rig.ask("d") == 16
     assert rig.declined() == 0
 
 

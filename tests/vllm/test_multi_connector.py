@@ -76,15 +76,30 @@ def test_the_recompute_policy_is_in_force_where_vllm_reads_it(
     h.quiescent()
 
 
-def test_the_start_up_line_names_the_policy_it_set(
-    make: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_the_start_up_line_names_the_policy_it_set(make: Any) -> None:
     """The scheduler role's start-up line says where the policy was set, alone and
-    under MultiConnector."""
-    caplog.set_level(logging.INFO, logger="kvoffload")
-    make()
-    make(beside={"cpu_bytes": 1 << 20})
-    lines = [r.getMessage() for r in caplog.records if "kv_load_failure_policy=" in r.getMessage()]
+    under MultiConnector. (Read on the ``kvoffload`` logger itself: once attached to
+    vLLM's logging it does not propagate to the root logger.)"""
+    captured, kvoffload_logger = _Lines(), logging.getLogger("kvoffload")
+    kvoffload_logger.addHandler(captured)
+    level = kvoffload_logger.level
+    kvoffload_logger.setLevel(logging.INFO)
+    try:
+        make()
+        make(beside={"cpu_bytes": 1 << 20})
+    finally:
+        kvoffload_logger.removeHandler(captured)
+        kvoffload_logger.setLevel(level)
+    lines = [line for line in captured.lines if "kv_load_failure_policy=" in line]
     policies = [line.split("kv_load_failure_policy=")[1].split(", metrics")[0] for line in lines]
     assert policies[0] == "recompute (set by kvoffload; was 'fail')"
     # Under MultiConnector: both children set it on the engine's config; the first

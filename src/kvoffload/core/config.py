@@ -64,7 +64,7 @@ class OffloadConfig:
     redis_password: str | None = field(default=None, repr=False)
     lower_tier_admission: str | int = "write_through"
     lower_tier_loads: str = "direct"
-    load_policy: str = "always"
+    load_policy: str = "cost"
     prefill_tokens_per_s: float = 10000.0
     metrics_port: int | None = None
     max_deferral_steps: int = 500

@@ -201,12 +201,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "load_policy",
         "always | cost",
-        "always",
-        "Which hits are loaded: always loads every hit (the default until the slow-tier "
-        "benchmark confirms cost on real engines); cost offers a hit's part held by a "
-        "tier only when its expected ready time (the work queued on the tier's lane plus "
-        "its transfer, learned from the tier's own jobs) beats recomputing it at the "
-        "engine's measured prefill speed (a slow tier's tail is recomputed; decision 0013). "
+        "cost",
+        "Which hits are loaded: cost offers a hit's part held by a tier only when its "
+        "expected ready time (the work queued on the tier's lane plus its transfer, "
+        "learned from the tier's own jobs) beats recomputing it at the engine's measured "
+        "prefill speed (a slow tier's tail is recomputed; decision 0013); always loads "
+        "every hit, however slow its tier. "
         'A request may override it: ``"kvoffload": {"load": "always"}``.',
         lambda v: v in ("cost", "always"),
     ),
@@ -215,7 +215,8 @@ OPTIONS: tuple[Option, ...] = (
         "number > 0",
         10000.0,
         "The engine's prefill speed (tokens per second) assumed by load_policy cost until "
-        "step timings measure it. A tier is loaded until its own jobs were timed.",
+        "step timings measure it. A tier is loaded until its own jobs were timed (its first "
+        "load measures it).",
         _positive_number,
     ),
     Option(

@@ -174,7 +174,8 @@ METRICS: tuple[MetricDef, ...] = (
         "Parts of hits recomputed instead of loaded (load_policy cost), by the tier that "
         "held them and reason: transfer (loading them was slower than recomputing), queue "
         "(an idle lane would have loaded them: the work queued on it was why), unmeasured "
-        "(the tier's first load, which measures it, was still in flight). Counted per lookup.",
+        "(the tier's first load, which measures it, had been in flight longer than "
+        "recomputing them takes). Counted per lookup.",
         ("tier", "reason"),
     ),
     MetricDef(

@@ -32,7 +32,7 @@ class SimConfig:
     store_threshold: int = 1
     lower_tier_admission: str | int = "write_through"
     lower_tier_loads: str = "direct"
-    load_policy: str = "always"
+    load_policy: str = "cost"
     engine_tokens: int = 262144
     block_size: int = 64
     chunk_tokens: int = 256

@@ -1,10 +1,14 @@
 """One lane's transfer time, learned online from its own jobs' timings.
 
-A lane (host memory -> engine, or one lower tier -> engine) moves ``n`` chunks in
-``latency_s + n * s_per_chunk`` seconds. :class:`LaneModel` fits both from the last
-:data:`WINDOW` job timings (chunks, seconds), each older sample weighing
-:data:`DECAY` times the next one (weighted least squares; when every sample moved
-as many chunks the latency stays at its seed, clamped to the samples' time). Bytes are
+A lane (host memory -> engine, or one lower tier -> engine) makes ``n`` chunks ready in
+``latency_s + n * s_per_chunk`` seconds, ``n`` counting the chunks queued on the lane
+ahead of a job as well as its own (a job that shares the lane with others takes
+longer; counted this way, a lane's time per chunk is its throughput, and the queue the
+decision adds is not counted a second time inside the time per chunk).
+:class:`LaneModel` fits both from the last :data:`WINDOW` job timings (chunks, seconds),
+each older sample weighing :data:`DECAY` times the next one (weighted least squares;
+when every sample moved as many chunks the latency stays at its seed, clamped to the
+samples' time). Bytes are
 kept beside, only to show a bandwidth. With no sample the lane is *unmeasured*: its
 estimate is None, which the decision takes as "load" (no loss against always
 loading until there is evidence).
@@ -35,11 +39,12 @@ class LaneModel:
         self._samples: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self.bytes_per_chunk = 0.0  # the last sample's, for the bandwidth shown
 
-    def observe(self, chunks: int, nbytes: int, seconds: float) -> None:
-        """One job of ``chunks`` chunks took ``seconds``; nonsense is ignored."""
-        if chunks < 1 or not math.isfinite(seconds) or seconds < 0:
+    def observe(self, chunks: int, nbytes: int, seconds: float, ahead: int = 0) -> None:
+        """One job of ``chunks`` chunks (``nbytes``), planned behind ``ahead`` chunks
+        queued on the lane, took ``seconds``; nonsense is ignored."""
+        if chunks < 1 or ahead < 0 or not math.isfinite(seconds) or seconds < 0:
             return
-        self._samples.append((chunks, seconds))
+        self._samples.append((chunks + ahead, seconds))
         if nbytes > 0:
             self.bytes_per_chunk = nbytes / chunks
 

@@ -23,11 +23,14 @@ from kvoffload.core.cost.prefill import PrefillMeter
 from kvoffload.core.jobs import NO_SLOT, JobKind, JobResult, TierJob, TransferJob
 
 HOST = "host"
-HOST_MARGIN = 4.0
-"""Host memory's hit is declined only when loading it looks this many times slower than
-recomputing it (a host copy is memcpy-fast; a measurement that says otherwise is more
-likely noise than a slow bus)."""
+"""Host memory's lane: learned and shown, never decided on (the scheduler half loads a
+host-held head always: a host copy is memcpy-fast, and a timing that says otherwise is
+the worker's own queueing or noise, not a slow bus)."""
 HYSTERESIS = 0.2
+MAX_REMEMBERED = 4096
+"""Planned jobs whose queue ahead is remembered before the memory is pruned to the jobs
+still in flight (completed ones are not removed one by one: a job's results may come
+from several workers)."""
 
 JobTiming = Callable[[TransferJob, JobResult], float]
 """The seconds a completed job's result counts for (the cost model learns from them)."""
@@ -82,6 +85,7 @@ class CostModel:
         prefill_tokens_per_s: float,
         always: bool,
         in_flight: Callable[[], Iterable[TransferJob]],
+        clock: Callable[[], float],
         timing: JobTiming = measured_timing,
     ) -> None:
         self.always = always
@@ -90,6 +94,9 @@ class CostModel:
         self.lanes: dict[str, LaneModel] = {}
         self.verdicts: dict[str, Verdict] = {}
         self._in_flight = in_flight
+        self._clock = clock
+        self._probe_since: dict[str, float] = {}  # unmeasured lanes: their probe's start
+        self._ahead: dict[int, int] = {}  # job id -> chunks queued on its lane when planned
 
     def lane(self, name: str) -> LaneModel:
         lane = self.lanes.get(name)
@@ -97,14 +104,28 @@ class CostModel:
             lane = self.lanes[name] = LaneModel(name)
         return lane
 
-    def observe(self, job: TransferJob, result: JobResult) -> None:
-        """One worker's result of ``job``: teaches its lane (successful reads only)."""
+    def planned(self, job: TransferJob) -> None:
+        """``job`` is about to be tracked: the chunks queued on its lane ahead of it are
+        remembered until it completes (its timing counts them). Call before tracking."""
         part = lane_part(job)
+        if part is None:
+            return
+        if len(self._ahead) >= MAX_REMEMBERED:  # keep only the jobs still in flight
+            live = {j.job_id for j in self._in_flight()}
+            self._ahead = {k: v for k, v in self._ahead.items() if k in live}
+        self._ahead[job.job_id] = self.queued_chunks(part[0])
+
+    def observe(self, job: TransferJob, result: JobResult) -> None:
+        """One worker's result of ``job``: teaches its lane (successful reads only).
+        Every worker's result counts the job's queue ahead; completed jobs' entries are
+        pruned in bulk (:meth:`planned`), so memory stays bounded, O(1) amortized."""
+        part = lane_part(job)
+        ahead = self._ahead.get(job.job_id, 0)
         if part is None or not result.success:
             return
         name, chunks = part
         nbytes = result.nbytes * chunks // max(1, len(job.keys))
-        self.lane(name).observe(chunks, nbytes, self.timing(job, result))
+        self.lane(name).observe(chunks, nbytes, self.timing(job, result), ahead)
 
     def on_step(self, now: float, scheduled_tokens: int) -> None:
         self.prefill.step(now, scheduled_tokens)
@@ -124,14 +145,20 @@ class CostModel:
         lane = self.lane(name)
         idle, in_flight = lane.seconds(chunks), self.queued_chunks(name)
         queued = lane.seconds(chunks + in_flight) if idle is not None else None
+        probe_age: float | None = None
+        if idle is None and name != HOST:  # host memory is memcpy-fast: never probed
+            now = self._clock()
+            if in_flight == 0:
+                self._probe_since[name] = now
+            else:
+                probe_age = max(0.0, now - self._probe_since.setdefault(name, now))
         decision = decide_lane(
             self.verdicts.get(name, Verdict.LOAD),
             load_s=queued,
             idle_load_s=idle,
             recompute_s=max(0, tokens) / self.prefill.tokens_per_s(),
-            margin=HOST_MARGIN if name == HOST else 1.0,
             hysteresis=HYSTERESIS,
-            probing=idle is None and in_flight > 0 and name != HOST,  # host: memcpy-fast
+            probe_age_s=probe_age,
         )
         self.verdicts[name] = decision.verdict
         return decision

@@ -88,6 +88,7 @@ class OffloadScheduler:
             prefill_tokens_per_s=config.prefill_tokens_per_s,
             always=config.load_policy == "always",
             in_flight=self._tracker.jobs,
+            clock=self._now,
         )
         ctx = Context(
             config,
@@ -116,6 +117,9 @@ class OffloadScheduler:
     @clock.setter
     def clock(self, clock: Callable[[], float]) -> None:
         self.deferral.clock = clock
+
+    def _now(self) -> float:
+        return self.deferral.clock()  # the substituted clock too
 
     @property
     def epoch(self) -> bytes:

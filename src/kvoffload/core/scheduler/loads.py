@@ -8,10 +8,11 @@ there, a *tier load*, booked in the tier), and completes it (unpinning; a failed
 discards its host chunks, whose copies may be torn, unless the failure was the tier's
 chunks, which the tier then forgets). With ``direct_tier_loads`` off, a lower tier's
 run is instead promoted into host memory first while the request waits. With
-``load_policy`` ``cost`` each part of a hit (the host head, a lower tier's tail) is
-offered only when the cost model says loading it beats recomputing it
+``load_policy`` ``cost`` a lower tier's part of a hit (the tail past the host-held
+head) is offered only when the cost model says loading it beats recomputing it
 (:meth:`LoadPlanner.worth`; decision 0013): a declined part is recomputed at once,
-never waited for. What lookup finds past the host prefix is :mod:`.below_host`. The
+never waited for. The host-held head is always loaded (a host copy is memcpy-fast).
+What lookup finds past the host prefix is :mod:`.below_host`. The
 functions below it are pure over the state they are given (they mutate only what their
 docstrings name).
 """
@@ -99,10 +100,6 @@ class LoadPlanner:
         readable = readable_chunks(
             self.directory, groups, keys, num_computed_tokens // chunk, chunk
         )
-        head = readable * chunk - num_computed_tokens
-        if head >= chunk and not self.worth(state, "host", -(-head // chunk), head):
-            state.lookup_hit = local_only  # recompute; lower tiers are not asked either
-            return 0
         if readable < len(keys) and readable * chunk >= num_computed_tokens:
             reason, wished = next_chunks_wait(
                 state,
@@ -195,6 +192,7 @@ class LoadPlanner:
             new_id=self.requests.tracker.new_id,
             anomalies=self.anomalies,
         )
+        self.cost.planned(job)
         self.requests.tracker.add(job)
         if job.keys:
             self.stats.loads += 1

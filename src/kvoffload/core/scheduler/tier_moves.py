@@ -24,6 +24,7 @@ class TierMoves:
     def __init__(self, ctx: Context) -> None:
         self.tiers = ctx.tiers
         self.requests = ctx.requests
+        self.cost = ctx.cost
         self._lower = bool(ctx.tiers)  # lower tiers are fixed at construction
         self.quarantine = Quarantine(ctx.directory)
 
@@ -54,6 +55,7 @@ class TierMoves:
             if job is None:
                 state.no_promotion = True
                 continue
+            self.cost.planned(job)
             self.requests.tracker.add(job)
             state.move(Phase.PROMOTING)
             jobs.append(job)

@@ -219,13 +219,14 @@ def test_a_fast_tier_is_taken_and_an_unmeasured_one_probed_by_its_first_load() -
     rig = Rig()
     assert rig.ask("a") == 16  # no timing yet: loaded, as always; it measures the lane
     rig.admit("a")
-    rig.clock.now += 0.010  # the probe in flight for 10 ms: less than 16 ms to recompute
+    # Now "a" shares the engine: recomputing counts twice (16 ms x 2 = 32 ms).
+    rig.clock.now += 0.030  # the probe in flight for 30 ms: less than 32 ms
     assert rig.ask("b") == 16  # concurrent hits of a fresh engine load too
     rig.admit("b")
-    rig.clock.now += 0.007  # in flight for 17 ms: already slower than recomputing
+    rig.clock.now += 0.003  # in flight for 33 ms: already slower than recomputing
     assert rig.ask("c") == 0
     assert rig.declined("unmeasured") == 1
-    rig.disk_takes(0.001)  # 4 ms against 16 ms (its queue: 8 chunks, 12 ms in all)
+    rig.disk_takes(0.001)  # 4 ms against 32 ms (its queue: 8 chunks, 12 ms in all)
     assert rig.ask("d") == 16
     assert rig.declined() == 0
 
@@ -243,18 +244,18 @@ def test_load_always_keeps_every_hit() -> None:
 
 def test_a_growing_queue_flips_the_decision_and_a_drained_one_flips_it_back() -> None:
     rig = Rig()
-    rig.disk_takes(0.002)  # idle: 8 ms against 16 ms
+    rig.disk_takes(0.004)  # idle: 16 ms against 16 ms (alone), inside the band: loads
     assert rig.ask("a") == 16
-    rig.admit("a")  # 4 chunks queued: 16 ms, inside the band: still loads
+    rig.admit("a")  # shared now: against 32 ms; 4 chunks queued: 32 ms, inside the band
     assert rig.ask("b") == 16
-    rig.admit("b")  # 8 queued: 24 ms > 16 ms * 1.2
+    rig.admit("b")  # 8 queued: 48 ms > 32 ms * 1.2
     assert rig.s.cost.queued_chunks("disk") == 8
     assert rig.ask("c") == 0
     assert rig.declined("queue") == 1 and rig.declined("transfer") == 0
     loads = rig.s.build_plan(StepInput()).loads
-    rig.s.on_report(ok(loads[:1]))  # 4 queued: 16 ms, inside the band: still recomputes
+    rig.s.on_report(ok(loads[:1]))  # 4 queued: 32 ms, inside the band: still recomputes
     assert rig.ask("d") == 0
-    rig.s.on_report(ok(loads[1:]))  # drained: 8 ms < 16 ms * 0.8
+    rig.s.on_report(ok(loads[1:]))  # drained: 16 ms < 32 ms * 0.8
     assert rig.ask("e") == 16
     reading = read_metrics(rig.s, 64)
     assert reading.value("cost_lane_loads", tier="disk") == 1

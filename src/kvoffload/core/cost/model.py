@@ -27,6 +27,12 @@ HOST = "host"
 host-held head always: a host copy is memcpy-fast, and a timing that says otherwise is
 the worker's own queueing or noise, not a slow bus)."""
 HYSTERESIS = 0.2
+SHARED_ENGINE_WEIGHT = 2.0
+"""While other requests share the engine, recomputing a part costs them its engine time
+too, while loading it waits on a lane the engine does not need: a load is then preferred
+up to this many times the part's recompute time (alone, the engine's time counts once).
+On the capped chat (bench/e2e.py --workload slowtiers) loading every hit beats no
+offload at 1x the recompute speed and loses at 0.3x; 2 puts the break-even between."""
 MAX_REMEMBERED = 4096
 """Planned jobs whose queue ahead is remembered before the memory is pruned to the jobs
 still in flight (completed ones are not removed one by one: a job's results may come
@@ -139,12 +145,15 @@ class CostModel:
                 total += part[1]
         return total
 
-    def decide(self, name: str, chunks: int, tokens: int) -> LaneDecision:
+    def decide(self, name: str, chunks: int, tokens: int, *, shared: bool = False) -> LaneDecision:
         """Load ``chunks`` chunks (``tokens`` tokens) on lane ``name``, or recompute
-        them; moves the lane's verdict (hysteresis). Never raises."""
+        them (``shared``: other requests share the engine; see
+        :data:`SHARED_ENGINE_WEIGHT`); moves the lane's verdict (hysteresis). Never
+        raises."""
         lane = self.lane(name)
         idle, in_flight = lane.seconds(chunks), self.queued_chunks(name)
         queued = lane.seconds(chunks + in_flight) if idle is not None else None
+        weight = SHARED_ENGINE_WEIGHT if shared else 1.0
         probe_age: float | None = None
         if idle is None and name != HOST:  # host memory is memcpy-fast: never probed
             now = self._clock()
@@ -156,7 +165,7 @@ class CostModel:
             self.verdicts.get(name, Verdict.LOAD),
             load_s=queued,
             idle_load_s=idle,
-            recompute_s=max(0, tokens) / self.prefill.tokens_per_s(),
+            recompute_s=max(0, tokens) / self.prefill.tokens_per_s() * weight,
             hysteresis=HYSTERESIS,
             probe_age_s=probe_age,
         )

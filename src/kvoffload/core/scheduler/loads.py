@@ -158,12 +158,13 @@ class LoadPlanner:
         """Whether ``chunks`` chunks (``tokens`` tokens past what the engine holds) read
         on ``lane`` are worth loading rather than recomputing: always under
         ``load_policy`` ``always`` (the configuration's, or the request's own), else the
-        cost model's decision, which moves the lane's verdict; a decline is counted
+        cost model's decision (the engine is shared when the scheduler half tracks
+        another request), which moves the lane's verdict; a decline is counted
         (``hits_declined_total``, ``declined_tokens_total``)."""
         policy = state.controls.load_policy
         if policy == "always" or (policy is None and self.cost.always):
             return True
-        decision = self.cost.decide(lane, chunks, tokens)
+        decision = self.cost.decide(lane, chunks, tokens, shared=len(self.requests) > 1)
         if decision.decline is None:
             return True
         self.metrics.count("hits_declined_total", tier=lane, reason=decision.decline.value)

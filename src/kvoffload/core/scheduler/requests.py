@@ -61,6 +61,9 @@ class RequestTable:
     def __iter__(self) -> Iterator[RequestState]:
         return iter(list(self._states.values()))
 
+    def __len__(self) -> int:
+        return len(self._states)
+
     def ids(self) -> list[str]:
         return list(self._states)
 

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--load-policy",
         default=d.load_policy,
-        help="always (default: load every hit) | cost (load a hit only where it beats recomputing)",
+        help="cost (default: load a hit only where it beats recomputing) | always (every hit)",
     )
     c = p.add_argument_group("cost model")
     c.add_argument("--prefill-s-per-token", type=float, default=_COST.prefill_s_per_token)

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from kvoffload.core.errors import UsageError
@@ -26,7 +27,9 @@ from kvoffload.simulate.bandwidth_sweep import (
 from kvoffload.simulate.chat import ChatTrace
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import parse_kv_groups
-from kvoffload.simulate.report import format_report
+from kvoffload.simulate.mooncake import DEFAULT_BLOCK_TOKENS, MOONCAKE
+from kvoffload.simulate.optimum import References, bounds, chunk_references, infinite_hit_tokens
+from kvoffload.simulate.report import behind_warning, format_report
 from kvoffload.simulate.runner import run_simulation
 from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.sweep import (
@@ -38,21 +41,26 @@ from kvoffload.simulate.sweep import (
     sweep_json,
 )
 from kvoffload.simulate.trace import TraceFile, TraceSummary, write_trace
-from kvoffload.simulate.units import format_bytes, parse_byte_list, parse_bytes
+from kvoffload.simulate.units import ChunkUnits, format_bytes, is_share, parse_size, parse_size_list
 from kvoffload.workload.chat import ChatWorkload
 
 _DEFAULTS = SimConfig(cpu_bytes=64 * 2**30)
 _COST = CostModel()
 
 _EPILOG = """\
-Without --trace the built-in multi-turn chat workload runs. Sizes accept units
-(8GiB, 512MiB, 1.5GB). See docs/simulate.md for the trace format, the cost model
-and sizing advice.
+Without --trace the built-in multi-turn chat workload runs. A trace is this
+simulator's JSONL or a Mooncake-style one (hash_ids), detected from its first line.
+Sizes accept units (8GiB, 512MiB, 1.5GB), chunks (9139chunks) or a share of the
+workload's distinct chunks (5%). Every report shows the hits against the workload's
+limits (an infinite cache, and the offline optimum at the host's capacity). See
+docs/simulate.md for the trace formats, the cost model and sizing advice.
 
 examples:
   kvoffload simulate                                   # built-in chat, 64GiB host
   kvoffload simulate --cpu-bytes 16GiB --disk-bytes 1TiB
   kvoffload simulate --trace my.jsonl --json results.json
+  kvoffload simulate --trace mooncake.jsonl --cpu-bytes 5% --time-scale 2.5
+  kvoffload simulate --trace mooncake.jsonl --head 2000 --sweep 5%,10%,25%,50%
   kvoffload simulate --sweep 8GiB,16GiB,32GiB,64GiB,128GiB --output sweep.png
   kvoffload simulate --users 20 --turns 3 --write-trace example.jsonl
   kvoffload simulate --cpu-bytes 1GiB --disk-bytes 1TiB --tier-bandwidth 0.05,0.2,1,4
@@ -79,7 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     w = p.add_argument_group("workload")
-    w.add_argument("--trace", metavar="FILE", help="replay this JSONL trace")
+    w.add_argument("--trace", metavar="FILE", help="replay this JSONL trace (or Mooncake's)")
+    w.add_argument("--head", type=int, metavar="N", help="only the trace's first N requests")
+    w.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="multiply the trace's arrival times by F (2: half the request rate)",
+    )
+    w.add_argument(
+        "--trace-block-tokens",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        metavar="N",
+        help=f"tokens per hash id of a Mooncake-style trace (default {DEFAULT_BLOCK_TOKENS})",
+    )
     w.add_argument("--write-trace", metavar="FILE", help="write the workload as a trace, exit")
     chat = ChatWorkload()
     w.add_argument("--users", type=int, default=1000, help="chat users (default 1000)")
@@ -115,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache groups of a hybrid model, e.g. full,5xwindow=1024 (default: full)",
     )
     k = p.add_argument_group("kvoffload")
-    k.add_argument("--cpu-bytes", default="64GiB", help="host memory (default 64GiB; 0: off)")
+    k.add_argument(
+        "--cpu-bytes", default="64GiB", help="host memory: 16GiB, 9139chunks, 5%% (64GiB; 0: off)"
+    )
     k.add_argument("--disk-bytes", default="0", help="disk tier capacity (default 0: none)")
     k.add_argument("--redis-bytes", default="0", help="redis tier capacity (default 0: none)")
     k.add_argument("--eviction", default=d.eviction, help=f"{' | '.join(policy_names())}")
@@ -126,7 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="direct",
         help="direct (tier loads straight into the engine) | promote (through host memory)",
     )
-    k.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="tokens per chunk")
+    k.add_argument(
+        "--chunk-tokens",
+        type=int,
+        help=f"tokens per chunk (default: a Mooncake trace's block, else {d.chunk_tokens})",
+    )
     k.add_argument(
         "--load-policy",
         default=d.load_policy,
@@ -164,12 +193,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", nargs="?", const="-", metavar="FILE", help="also write JSON (- or none: stdout)"
     )
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument(
+        "--no-limits",
+        action="store_true",
+        help="skip the infinite-cache bound and the offline optimum (a first pass over the "
+        "workload)",
+    )
     return p
 
 
 def _workload(args: argparse.Namespace) -> Workload:
     if args.trace:
-        return TraceFile(args.trace)
+        return TraceFile(args.trace, args.head, args.time_scale, args.trace_block_tokens)
+    for option, given in (
+        ("--head", args.head is not None),
+        ("--time-scale", args.time_scale != 1),
+    ):
+        if given:
+            raise UsageError(f"{option}: needs --trace")
     try:
         lo, hi = (int(x) for x in args.user_tokens.split(","))
     except ValueError:
@@ -185,7 +226,17 @@ def _workload(args: argparse.Namespace) -> Workload:
     return ChatTrace(workload, args.concurrent_users, args.rate, args.system_prompts)
 
 
-def _config(args: argparse.Namespace) -> SimConfig:
+def _chunk_tokens(args: argparse.Namespace, workload: Workload) -> int:
+    """--chunk-tokens, by default a Mooncake trace's block (else the usual default)."""
+    if args.chunk_tokens is not None:
+        return int(args.chunk_tokens)
+    if isinstance(workload, TraceFile) and workload.format == MOONCAKE:
+        return workload.block_tokens
+    return _DEFAULTS.chunk_tokens
+
+
+def _config(args: argparse.Namespace, chunk_tokens: int) -> SimConfig:
+    """The settings without tier sizes (see :func:`_sized`)."""
     admission: str | int = args.lower_tier_admission
     if admission != "write_through":
         try:
@@ -203,9 +254,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         bytes_per_token=args.bytes_per_token,
     )
     return SimConfig(
-        cpu_bytes=parse_bytes(args.cpu_bytes, "--cpu-bytes"),
-        disk_bytes=parse_bytes(args.disk_bytes, "--disk-bytes"),
-        redis_bytes=parse_bytes(args.redis_bytes, "--redis-bytes"),
+        cpu_bytes=0,
         eviction=args.eviction,
         store_threshold=args.store_threshold,
         lower_tier_admission=admission,
@@ -213,7 +262,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         load_policy=args.load_policy,
         engine_tokens=args.engine_tokens,
         block_size=args.block_size,
-        chunk_tokens=args.chunk_tokens,
+        chunk_tokens=chunk_tokens,
         token_budget=args.token_budget,
         max_running=args.max_running,
         decode_stride=args.decode_stride,
@@ -222,6 +271,23 @@ def _config(args: argparse.Namespace) -> SimConfig:
         cost=cost,
         kv_groups=parse_kv_groups(args.kv_groups) if args.kv_groups else ONE_GROUP,
     )
+
+
+def _sized(args: argparse.Namespace, config: SimConfig, refs: References | None) -> SimConfig:
+    """``config`` with the tiers' sizes (bytes, chunks or shares of ``refs``' distinct
+    chunks)."""
+    units = ChunkUnits(config.chunk_bytes, refs.distinct if refs is not None else None)
+    return replace(
+        config,
+        cpu_bytes=parse_size(args.cpu_bytes, "--cpu-bytes", units),
+        disk_bytes=parse_size(args.disk_bytes, "--disk-bytes", units),
+        redis_bytes=parse_size(args.redis_bytes, "--redis-bytes", units),
+    )
+
+
+def _capacity_chunks(config: SimConfig) -> int:
+    """Chunk positions host memory holds (a hybrid model stores one chunk per group)."""
+    return config.host_slots // len(config.kv_groups)
 
 
 def _progress(total: int, unit: str, enabled: bool) -> tuple[Callable[[int], None], Any]:
@@ -259,18 +325,30 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"cannot write {args.write_trace}: {exc.strerror or exc}") from None
         print(f"wrote {count} requests ({workload.describe()}) to {args.write_trace}")
         return 0
-    config = _config(args)
+    config = _config(args, _chunk_tokens(args, workload))
     # validates a trace file before simulating
     capacity = config.request_capacity
     summary = workload.summary(capacity if capacity is not None else 2**62)
     _check_fits(summary, config)
+    sizes_given = (args.cpu_bytes, args.disk_bytes, args.redis_bytes, args.sweep or "")
+    wants_refs = not args.no_limits or any(is_share(text) for text in sizes_given)
+    refs = (
+        chunk_references(workload.requests(), config.chunk_tokens, config.block_size)
+        if wants_refs
+        else None
+    )
+    config = _sized(args, config, refs)
+    _check_host(config)
     show = not args.no_progress and sys.stderr.isatty()
     if args.tier_bandwidth is not None:
         return _bandwidth_sweep(args, config, workload, show)
+    infinite = infinite_hit_tokens(refs) if refs is not None and not args.no_limits else None
     if args.sweep is None:
         update, bar = _progress(summary.requests, "req", show)
         with bar:
             result = run_simulation(config, workload.requests(), update)
+        if refs is not None and infinite is not None:
+            result.bounds = bounds(refs, _capacity_chunks(config), infinite)
         header = f"Workload: {workload.describe()}\n"
         _emit(header + format_report(result), result.as_json(), args.json)
         return 0
@@ -279,16 +357,25 @@ def main(argv: list[str]) -> int:
     if args.sweep == "auto":
         sizes = auto_sizes(summary.unique_tokens * config.cost.bytes_per_token, config.chunk_bytes)
     else:
-        sizes = parse_byte_list(args.sweep, "--sweep")
+        units = ChunkUnits(config.chunk_bytes, refs.distinct if refs is not None else None)
+        sizes = parse_size_list(args.sweep, "--sweep", units)
     update, bar = _progress(len(sizes) * len(policy_names()), "sim", show)
     with bar:
         points = run_sweep(config, workload, sizes, jobs=args.jobs, progress=update)
+    if refs is not None and infinite is not None:
+        limits = {
+            s: bounds(refs, _capacity_chunks(replace(config, cpu_bytes=s)), infinite) for s in sizes
+        }
+        for point in points:
+            point.result.bounds = limits[point.cpu_bytes]
     title = workload.describe()
     try:
         plot_sweep(points, args.output, title)
     except OSError as exc:
         raise UsageError(f"--output: cannot write {args.output}: {exc.strerror or exc}") from None
+    warnings = sorted({w for p in points if (w := behind_warning(p.result)) is not None})
     text = f"Workload: {title}\n{format_sweep(points)}\n\nwrote the chart to {args.output}"
+    text = "\n\n".join([*warnings[:1], text])
     _emit(text, sweep_json(points), args.json)
     return 0
 
@@ -329,6 +416,9 @@ def _check_fits(summary: TraceSummary, config: SimConfig) -> None:
             "its first blocks and is not stored (see docs/simulate.md)",
             file=sys.stderr,
         )
+
+
+def _check_host(config: SimConfig) -> None:
     if 0 < config.cpu_bytes < config.chunk_bytes:
         print(
             f"note: --cpu-bytes {format_bytes(config.cpu_bytes)} is less than one chunk "

@@ -10,7 +10,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvoffload.simulate.cost import CostModel
+from kvoffload.simulate.optimum import Bounds
 from kvoffload.simulate.units import format_bytes
+
+# The engine "falls behind the trace" when the median time to first token of the
+# last tenth of the requests (by arrival) exceeds this many seconds and this share
+# of the trace's span: a queue that keeps growing over the run, so the engine sees
+# arrivals compressed and the results describe an overloaded engine.
+BEHIND_MIN_S = 30.0
+BEHIND_SHARE_OF_SPAN = 0.1
 
 
 @dataclass
@@ -83,8 +91,11 @@ class SimResult:
     ttft_p50_s: float = 0.0
     ttft_p95_s: float = 0.0
     lane_busy_s: dict[str, float] = field(default_factory=dict)
+    late_ttft_p50_s: float = 0.0  # median TTFT of the last tenth of requests (arrival)
+    trace_span_s: float = 0.0  # last arrival - first arrival
     wall_s: float = 0.0
     groups: GroupResult | None = None  # several KV cache groups only
+    bounds: Bounds | None = None  # the workload's limits at this host capacity
 
     # ------------------------------------------------------------------ derived
 
@@ -96,6 +107,26 @@ class SimResult:
     @property
     def engine_hit_rate(self) -> float:
         return self.engine_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def total_hit_rate(self) -> float:
+        """Prompt tokens served by the engine's prefix cache or kvoffload / prompt
+        tokens (first admissions): the figure the bounds limit."""
+        return self.hit_rate + self.engine_hit_rate
+
+    @property
+    def share_of_optimum(self) -> float | None:
+        """``total_hit_rate`` / the optimum's (None: no bounds, or an optimum of 0)."""
+        b = self.bounds
+        if b is None or not b.optimum_tokens:
+            return None
+        return (self.engine_hit_tokens + self.kvoffload_hit_tokens) / b.optimum_tokens
+
+    @property
+    def behind_trace(self) -> bool:
+        """The engine fell behind the trace's arrivals (see ``BEHIND_MIN_S``)."""
+        limit = max(BEHIND_MIN_S, BEHIND_SHARE_OF_SPAN * self.trace_span_s)
+        return self.late_ttft_p50_s > limit
 
     @property
     def avoided_tokens(self) -> int:
@@ -135,6 +166,15 @@ class SimResult:
             del out["groups"]
         else:
             out["stored_bytes_per_token"] = self.stored_bytes_per_token
+        del out["bounds"]
+        b = self.bounds
+        if b is not None:
+            out.update(
+                optimum_capacity_chunks=b.capacity_chunks,
+                optimum_hit_rate=b.optimum_rate,
+                infinite_hit_rate=b.infinite_rate,
+                share_of_optimum=self.share_of_optimum,
+            )
         out["cost"] = self.cost.as_dict()
         for t in out["tiers"]:
             for key in ("capacity", "written", "read"):
@@ -143,6 +183,8 @@ class SimResult:
         out.update(
             hit_rate=self.hit_rate,
             engine_hit_rate=self.engine_hit_rate,
+            total_hit_rate=self.total_hit_rate,
+            behind_trace=self.behind_trace,
             recompute_tokens_avoided=self.avoided_tokens,
             prefill_seconds_saved=self.saved_s,
             load_seconds=self.load_s,
@@ -155,11 +197,44 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def behind_warning(r: SimResult) -> str | None:
+    """The warning line for a run whose engine fell behind its trace (None: it kept up)."""
+    if not r.behind_trace:
+        return None
+    return (
+        f"WARNING: the simulated engine fell behind the trace: the last tenth of the "
+        f"requests waited {r.late_ttft_p50_s:.0f} s (median) for a first token over a "
+        f"{r.trace_span_s:.0f} s trace, so arrivals pile up and hit rates and TTFTs "
+        "describe an overloaded engine; slow the trace (--time-scale) or speed the "
+        "engine (--prefill-s-per-token, --token-budget)"
+    )
+
+
+def _limit_lines(r: SimResult) -> list[str]:
+    """Engine + kvoffload hits against the workload's limits."""
+    total = r.engine_hit_tokens + r.kvoffload_hit_tokens
+    lines = [
+        f"  hit rate (engine + kvo)   {_pct(r.total_hit_rate)}  ({total} prompt tokens "
+        "served / prompt tokens)"
+    ]
+    b = r.bounds
+    if b is not None:
+        share = r.share_of_optimum
+        lines.append(
+            f"  limit                     optimum {_pct(b.optimum_rate)} at "
+            f"{b.capacity_chunks} chunks, infinite cache {_pct(b.infinite_rate)}; this run "
+            + (f"reaches {_pct(share)} of the optimum" if share is not None else "(no hits)")
+        )
+    return lines
+
+
 def format_report(r: SimResult) -> str:
     """The human-readable report: assumptions, results, traffic per tier."""
     s, c = r.settings, r.cost
     cb = r.chunk_bytes
+    warning = behind_warning(r)
     lines = [
+        *([warning, ""] if warning else []),
         "Assumptions",
         f"  engine       {s['engine_tokens']} KV tokens, block {s['block_size']} tokens, "
         f"budget {s['token_budget']} tokens/step, {s['max_running']} running max, "
@@ -180,6 +255,7 @@ def format_report(r: SimResult) -> str:
         f"  kvoffload hit rate        {_pct(r.hit_rate)}  ({r.kvoffload_hit_tokens} prompt "
         "tokens loaded / prompt tokens)",
         f"  engine prefix-cache hits  {_pct(r.engine_hit_rate)}  ({r.engine_hit_tokens} tokens)",
+        *_limit_lines(r),
         f"  recompute avoided         {r.avoided_tokens} tokens  (incl. "
         f"{r.readmission_hit_tokens} on {r.readmissions} re-admissions after preemption)",
         f"  prefill time saved        {r.saved_s:.1f} s, minus {r.load_s:.1f} s of loads = "
@@ -216,6 +292,8 @@ def format_report(r: SimResult) -> str:
             f"  host evictions without a lower-tier copy: {host.evicted_without_copy} "
             f"({share:.1%} of {host.evictions})"
         )
+    if warning:
+        lines.append(f"\n{warning}")
     lines.append(f"\n(simulated in {r.wall_s:.1f} s)")
     return "\n".join(lines)
 

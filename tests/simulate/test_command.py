@@ -195,3 +195,11 @@ def test_python_dash_m_kvoffload_is_the_command() -> None:
         check=False,
     )
     assert done.returncode == 0 and done.stdout.startswith("usage: kvoffload simulate")
+
+
+def test_a_run_above_the_optimum_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    # one chunk of host memory: the engine's prefix cache serves most hits
+    assert cli(["simulate", *SMALL, "--engine-tokens", "4096", "--cpu-bytes", "1chunk"]) == 0
+    out = capsys.readouterr().out
+    assert "optimum" in out and "at 1 chunks" in out
+    assert "(above it: the engine's own prefix cache adds capacity" in out

@@ -22,12 +22,13 @@ from kvoffload.simulate.trace import TraceRequest
 C = 10  # tokens per chunk
 
 
-def refs(*rows: list[int], block: int = 1, tail: int = 5) -> References:
-    """Requests of the given full chunks, each with a partial tail of ``tail`` tokens."""
-    out = References(C, block)
-    out.chunks = [list(row) for row in rows]
-    out.prompts = [C * len(row) + tail for row in rows]
-    return out
+def refs(
+    *rows: list[int], block: int = 1, tail: int = 5, outputs: list[list[int]] | None = None
+) -> References:
+    """Requests of the given full chunks, each with a partial tail of ``tail`` tokens;
+    ``outputs``: the chunks each one's output completes (default none)."""
+    prompts = [C * len(row) + tail for row in rows]
+    return References(C, block, [list(row) for row in rows], prompts, outputs or [])
 
 
 def test_by_hand_the_farthest_next_use_is_bypassed() -> None:
@@ -65,7 +66,7 @@ def brute_force(r: References, capacity: int) -> int:
         k = 0
         while k < len(row) and row[k] in held:
             k += 1
-        pool = sorted(held | set(row))
+        pool = sorted(held | set(row) | set(r.outputs[i]))
         keep = min(capacity, len(pool))
         return C * k + max(best(i + 1, frozenset(kept)) for kept in combinations(pool, keep))
 
@@ -77,11 +78,14 @@ def random_refs(seed: int, requests: int) -> References:
     always follows the same predecessor, as hashed chunks do."""
     rng = random.Random(seed)
     ids: dict[tuple[int, ...], int] = {}
-    rows = []
+    rows, outputs = [], []
     for _ in range(requests):
         path = tuple(rng.randrange(2) for _ in range(rng.randint(1, 3)))
         rows.append([ids.setdefault(path[: j + 1], len(ids)) for j in range(len(path))])
-    return refs(*rows)
+        # a third of the outputs complete one more chunk (the next turn's, say)
+        answer = path + (rng.randrange(2),)
+        outputs.append([ids.setdefault(answer, len(ids))] if rng.random() < 1 / 3 else [])
+    return refs(*rows, outputs=outputs)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -100,8 +104,11 @@ def test_more_capacity_never_serves_less() -> None:
     assert 0 < b.optimum_rate < b.infinite_rate <= 1
 
 
-def seg(t: float, *segments: tuple[str, int], salt: str | None = None) -> TraceRequest:
-    return TraceRequest(t, 4, segments=segments, salt=salt, where="test")
+def seg(
+    t: float, *segments: tuple[str, int], salt: str | None = None, answer: str | None = None
+) -> TraceRequest:
+    output = 8 if answer else 4
+    return TraceRequest(t, output, segments=segments, output_id=answer, salt=salt, where="test")
 
 
 def test_chunk_references_follow_content_and_salt() -> None:
@@ -119,3 +126,14 @@ def test_chunk_references_follow_content_and_salt() -> None:
     assert r.prompts == [35] * 4 and r.prompt_tokens == 140
     assert r.distinct == 3 + 1 + 3 + 3  # full chunks 3 + 1 + 3, and three distinct tails
     assert infinite_hit_tokens(r) == 20 + 30
+
+
+def test_a_chunk_an_output_completes_is_a_candidate() -> None:
+    first = seg(0, ("q1", 15), answer="a1")  # computes 15 + 8 - 1 tokens: chunks 0 and 1
+    second = seg(1, ("q1", 15), ("a1", 8), ("q2", 7))  # resends the answer
+    r = chunk_references([first, second], C, 1)
+    assert r.chunks[0] == [0] and r.outputs[0] == [1]
+    assert r.chunks[1][:2] == [0, 1] and r.outputs[1] == []
+    assert r.distinct == 3 + 1  # prompt chunks 0, 1, 2 and the first request's tail
+    assert infinite_hit_tokens(r) == optimum_hit_tokens(r, 2) == 2 * C
+    assert optimum_hit_tokens(r, 1) == C

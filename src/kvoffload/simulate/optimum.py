@@ -12,7 +12,9 @@ What is computed, from the requests in arrival order (no engine, no timing):
   all in the cache (prefix semantics), and is served ``min(k * chunk_tokens, cap)``
   prompt tokens, ``cap`` being the prompt less one token, rounded down to the
   engine's block (the engine always computes at least the last prompt token, as
-  vLLM does); then all its full chunks become cache candidates at once;
+  vLLM does); then all the full chunks it computed become cache candidates at once:
+  its prompt's and those its output completes (all its tokens but the last, whose KV
+  is never computed), so a next turn that resends an answer can hit it;
 - **infinite**: a cache that keeps every chunk ever seen;
 - **optimum** at ``capacity`` chunks: after each request the cache keeps, of the
   chunks it held and the request's, the ``capacity`` whose next use (the next
@@ -29,10 +31,12 @@ maximizes over all caches of ``capacity`` chunks, and no cache's prefix hits exc
 its plain hits. Two caveats keep it a bound of this model, not a theorem about the
 simulator: in tokens the ``cap`` trims a fully cached prompt's last chunk, which MIN
 does not weigh (it maximizes chunk hits); and the bound is for one cache of
-``capacity`` chunks and instant insertion, whereas the simulated engine has its own
-prefix cache besides kvoffload's host memory (so with a host much smaller than the
-engine a policy may exceed it) but sees a request's chunks only once stored,
-after its prefill (so concurrent requests miss what the bound hits).
+``capacity`` whole chunks and instant insertion, whereas the simulated engine has its
+own prefix cache besides kvoffload's host memory, which hits partial chunks block by
+block (so where the engine serves most hits, as in chats that resend their history,
+a run may exceed it), but sees a request's chunks only once computed (so concurrent
+requests miss what the bound hits). (The exhaustive search in the tests confirms
+the optimality on small random workloads, outputs' chunks included.)
 
 Cost: one pass to hash (seconds for 10^5 requests), then O(references x log) per
 capacity.
@@ -54,15 +58,21 @@ _NEVER = 1 << 62
 class References:
     """The chunk references of a workload (see the module docstring).
 
-    ``chunks[i]``: request ``i``'s full chunks as small ints (equal int, equal
-    content and prefix); ``prompts[i]``: its prompt tokens; ``distinct``: distinct
+    ``chunks[i]``: request ``i``'s full prompt chunks as small ints (equal int, equal
+    content and prefix); ``outputs[i]``: the full chunks after those that its output
+    completes; ``prompts[i]``: its prompt tokens; ``distinct``: distinct prompt
     chunks, full and partial."""
 
     chunk_tokens: int
     block_size: int
     chunks: list[list[int]] = field(default_factory=list)
     prompts: list[int] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
     distinct: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            self.outputs = [[] for _ in self.chunks]
 
     @property
     def prompt_tokens(self) -> int:
@@ -77,18 +87,23 @@ def chunk_references(
     hasher = ContentHasher(chunk_tokens)
     refs = References(chunk_tokens, block_size)
     ids: dict[bytes, int] = {}
+    prompt_chunks: set[int] = set()
     tails: set[bytes] = set()
     for index, req in enumerate(requests):
         content = hasher.content(req, index)
         prompt = req.prompt_tokens
         full = prompt // chunk_tokens
-        hashes = content.hashes(0, full, chunk_tokens, None)
-        refs.chunks.append([ids.setdefault(h, len(ids)) for h in hashes])
+        computed = (prompt + req.output - 1) // chunk_tokens
+        hashes = content.hashes(0, computed, chunk_tokens, None)
+        row = [ids.setdefault(h, len(ids)) for h in hashes]
+        refs.chunks.append(row[:full])
+        refs.outputs.append(row[full:])
         refs.prompts.append(prompt)
+        prompt_chunks.update(row[:full])
         if prompt % chunk_tokens:
-            parent = hashes[-1] if hashes else None
+            parent = hashes[full - 1] if full else None
             tails.add(content.span_hash(full * chunk_tokens, prompt, parent))
-    refs.distinct = len(ids) + len(tails)
+    refs.distinct = len(prompt_chunks) + len(tails)
     return refs
 
 
@@ -97,14 +112,14 @@ def _cap(prompt: int, block_size: int) -> int:
     return (prompt - 1) // block_size * block_size
 
 
-def _next_uses(chunks: list[list[int]]) -> list[list[int]]:
-    """For each reference, the index of the next request containing the same chunk
-    (``_NEVER``: none)."""
+def _next_uses(refs: References) -> list[list[int]]:
+    """For each chunk a request computed (its prompt's, then its output's), the index
+    of the next request whose prompt contains it (``_NEVER``: none)."""
     last: dict[int, int] = {}
-    out: list[list[int]] = [[] for _ in chunks]
-    for i in range(len(chunks) - 1, -1, -1):
-        row = chunks[i]
-        out[i] = [last.get(c, _NEVER) for c in row]
+    out: list[list[int]] = [[] for _ in refs.chunks]
+    for i in range(len(refs.chunks) - 1, -1, -1):
+        row = refs.chunks[i]
+        out[i] = [last.get(c, _NEVER) for c in (*row, *refs.outputs[i])]
         for c in row:
             last[c] = i
     return out
@@ -115,7 +130,7 @@ def infinite_hit_tokens(refs: References) -> int:
     seen: set[int] = set()
     total = 0
     size, block = refs.chunk_tokens, refs.block_size
-    for row, prompt in zip(refs.chunks, refs.prompts, strict=True):
+    for row, prompt, output in zip(refs.chunks, refs.prompts, refs.outputs, strict=True):
         k = 0
         for c in row:
             if c not in seen:
@@ -123,6 +138,7 @@ def infinite_hit_tokens(refs: References) -> int:
             k += 1
         total += min(k * size, _cap(prompt, block))
         seen.update(row)
+        seen.update(output)
     return total
 
 
@@ -134,14 +150,16 @@ def optimum_hit_tokens(refs: References, capacity: int) -> int:
     cache: dict[int, int] = {}  # chunk -> its next use
     heap: list[tuple[int, int, int]] = []  # (-next use, -position, chunk); stale allowed
     total = 0
-    for row, uses, prompt in zip(refs.chunks, _next_uses(refs.chunks), refs.prompts, strict=True):
+    uses = _next_uses(refs)
+    for i, row in enumerate(refs.chunks):
         k = 0
         for c in row:
             if c not in cache:
                 break
             k += 1
-        total += min(k * size, _cap(prompt, block))
-        for position, (c, nxt) in enumerate(zip(row, uses, strict=True)):
+        total += min(k * size, _cap(refs.prompts[i], block))
+        computed = (*row, *refs.outputs[i])
+        for position, (c, nxt) in enumerate(zip(computed, uses[i], strict=True)):
             if nxt == _NEVER:
                 cache.pop(c, None)
                 continue

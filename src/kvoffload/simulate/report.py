@@ -225,6 +225,12 @@ def _limit_lines(r: SimResult) -> list[str]:
             f"{b.capacity_chunks} chunks, infinite cache {_pct(b.infinite_rate)}; this run "
             + (f"reaches {_pct(share)} of the optimum" if share is not None else "(no hits)")
         )
+        if share is not None and share > 1:
+            lines.append(
+                "                            (above it: the engine's own prefix cache adds "
+                "capacity and hits partial chunks, block by block; the limits count "
+                "kvoffload's chunks only)"
+            )
     return lines
 
 

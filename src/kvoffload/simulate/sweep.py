@@ -133,10 +133,13 @@ def sweep_json(points: Sequence[SweepPoint]) -> list[dict[str, Any]]:
     ]
 
 
-def plot_sweep(points: Sequence[SweepPoint], path: str, title: str) -> list[str]:
+def plot_sweep(
+    points: Sequence[SweepPoint], path: str, title: str, ticks: dict[int, str] | None = None
+) -> list[str]:
     """Write the PNG chart of ``points`` to ``path``: hit rate against host memory
     (log scale), one line per policy, then the optimum and the infinite cache when
-    every point carries its bounds; return the lines drawn, in legend order."""
+    every point carries its bounds; return the lines drawn, in legend order.
+    ``ticks``: a label per size (default: the size in bytes)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,7 +161,8 @@ def plot_sweep(points: Sequence[SweepPoint], path: str, title: str) -> list[str]
         ax.plot(xs, infinite, color="gray", linestyle=":", label="infinite cache")
     ax.set_xscale("log", base=2)
     sizes = sorted({p.cpu_bytes for p in points})
-    ax.set_xticks([size / 2**30 for size in sizes], [format_bytes(size) for size in sizes])
+    labels = [(ticks or {}).get(size) or format_bytes(size) for size in sizes]
+    ax.set_xticks([size / 2**30 for size in sizes], labels)
     ax.minorticks_off()
     ax.set_xlabel("host memory for kvoffload")
     ax.set_ylabel("prompt tokens served, engine + kvoffload (%)")

@@ -10,7 +10,6 @@ from kvoffload.core.errors import UsageError
 from kvoffload.simulate.units import (
     ChunkUnits,
     format_bytes,
-    parse_byte_list,
     parse_bytes,
     parse_size,
     parse_size_list,
@@ -42,11 +41,12 @@ def test_bad_sizes_name_the_option(text: str) -> None:
 
 
 def test_lists_are_sorted_without_duplicates() -> None:
-    assert parse_byte_list("4GiB, 1GiB,4GiB", "--sweep") == [2**30, 4 * 2**30]
+    units = ChunkUnits(chunk_bytes=1000)
+    assert parse_size_list("4GiB, 1GiB,4GiB", "--sweep", units) == [2**30, 4 * 2**30]
     with pytest.raises(UsageError, match="must be > 0"):
-        parse_byte_list("0,1GiB", "--sweep")
+        parse_size_list("0,1GiB", "--sweep", units)
     with pytest.raises(UsageError, match="comma-separated"):
-        parse_byte_list(" , ", "--sweep")
+        parse_size_list(" , ", "--sweep", units)
 
 
 def test_format() -> None:

@@ -11,14 +11,8 @@ from typing import Any
 
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.optimum import Bounds
+from kvoffload.simulate.report_limits import behind_warning, is_behind, limit_lines
 from kvoffload.simulate.units import format_bytes
-
-# The engine "falls behind the trace" when the median time to first token of the
-# last tenth of the requests (by arrival) exceeds this many seconds and this share
-# of the trace's span: a queue that keeps growing over the run, so the engine sees
-# arrivals compressed and the results describe an overloaded engine.
-BEHIND_MIN_S = 30.0
-BEHIND_SHARE_OF_SPAN = 0.1
 
 
 @dataclass
@@ -124,9 +118,9 @@ class SimResult:
 
     @property
     def behind_trace(self) -> bool:
-        """The engine fell behind the trace's arrivals (see ``BEHIND_MIN_S``)."""
-        limit = max(BEHIND_MIN_S, BEHIND_SHARE_OF_SPAN * self.trace_span_s)
-        return self.late_ttft_p50_s > limit
+        """The engine fell behind the trace's arrivals (see
+        :func:`~kvoffload.simulate.report_limits.is_behind`)."""
+        return is_behind(self.late_ttft_p50_s, self.trace_span_s)
 
     @property
     def avoided_tokens(self) -> int:
@@ -197,48 +191,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def behind_warning(r: SimResult) -> str | None:
-    """The warning line for a run whose engine fell behind its trace (None: it kept up)."""
-    if not r.behind_trace:
-        return None
-    return (
-        f"WARNING: the simulated engine fell behind the trace: the last tenth of the "
-        f"requests waited {r.late_ttft_p50_s:.0f} s (median) for a first token over a "
-        f"{r.trace_span_s:.0f} s trace, so arrivals pile up and hit rates and TTFTs "
-        "describe an overloaded engine; slow the trace (--time-scale) or speed the "
-        "engine (--prefill-s-per-token, --token-budget)"
-    )
-
-
-def _limit_lines(r: SimResult) -> list[str]:
-    """Engine + kvoffload hits against the workload's limits."""
-    total = r.engine_hit_tokens + r.kvoffload_hit_tokens
-    lines = [
-        f"  hit rate (engine + kvo)   {_pct(r.total_hit_rate)}  ({total} prompt tokens "
-        "served / prompt tokens)"
-    ]
-    b = r.bounds
-    if b is not None:
-        share = r.share_of_optimum
-        lines.append(
-            f"  limit                     optimum {_pct(b.optimum_rate)} at "
-            f"{b.capacity_chunks} chunks, infinite cache {_pct(b.infinite_rate)}; this run "
-            + (f"reaches {_pct(share)} of the optimum" if share is not None else "(no hits)")
-        )
-        if share is not None and share > 1:
-            lines.append(
-                "                            (above it: the engine's own prefix cache adds "
-                "capacity and hits partial chunks, block by block; the limits count "
-                "kvoffload's chunks only)"
-            )
-    return lines
-
-
 def format_report(r: SimResult) -> str:
     """The human-readable report: assumptions, results, traffic per tier."""
     s, c = r.settings, r.cost
     cb = r.chunk_bytes
-    warning = behind_warning(r)
+    warning = behind_warning(r.late_ttft_p50_s, r.trace_span_s)
     lines = [
         *([warning, ""] if warning else []),
         "Assumptions",
@@ -261,7 +218,7 @@ def format_report(r: SimResult) -> str:
         f"  kvoffload hit rate        {_pct(r.hit_rate)}  ({r.kvoffload_hit_tokens} prompt "
         "tokens loaded / prompt tokens)",
         f"  engine prefix-cache hits  {_pct(r.engine_hit_rate)}  ({r.engine_hit_tokens} tokens)",
-        *_limit_lines(r),
+        *limit_lines(r.engine_hit_tokens + r.kvoffload_hit_tokens, r.prompt_tokens, r.bounds),
         f"  recompute avoided         {r.avoided_tokens} tokens  (incl. "
         f"{r.readmission_hit_tokens} on {r.readmissions} re-admissions after preemption)",
         f"  prefill time saved        {r.saved_s:.1f} s, minus {r.load_s:.1f} s of loads = "

@@ -48,17 +48,6 @@ def parse_bytes(text: str, option: str) -> int:
     return int(value)
 
 
-def parse_byte_list(text: str, option: str) -> list[int]:
-    """A comma-separated list of sizes, each > 0, sorted and without duplicates."""
-    parts = [p for p in text.split(",") if p.strip()]
-    if not parts:
-        raise UsageError(f"{option}: give comma-separated sizes, e.g. 8GiB,16GiB,32GiB")
-    values = sorted({parse_bytes(p, option) for p in parts})
-    if values[0] <= 0:
-        raise UsageError(f"{option}: sizes must be > 0")
-    return values
-
-
 _CHUNKS = re.compile(r"^\s*([0-9]+)\s*(?:chunks?|ch)\s*$", re.IGNORECASE)
 _SHARE = re.compile(r"^\s*([0-9.]+)\s*%\s*$")
 

@@ -24,6 +24,7 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+from kvoffload.core.errors import KvOffloadError
 from kvoffload.core.policies import policy_names
 from kvoffload.simulate.mooncake import MOONCAKE
 from kvoffload.simulate.optimum import bounds, chunk_references, infinite_hit_tokens
@@ -115,4 +116,7 @@ def table(
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KvOffloadError as exc:
+        sys.exit(f"bench/traces.py: error: {exc}")

@@ -80,7 +80,10 @@ def test_a_bad_trace_line_is_one_line_naming_file_and_line(
         (["--cpu-bytes", "lots"], "--cpu-bytes: 'lots' is not a size"),
         (["--users", "many"], "argument --users: invalid int value"),
         (["--bogus"], "unrecognized arguments: --bogus"),
-        (["--eviction", "fifo"], "'eviction': invalid value 'fifo'; accepted: arc | lru | s3fifo"),
+        (
+            ["--eviction", "fifo"],
+            "'eviction': invalid value 'fifo'; accepted: arc | lru | s3fifo | slru",
+        ),
         (["--user-tokens", "5"], "--user-tokens: expected MIN,MAX"),
         (["--users", "0"], "--users: invalid value"),
         (["--lower-tier-admission", "x"], "--lower-tier-admission: expected write_through"),

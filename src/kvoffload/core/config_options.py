@@ -61,8 +61,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "eviction",
         " | ".join(policy_names()),
-        "lru",
-        "Eviction policy of the host tier.",
+        "slru",
+        "Eviction policy of the host tier (slru: segmented LRU, chunks reused since "
+        "they were stored outlive one-off ones; decision 0014).",
         _policy,
     ),
     Option(

@@ -1,0 +1,92 @@
+"""SLRU's own order: probation before protected, promotion on reuse, demotion on
+overflow, pins respected; and that it is the default host policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload.core.config import OffloadConfig
+from kvoffload.core.errors import ContractViolation
+from kvoffload.core.keys import ChunkKey
+from kvoffload.core.policies import SLRUPolicy, make_policy
+
+
+def K(name: str) -> ChunkKey:
+    return ChunkKey(name.encode().ljust(16, b"."))
+
+
+def everything(key: ChunkKey) -> bool:
+    return True
+
+
+def test_a_reused_chunk_outlives_newer_one_off_chunks() -> None:
+    p = make_policy("slru", 8)  # protected holds 2
+    p.insert(K("a"))
+    p.touch(K("a"))  # reused: protected
+    for name in "bcd":
+        p.insert(K(name))
+    # LRU would take a first (oldest); SLRU takes the never-reused ones first.
+    assert p.evict(3, everything) == [K("b"), K("c"), K("d")]
+    assert p.evict(1, everything) == [K("a")]
+
+
+def test_probation_is_least_recently_used_first() -> None:
+    p = make_policy("slru", 8)
+    for name in "abc":
+        p.insert(K(name))
+    p.insert(K("a"))  # re-inserted after a store: most recent again
+    assert p.evict(3, everything) == [K("b"), K("c"), K("a")]
+
+
+def test_protected_overflow_demotes_its_oldest_to_the_recent_end_of_probation() -> None:
+    p = SLRUPolicy(8)
+    assert p.protected_limit == 2
+    for name in "abcde":
+        p.insert(K(name))
+    for name in "abc":
+        p.touch(K(name))  # a is demoted when c is promoted
+    assert list(p.protected) == [K("b"), K("c")]
+    assert list(p.probation) == [K("d"), K("e"), K("a")]
+    assert p.evict(3, everything) == [K("d"), K("e"), K("a")]
+
+
+def test_touching_a_protected_chunk_refreshes_it_there() -> None:
+    p = SLRUPolicy(8)
+    for name in "ab":
+        p.insert(K(name))
+        p.touch(K(name))
+    p.touch(K("a"))  # protected order: b a
+    assert p.evict(2, everything) == [K("b"), K("a")]
+
+
+def test_pinned_chunks_are_skipped_in_both_segments() -> None:
+    p = SLRUPolicy(8)
+    for name in "abcd":
+        p.insert(K(name))
+    p.touch(K("c"))
+    p.touch(K("d"))  # probation a b, protected c d
+    pinned = {K("a"), K("c")}
+    assert p.evict(2, lambda k: k not in pinned) == [K("b"), K("d")]
+    assert set(p) == pinned
+    with pytest.raises(ContractViolation):
+        p.evict(1, lambda k: k not in pinned)
+    assert set(p) == pinned  # nothing removed by the failed call
+
+
+def test_no_protected_segment_is_plain_lru_over_inserts_and_touches() -> None:
+    slru, lru = SLRUPolicy(4, protected_fraction=0.0), make_policy("lru", 4)
+    for policy in (slru, lru):
+        for name in "abcd":
+            policy.insert(K(name))
+        policy.touch(K("b"))
+        policy.touch(K("a"))
+    assert slru.evict(4, everything) == lru.evict(4, everything)
+
+
+def test_a_bad_protected_fraction_is_refused() -> None:
+    with pytest.raises(ContractViolation, match="protected_fraction"):
+        SLRUPolicy(8, protected_fraction=1.5)
+
+
+def test_slru_is_the_default_host_policy() -> None:
+    assert OffloadConfig(cpu_bytes=1 << 30).eviction == "slru"

@@ -1,5 +1,6 @@
-"""SLRU's own order: probation before protected, promotion on reuse, demotion on
-overflow, pins respected; and that it is the default host policy."""
+"""SLRU's own order: probation before protected, promotion on reuse (a touch, or a
+store of a ghost), demotion on overflow, bounded ghosts, pins respected; and that it
+is the default host policy."""
 
 from __future__ import annotations
 
@@ -34,8 +35,7 @@ def test_probation_is_least_recently_used_first() -> None:
     p = make_policy("slru", 8)
     for name in "abc":
         p.insert(K(name))
-    p.insert(K("a"))  # re-inserted after a store: most recent again
-    assert p.evict(3, everything) == [K("b"), K("c"), K("a")]
+    assert p.evict(3, everything) == [K("a"), K("b"), K("c")]
 
 
 def test_protected_overflow_demotes_its_oldest_to_the_recent_end_of_probation() -> None:
@@ -81,6 +81,42 @@ def test_no_protected_segment_is_plain_lru_over_inserts_and_touches() -> None:
         policy.touch(K("b"))
         policy.touch(K("a"))
     assert slru.evict(4, everything) == lru.evict(4, everything)
+
+
+def test_a_chunk_stored_again_after_its_eviction_enters_protected() -> None:
+    p = SLRUPolicy(8)
+    for name in "ab":
+        p.insert(K(name))
+    assert p.evict(1, everything) == [K("a")]  # a becomes a ghost
+    p.insert(K("a"))  # wanted again: a reuse
+    p.insert(K("c"))
+    assert list(p.protected) == [K("a")]
+    assert p.evict(3, everything) == [K("b"), K("c"), K("a")]
+
+
+def test_ghosts_are_bounded_by_capacity_oldest_forgotten_first() -> None:
+    p = SLRUPolicy(2)
+    names = "abcd"
+    for name in names:
+        p.insert(K(name))
+        p.evict(1, everything)
+    assert list(p.ghost) == [K("c"), K("d")]
+    p.insert(K("a"))  # forgotten: a new chunk again
+    assert list(p.probation) == [K("a")] and not p.protected
+
+
+def test_removed_chunks_are_not_ghosts_and_clear_forgets_ghosts() -> None:
+    p = SLRUPolicy(8)
+    for name in "ab":
+        p.insert(K(name))
+    p.remove(K("a"))  # a failed store or a discard: not a reuse signal
+    p.evict(1, everything)  # b becomes a ghost
+    assert list(p.ghost) == [K("b")]
+    p.insert(K("a"))
+    assert list(p.probation) == [K("a")]
+    p.clear()
+    p.insert(K("b"))
+    assert list(p.probation) == [K("b")] and not p.protected
 
 
 def test_a_bad_protected_fraction_is_refused() -> None:

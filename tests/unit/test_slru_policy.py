@@ -1,12 +1,10 @@
 """SLRU's own order: probation before protected, promotion on reuse (a touch, or a
-store of a ghost), demotion on overflow, bounded ghosts, pins respected; and that it
-is the default host policy."""
+store of a ghost), demotion on overflow, bounded ghosts, pins respected."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.policies import SLRUPolicy, make_policy
@@ -122,7 +120,3 @@ def test_removed_chunks_are_not_ghosts_and_clear_forgets_ghosts() -> None:
 def test_a_bad_protected_fraction_is_refused() -> None:
     with pytest.raises(ContractViolation, match="protected_fraction"):
         SLRUPolicy(8, protected_fraction=1.5)
-
-
-def test_slru_is_the_default_host_policy() -> None:
-    assert OffloadConfig(cpu_bytes=1 << 30).eviction == "slru"

@@ -61,9 +61,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "eviction",
         " | ".join(policy_names()),
-        "slru",
+        "lru",
         "Eviction policy of the host tier (slru: segmented LRU, chunks reused since "
-        "they were stored outlive one-off ones; decision 0014).",
+        "they were stored outlive one-off ones; decision 0014 says where it helps).",
         _policy,
     ),
     Option(

@@ -1,10 +1,12 @@
-"""SLRU's own order: probation before protected, promotion on reuse (a touch, or a
-store of a ghost), demotion on overflow, bounded ghosts, pins respected."""
+"""SLRU's own order: LRU outside a protected share, promotion on reuse (a touch, or a
+store of a ghost), demotion in last-use order, bounded ghosts, pins respected; and
+that it is the default host policy."""
 
 from __future__ import annotations
 
 import pytest
 
+from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.policies import SLRUPolicy, make_policy
@@ -36,16 +38,28 @@ def test_probation_is_least_recently_used_first() -> None:
     assert p.evict(3, everything) == [K("a"), K("b"), K("c")]
 
 
-def test_protected_overflow_demotes_its_oldest_to_the_recent_end_of_probation() -> None:
-    p = SLRUPolicy(8)
-    assert p.protected_limit == 2
-    for name in "abcde":
+def test_protected_overflow_is_demoted_and_evicted_in_its_last_use_order() -> None:
+    p = SLRUPolicy(4, protected_fraction=0.25)
+    assert p.protected_limit == 1
+    p.insert(K("a"))
+    p.touch(K("a"))  # protected
+    p.insert(K("c"))  # used after a
+    p.insert(K("b"))
+    p.touch(K("b"))  # protected overflows: a is demoted
+    assert list(p.demoted) == [K("a")] and list(p.protected) == [K("b")]
+    # a was last used before c: it goes first, then c, then the protected b.
+    assert p.evict(3, everything) == [K("a"), K("c"), K("b")]
+
+
+def test_touching_a_demoted_chunk_protects_it_again() -> None:
+    p = SLRUPolicy(4, protected_fraction=0.25)
+    for name in "ab":
         p.insert(K(name))
-    for name in "abc":
-        p.touch(K(name))  # a is demoted when c is promoted
-    assert list(p.protected) == [K("b"), K("c")]
-    assert list(p.probation) == [K("d"), K("e"), K("a")]
-    assert p.evict(3, everything) == [K("d"), K("e"), K("a")]
+        p.touch(K(name))  # a ends demoted, b protected
+    p.insert(K("c"))
+    p.touch(K("a"))  # protected again; b is demoted
+    assert list(p.protected) == [K("a")] and list(p.demoted) == [K("b")]
+    assert p.evict(3, everything) == [K("b"), K("c"), K("a")]
 
 
 def test_touching_a_protected_chunk_refreshes_it_there() -> None:
@@ -120,3 +134,18 @@ def test_removed_chunks_are_not_ghosts_and_clear_forgets_ghosts() -> None:
 def test_a_bad_protected_fraction_is_refused() -> None:
     with pytest.raises(ContractViolation, match="protected_fraction"):
         SLRUPolicy(8, protected_fraction=1.5)
+
+
+def test_the_merge_of_probation_and_demoted_skips_pinned_chunks() -> None:
+    p = SLRUPolicy(4, protected_fraction=0.25)
+    for name in "ab":
+        p.insert(K(name))
+        p.touch(K(name))  # a demoted (last used 2nd), b protected
+    p.insert(K("c"))
+    p.insert(K("d"))
+    assert p.evict(2, lambda k: k not in {K("a"), K("c")}) == [K("d"), K("b")]
+    assert set(p) == {K("a"), K("c")}
+
+
+def test_slru_is_the_default_host_policy() -> None:
+    assert OffloadConfig(cpu_bytes=1 << 30).eviction == "slru"

@@ -102,16 +102,21 @@ class SLRUPolicy(EvictionPolicy):
                 return
 
     def evict(self, n: int, evictable: Evictable) -> list[ChunkKey]:
-        victims = _oldest_of_two(self.probation, self.demoted, n, evictable)
+        probation, demoted, protected = self.probation, self.demoted, self.protected
+        if demoted and probation:
+            victims = _oldest_of_two(probation, demoted, n, evictable)
+        else:
+            victims = take_oldest(probation or demoted, n, evictable, set())
         if len(victims) < n:
-            victims += take_oldest(self.protected, n - len(victims), evictable, set())
+            victims += take_oldest(protected, n - len(victims), evictable, set())
             if len(victims) != n:
                 raise ContractViolation(
                     f"slru: asked for {n} victims, only {len(victims)} evictable"
                 )
         ghost = self.ghost
         for key in victims:
-            self.remove(key)
+            if probation.pop(key, None) is None and demoted.pop(key, None) is None:
+                del protected[key]
             ghost[key] = None
         while len(ghost) > self.capacity:
             ghost.popitem(last=False)

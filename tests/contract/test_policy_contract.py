@@ -18,12 +18,12 @@ def policy(request: pytest.FixtureRequest) -> EvictionPolicy:
     return make_policy(request.param, capacity=10)
 
 
-def test_registry_lists_all_three() -> None:
-    assert policy_names() == ["arc", "lru", "s3fifo"]
+def test_registry_lists_every_policy() -> None:
+    assert policy_names() == ["arc", "lru", "s3fifo", "slru"]
 
 
 def test_unknown_policy_names_the_valid_ones() -> None:
-    with pytest.raises(ConfigError, match="eviction.*valid: arc, lru, s3fifo"):
+    with pytest.raises(ConfigError, match="eviction.*valid: arc, lru, s3fifo, slru"):
         make_policy("fifo", 10)
 
 

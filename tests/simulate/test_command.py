@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.cli import main as cli
+from kvoffload.core.policies import policy_names
 from kvoffload.simulate.command import main
 from kvoffload.simulate.trace import read_trace
 
@@ -80,7 +81,10 @@ def test_a_bad_trace_line_is_one_line_naming_file_and_line(
         (["--cpu-bytes", "lots"], "--cpu-bytes: 'lots' is not a size"),
         (["--users", "many"], "argument --users: invalid int value"),
         (["--bogus"], "unrecognized arguments: --bogus"),
-        (["--eviction", "fifo"], "'eviction': invalid value 'fifo'; accepted: arc | lru | s3fifo"),
+        (
+            ["--eviction", "fifo"],
+            "'eviction': invalid value 'fifo'; accepted: arc | lru | s3fifo | slru",
+        ),
         (["--user-tokens", "5"], "--user-tokens: expected MIN,MAX"),
         (["--users", "0"], "--users: invalid value"),
         (["--lower-tier-admission", "x"], "--lower-tier-admission: expected write_through"),
@@ -175,7 +179,7 @@ def test_a_sweep_in_shares_shows_engine_and_kvoffload_hits_and_the_limits(
                 "--output", str(png), "--no-progress"]) == 0  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "hit rate (engine + kvoffload) by host memory and eviction policy"
-    assert lines[2].split() == ["host", "memory", "arc", "lru", "s3fifo", "optimum", "infinite"]
+    assert lines[2].split() == ["host", "memory", *policy_names(), "optimum", "infinite"]
     # 16 distinct tails, 4 users' 3 history blocks, the shared block: 29 chunks
     assert "(2 chunks)" in lines[3] and "(14 chunks)" in lines[4]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -61,8 +61,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "eviction",
         " | ".join(policy_names()),
-        "lru",
-        "Eviction policy of the host tier.",
+        "slru",
+        "Eviction policy of the host tier. slru: LRU, except that chunks reused since "
+        "they were stored (up to 40% of the tier) outlive chunks not reused (decision 0014).",
         _policy,
     ),
     Option(

@@ -12,9 +12,10 @@ from kvoffload.core.policies.arc import ARCPolicy
 from kvoffload.core.policies.base import Evictable, EvictionPolicy
 from kvoffload.core.policies.lru import LRUPolicy
 from kvoffload.core.policies.s3fifo import S3FIFOPolicy
+from kvoffload.core.policies.slru import SLRUPolicy
 
 _REGISTRY: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LRUPolicy, ARCPolicy, S3FIFOPolicy)
+    cls.name: cls for cls in (LRUPolicy, ARCPolicy, S3FIFOPolicy, SLRUPolicy)
 }
 
 
@@ -44,6 +45,7 @@ __all__ = [
     "EvictionPolicy",
     "LRUPolicy",
     "S3FIFOPolicy",
+    "SLRUPolicy",
     "make_policy",
     "policy_names",
     "register_policy",

@@ -147,5 +147,6 @@ def test_the_merge_of_probation_and_demoted_skips_pinned_chunks() -> None:
     assert set(p) == {K("a"), K("c")}
 
 
-def test_slru_is_the_default_host_policy() -> None:
-    assert OffloadConfig(cpu_bytes=1 << 30).eviction == "slru"
+def test_slru_is_opt_in_and_lru_stays_the_default() -> None:
+    assert OffloadConfig(cpu_bytes=1 << 30).eviction == "lru"  # decision 0014
+    assert OffloadConfig(cpu_bytes=1 << 30, eviction="slru").eviction == "slru"

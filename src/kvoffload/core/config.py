@@ -47,7 +47,7 @@ class OffloadConfig:
 
     cpu_bytes: int
     chunk_tokens: int | None = None
-    eviction: str = "slru"
+    eviction: str = "lru"
     store_threshold: int = 1
     copy_threads: int = 1
     tier_threads: int = 4

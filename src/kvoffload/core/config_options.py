@@ -61,9 +61,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "eviction",
         " | ".join(policy_names()),
-        "slru",
+        "lru",
         "Eviction policy of the host tier. slru: LRU, except that chunks reused since "
-        "they were stored (up to 40% of the tier) outlive chunks not reused (decision 0014).",
+        "they were stored (up to 40% of the tier) outlive chunks not reused (decision 0014; "
+        "at or above lru on every trace and workload measured, not yet the default).",
         _policy,
     ),
     Option(

@@ -21,6 +21,8 @@ from kvoffload.core.cost import (
 )
 from kvoffload.core.cost.decision import NEGLIGIBLE_S
 from kvoffload.core.directory import Directory
+from kvoffload.core.failures import error_failure, timeout_failure
+from kvoffload.core.jobs import JobResult, WorkerReport
 from kvoffload.core.metrics_view import read_metrics
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, SchedulerConfig, StepInput
@@ -292,3 +294,26 @@ def test_a_slow_answer_or_a_slow_tier_is_not_waited_for() -> None:
     assert rig.ask("b") == 0  # not waited for
     assert rig.declined("unanswered") == 1
     assert rig.ask("c", {"kvoffload": {"load": "always"}}) is None  # always waits
+
+
+def test_a_read_that_timed_out_teaches_its_lane_and_other_failures_do_not() -> None:
+    """A tier read reported failed at its deadline took at least that long (the worker
+    reports the deadline as its seconds): the lane learns it is slow. Any other
+    failure teaches nothing; while the lane is unmeasured, its probe's age says so."""
+    rig = Rig()
+    assert rig.ask("a") == 16
+    rig.admit("a")  # the probe: in flight
+    assert not rig.s.cost.slower("disk", 4, 0.016)
+    rig.clock.now += 0.020
+    assert rig.s.cost.slower("disk", 4, 0.016)  # in flight longer than recomputing
+    (load,) = rig.s.build_plan(StepInput()).loads
+    timeout = timeout_failure("tier read past 5 s")
+    result = JobResult(load.job_id, False, seconds=5.0, failed_chunks=((0, timeout),))
+    rig.s.cost.timing = lambda job, result: result.seconds  # the measurement itself
+    other = JobResult(load.job_id, False, seconds=5.0, failed_chunks=((0, error_failure("x")),))
+    rig.s.cost.observe(load, other)
+    assert rig.s.cost.lane("disk").samples == 0
+    rig.s.on_report(WorkerReport(0, (result,)))
+    assert rig.s.cost.lane("disk").samples == 1
+    assert rig.s.cost.slower("disk", 4, 0.016)
+    assert rig.ask("b") == 0  # declined: 5 s against 16 ms

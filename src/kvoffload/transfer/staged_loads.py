@@ -351,7 +351,10 @@ class StagedLoads:
         """Report ``job`` failed at its deadline: every tier chunk TIMEOUT."""
         failure = timeout_failure(f"tier read past {self._deadlines.timeout_s:g} s")
         failed = tuple((c, failure) for c in job.tier_chunks())
-        self._book.finish(JobResult(job.job_id, False, error=failure, failed_chunks=failed))
+        timeout_s = self._deadlines.timeout_s  # it ran at least that long
+        self._book.finish(
+            JobResult(job.job_id, False, seconds=timeout_s, error=failure, failed_chunks=failed)
+        )
 
     def _fail_all(self, job: EngineJob, error: str) -> None:
         failure = error_failure(error)

@@ -147,7 +147,10 @@ class TierWorker:
         for job in self._deadlines.expire():
             failure = timeout_failure(f"tier {job.kind.value} past {self._deadlines.timeout_s:g} s")
             failed = tuple((i, failure) for i in range(len(job.keys)))
-            self._book.finish(JobResult(job.job_id, False, error=failure, failed_chunks=failed))
+            timeout_s = self._deadlines.timeout_s  # it ran at least that long
+            self._book.finish(
+                JobResult(job.job_id, False, seconds=timeout_s, error=failure, failed_chunks=failed)
+            )
         return self._book.take()
 
     def take_returned(self) -> list[int]:

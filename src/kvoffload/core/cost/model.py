@@ -20,6 +20,7 @@ from typing import NamedTuple
 from kvoffload.core.cost.decision import Decline, LaneDecision, Verdict, decide_lane
 from kvoffload.core.cost.lanes import LaneModel
 from kvoffload.core.cost.prefill import PrefillMeter
+from kvoffload.core.failures import FailureKind
 from kvoffload.core.jobs import NO_SLOT, JobKind, JobResult, TierJob, TransferJob
 
 HOST = "host"
@@ -81,6 +82,16 @@ def lane_part(job: TransferJob) -> tuple[str, int] | None:
     return job.tier, job.slots.count(NO_SLOT)
 
 
+def timed_out(result: JobResult) -> bool:
+    """A failed result whose every chunk failed for its deadline."""
+    failed = result.failed_chunks
+    return (
+        not result.success
+        and bool(failed)
+        and all(f.kind is FailureKind.TIMEOUT for _, f in failed)
+    )
+
+
 class CostModel:
     """See the module docstring. ``always``: the configured ``load_policy`` is
     ``always`` (every hit is taken; the model still learns, for the metrics)."""
@@ -122,12 +133,14 @@ class CostModel:
         self._ahead[job.job_id] = self.queued_chunks(part[0])
 
     def observe(self, job: TransferJob, result: JobResult) -> None:
-        """One worker's result of ``job``: teaches its lane (successful reads only).
-        Every worker's result counts the job's queue ahead; completed jobs' entries are
-        pruned in bulk (:meth:`planned`), so memory stays bounded, O(1) amortized."""
+        """One worker's result of ``job``: teaches its lane (successful reads, and reads
+        that timed out: they took at least their deadline, which the worker reports as
+        their seconds). Every worker's result counts the job's queue ahead; completed
+        jobs' entries are pruned in bulk (:meth:`planned`), so memory stays bounded,
+        O(1) amortized."""
         part = lane_part(job)
         ahead = self._ahead.get(job.job_id, 0)
-        if part is None or not result.success:
+        if part is None or not (result.success or timed_out(result)):
             return
         name, chunks = part
         nbytes = result.nbytes * chunks // max(1, len(job.keys))
@@ -150,6 +163,18 @@ class CostModel:
         (``shared``: other requests share the engine)."""
         weight = SHARED_ENGINE_WEIGHT if shared else 1.0
         return max(0, tokens) / self.prefill.tokens_per_s() * weight
+
+    def slower(self, name: str, chunks: int, recompute_s: float) -> bool:
+        """Whether loading ``chunks`` chunks on lane ``name`` is known to be slower than
+        ``recompute_s``: its idle estimate is, or (unmeasured) its probe has been in
+        flight longer. No side effect."""
+        idle = self.lane(name).seconds(chunks)
+        if idle is not None:
+            return idle > recompute_s
+        since = self._probe_since.get(name)
+        if since is None or self.queued_chunks(name) == 0:
+            return False
+        return self._clock() - since > recompute_s
 
     def decide(self, name: str, chunks: int, tokens: int, *, shared: bool = False) -> LaneDecision:
         """Load ``chunks`` chunks (``tokens`` tokens) on lane ``name``, or recompute

@@ -183,7 +183,9 @@ class LoadPlanner:
         """Whether lookup waits for lower tier ``tier``'s answer (its index cannot tell
         yet) about the ``chunks`` chunks past the host prefix: always, except under
         ``load_policy`` ``cost`` when loading them from the tier, its lane idle, is
-        slower than recomputing them (a wait for an answer that would be declined), or
+        known to be slower than recomputing them (its estimate, or its unmeasured
+        lane's probe in flight for longer: a wait for an answer that would be
+        declined), or
         once the request has waited :data:`LOOKUP_GRACE_STEPS` engine steps and longer
         than recomputing them takes (a wait for a slower answer); counted as
         ``hits_declined_total{reason="unanswered"}``."""
@@ -193,8 +195,7 @@ class LoadPlanner:
         recompute_s = self.cost.recompute_s(
             chunks * self.config.chunk_tokens, shared=len(self.requests) > 1
         )
-        idle_s = self.cost.lane(tier).seconds(chunks)
-        if idle_s is None or idle_s <= recompute_s:
+        if not self.cost.slower(tier, chunks, recompute_s):
             deferral = self.deferral
             if deferral.waited_steps(state) < LOOKUP_GRACE_STEPS:
                 return True

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -210,6 +210,17 @@ def parse_result(data: Mapping[str, Any]) -> tuple[RunResult, dict[str, float]]:
         int(data["external_hit_tokens"]),
     )
     return result, {str(k): float(v) for k, v in data["lmcache"].items()}
+
+
+def allowed_plugins(entry_points: Iterable[tuple[str, str]]) -> str | None:
+    """``VLLM_PLUGINS`` for the runner, from vLLM's plugin entry points as (name,
+    value): every plugin but kvoffload's, or None (leave it unset) when kvoffload has
+    none. With ``<repo>/src`` on the path, an editable install's ``.egg-info`` there
+    would otherwise register kvoffload's plugin in LMCache's venv."""
+    eps = list(entry_points)
+    if not any(value.split(".", 1)[0] == "kvoffload" for _, value in eps):
+        return None
+    return ",".join(sorted({n for n, v in eps if v.split(".", 1)[0] != "kvoffload"}))
 
 
 def one_line(text: str, limit: int = 300) -> str:

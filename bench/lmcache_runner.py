@@ -2,7 +2,8 @@
 
 Run by ``bench/lmcache_peer.run_peer`` as ``<lmcache venv>/bin/python
 bench/lmcache_runner.py JOB.json OUT.json`` with ``PYTHONPATH=<repo>/src:<repo>/bench``
-(kvoffload is not installed in that venv, so its vLLM plugin is not active):
+(kvoffload is not installed in that venv; should ``src/`` hold an editable install's
+metadata, its vLLM plugin is still left out, :func:`without_kvoffload_plugin`):
 
 1. starts ``lmcache server`` (``lmcache_peer.server_command``) on free loopback ports,
    its output in ``server.log`` next to the job, in the runner's process group;
@@ -26,6 +27,7 @@ functions), in this process only; no installed file is changed.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -102,7 +104,23 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def without_kvoffload_plugin() -> None:
+    """Keep kvoffload's vLLM plugin out of this process (``lmcache_peer.allowed_plugins``)."""
+    from importlib.metadata import distributions
+
+    eps = [
+        (e.name, e.value)
+        for d in distributions()
+        for e in d.entry_points
+        if e.group.startswith("vllm.")
+    ]
+    allowed = peer.allowed_plugins(eps)
+    if allowed is not None:
+        os.environ["VLLM_PLUGINS"] = allowed
+
+
 def run(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    without_kvoffload_plugin()
     patch_llvmlite_loader()
     from kvoffload.demos.vllm_runner import open_engine, run_batches, warm_up
 

@@ -194,6 +194,14 @@ def test_run_peer_gives_the_runner_kvoffload_s_sources_only() -> None:
     assert "VIRTUAL_ENV" not in env and env["HOME"] == "/h"
 
 
+def test_kvoffload_s_vllm_plugin_is_left_out_of_lmcache_s_engine() -> None:
+    others = [("lora", "vllm.plugins.lora:register"), ("x", "other_pkg.plugin:go")]
+    assert peer.allowed_plugins(others) is None  # nothing to leave out: VLLM_PLUGINS unset
+    ours = [*others, ("kvoffload", "kvoffload.adapters.vllm.plugin:register")]
+    assert peer.allowed_plugins(ours) == "lora,x"
+    assert peer.allowed_plugins([("kvoffload", "kvoffload.adapters.vllm.plugin:register")]) == ""
+
+
 def test_the_lmcache_install_s_downgrades_are_put_back() -> None:
     before = lmcache_env.parse_freeze("numpy==2.3.5\nprotobuf==7.36.2\nTorch==2.13.0+cpu\n")
     after = lmcache_env.parse_freeze(

@@ -262,3 +262,20 @@ def test_a_growing_queue_flips_the_decision_and_a_drained_one_flips_it_back() ->
     assert reading.value("cost_lane_queued_chunks", tier="disk") == 0
     assert reading.value("cost_prefill_tokens_per_second") == RATE
     rig.s.check_integrity()
+
+
+def test_a_tier_standing_at_recompute_is_not_waited_for() -> None:
+    """A tier that cannot tell yet is waited for (retry later) while its lane loads;
+    once its lane stands at recompute its answer would be declined anyway: lookup
+    answers at once, counted ``unanswered``."""
+    rig = Rig()
+    rig.disk.present_run = lambda keys: None  # type: ignore[method-assign]
+    assert rig.ask("a") is None  # retry later: the disk may hold the prefix
+    assert rig.declined("unanswered") == 0
+    rig = Rig()
+    rig.disk_takes(0.025)
+    assert rig.ask("a") == 0  # declined: the lane stands at recompute
+    rig.disk.present_run = lambda keys: None  # type: ignore[method-assign]
+    assert rig.ask("b") == 0  # not waited for
+    assert rig.declined("unanswered") == 1
+    assert rig.ask("c", {"kvoffload": {"load": "always"}}) is None  # always waits

@@ -175,7 +175,8 @@ METRICS: tuple[MetricDef, ...] = (
         "held them and reason: transfer (loading them was slower than recomputing), queue "
         "(an idle lane would have loaded them: the work queued on it was why), unmeasured "
         "(the tier's first load, which measures it, had been in flight longer than "
-        "recomputing them takes). Counted per lookup.",
+        "recomputing them takes), unanswered (the tier could not tell yet and its lane "
+        "stood at recompute: its answer was not waited for). Counted per lookup.",
         ("tier", "reason"),
     ),
     MetricDef(

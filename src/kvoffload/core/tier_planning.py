@@ -110,18 +110,24 @@ class TierPlanner:
     # ------------------------------------------------------------ lookups
 
     def find_below(
-        self, keys: Sequence[ChunkKey], allowed: Callable[[str], bool] | None = None
+        self,
+        keys: Sequence[ChunkKey],
+        allowed: Callable[[str], bool] | None = None,
+        waits: Callable[[str], bool] | None = None,
     ) -> Found | Lookup:
         """The first tier holding ``keys[0]`` and how many leading keys it holds
-        (:class:`Found`); :data:`UNKNOWN` when a tier in front cannot tell yet;
-        :data:`ABSENT` when none holds it. Only tiers whose name ``allowed`` accepts are
-        asked (default: all)."""
+        (:class:`Found`); :data:`UNKNOWN` when a tier in front cannot tell yet and
+        ``waits`` accepts waiting for its answer (default: always), while a tier whose
+        answer is not waited for is passed over; :data:`ABSENT` when none holds it. Only
+        tiers whose name ``allowed`` accepts are asked (default: all)."""
         for tier in self.tiers.values():
             if allowed is not None and not allowed(tier.name):
                 continue
             run = tier.present_run(keys)
             tier.metrics.count("lookups_total")
             if run is None:
+                if waits is not None and not waits(tier.name):
+                    continue
                 return UNKNOWN
             if run:
                 tier.metrics.count("hit_tokens_total", run * self.chunk_tokens)

@@ -42,6 +42,7 @@ class Decline(enum.Enum):
     TRANSFER = "transfer"  # its transfer alone is slower than recomputing it
     QUEUE = "queue"  # an idle lane would have loaded it: the work queued on it is why
     UNMEASURED = "unmeasured"  # the lane's first load, its probe, is in flight for too long
+    UNANSWERED = "unanswered"  # the tier could not tell yet; its lane stands at recompute
 
 
 class LaneDecision(NamedTuple):

@@ -145,6 +145,10 @@ class CostModel:
                 total += part[1]
         return total
 
+    def recomputes(self, name: str) -> bool:
+        """Whether lane ``name`` stands at recompute (its last decision declined)."""
+        return self.verdicts.get(name) is Verdict.RECOMPUTE
+
     def decide(self, name: str, chunks: int, tokens: int, *, shared: bool = False) -> LaneDecision:
         """Load ``chunks`` chunks (``tokens`` tokens) on lane ``name``, or recompute
         them (``shared``: other requests share the engine; see

@@ -38,6 +38,7 @@ def next_chunks_wait(
     tiers: TierPlanner,
     config: SchedulerConfig,
     take: Callable[[str, int, int], bool] = lambda tier, chunks, tokens: True,
+    waits: Callable[[str], bool] | None = None,
 ) -> tuple[Deferral | TierHit | None, bool]:
     """Whether the chunks after the readable prefix (``readable`` chunks of ``keys``)
     are worth waiting for: a host store of the next one is in flight, a lower tier
@@ -45,7 +46,8 @@ def next_chunks_wait(
     (their promotion is then wished in ``state.promotion``, for the next plan); with
     ``direct_tier_loads`` a lower tier's run is a :class:`TierHit` to offer now.
     A lower tier's run is neither offered nor promoted unless ``take(tier, chunks,
-    tokens)`` (the load-or-recompute decision) accepts it.
+    tokens)`` (the load-or-recompute decision) accepts it, and a lower tier that cannot
+    tell yet is waited for only if ``waits(tier)`` (default: always).
     Returns the reason to wait or the tier hit (None: neither) and whether the
     promotion wish is new."""
     if state.no_promotion:
@@ -58,7 +60,9 @@ def next_chunks_wait(
         return Deferral.PENDING, False
     if not tiers:
         return None, False
-    found = _run_below(state, keys, readable, directory=directory, tiers=tiers, config=config)
+    found = _run_below(
+        state, keys, readable, directory=directory, tiers=tiers, config=config, waits=waits
+    )
     if found is UNKNOWN:
         return Deferral.LOOKUP, False
     if not isinstance(found, tuple):
@@ -83,6 +87,7 @@ def _run_below(
     directory: Directory,
     tiers: TierPlanner,
     config: SchedulerConfig,
+    waits: Callable[[str], bool] | None,
 ) -> tuple[str, int, list[ChunkKey], tuple[int, ...]] | Lookup | None:
     """(tier, the hit in chunks a promotion from it makes, the keys to promote, their
     KV cache groups), or :data:`UNKNOWN` / None. One group: the run of chain keys the
@@ -91,7 +96,7 @@ def _run_below(
     allowed = state.controls.may_promote_from
     chunk, groups = config.chunk_tokens, config.kv_groups
     if groups.plain:
-        found = tiers.find_below(keys[readable:], allowed=allowed)
+        found = tiers.find_below(keys[readable:], allowed=allowed, waits=waits)
         if not isinstance(found, Found):
             return found if found is UNKNOWN else None
         return found.tier.name, readable + found.run, keys[readable : readable + found.run], ()
@@ -100,7 +105,7 @@ def _run_below(
         wanted = wanted_entries(directory, groups, keys, readable=readable, hit=hit, chunk=chunk)
         if not wanted:
             return None
-        found = tiers.find_below([e.key for e in wanted], allowed=allowed)
+        found = tiers.find_below([e.key for e in wanted], allowed=allowed, waits=waits)
         if not isinstance(found, Found):
             return found if found is UNKNOWN else None
         if found.run == len(wanted):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from kvoffload.core.anomalies import Anomaly, AnomalyLog
+from kvoffload.core.cost import Decline
 from kvoffload.core.directory import Directory, LookupStatus
 from kvoffload.core.jobs import NO_BLOCK, NO_SLOT, EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
@@ -110,6 +111,7 @@ class LoadPlanner:
                 tiers=self.tiers,
                 config=self.config,
                 take=lambda tier, n, tokens: self.worth(state, tier, n, tokens),
+                waits=lambda tier: self.waits_for(state, tier),
             )
             if wished:
                 self.wished.append(state.request_id)
@@ -169,6 +171,19 @@ class LoadPlanner:
             return True
         self.metrics.count("hits_declined_total", tier=lane, reason=decision.decline.value)
         self.metrics.count("declined_tokens_total", tokens, tier=lane)
+        return False
+
+    def waits_for(self, state: RequestState, tier: str) -> bool:
+        """Whether lookup waits for lower tier ``tier``'s answer (its index cannot tell
+        yet): always, except under ``load_policy`` ``cost`` while the tier's lane stands
+        at recompute (its hits would be declined: waiting for the answer is a wait for
+        nothing; counted as ``hits_declined_total{reason="unanswered"}``)."""
+        policy = state.controls.load_policy
+        if policy == "always" or (policy is None and self.cost.always):
+            return True
+        if not self.cost.recomputes(tier):
+            return True
+        self.metrics.count("hits_declined_total", tier=tier, reason=Decline.UNANSWERED.value)
         return False
 
     def plan(

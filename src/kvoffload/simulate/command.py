@@ -1,4 +1,5 @@
-"""``kvoffload simulate``: arguments, the run (or the sweep), the printed report.
+"""``kvoffload simulate``: the run (or the sweep) and the printed report; the
+arguments are :mod:`kvoffload.simulate.arguments`'s.
 
 ``main(argv)`` returns the exit status; bad arguments, a bad trace line or a
 workload the engine cannot hold raise :class:`~kvoffload.core.errors.UsageError`
@@ -9,24 +10,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from dataclasses import replace
+from typing import Any
 
 from kvoffload.core.errors import UsageError
-from kvoffload.core.kv_groups import ONE_GROUP
 from kvoffload.core.policies import policy_names
+from kvoffload.simulate.arguments import (
+    build_parser,
+    capacity_chunks,
+    chunk_tokens_of,
+    config_of,
+    sized,
+    workload_of,
+)
 from kvoffload.simulate.bandwidth_sweep import (
     bandwidth_json,
     format_bandwidth_sweep,
     parse_gbps_list,
     run_bandwidth_sweep,
 )
-from kvoffload.simulate.chat import ChatTrace
-from kvoffload.simulate.cost import CostModel
-from kvoffload.simulate.groups import parse_kv_groups
+from kvoffload.simulate.optimum import bounds, chunk_references, infinite_hit_tokens
 from kvoffload.simulate.report import format_report
+from kvoffload.simulate.report_limits import behind_warning
 from kvoffload.simulate.runner import run_simulation
 from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.sweep import (
@@ -37,191 +44,8 @@ from kvoffload.simulate.sweep import (
     run_sweep,
     sweep_json,
 )
-from kvoffload.simulate.trace import TraceFile, TraceSummary, write_trace
-from kvoffload.simulate.units import format_bytes, parse_byte_list, parse_bytes
-from kvoffload.workload.chat import ChatWorkload
-
-_DEFAULTS = SimConfig(cpu_bytes=64 * 2**30)
-_COST = CostModel()
-
-_EPILOG = """\
-Without --trace the built-in multi-turn chat workload runs. Sizes accept units
-(8GiB, 512MiB, 1.5GB). See docs/simulate.md for the trace format, the cost model
-and sizing advice.
-
-examples:
-  kvoffload simulate                                   # built-in chat, 64GiB host
-  kvoffload simulate --cpu-bytes 16GiB --disk-bytes 1TiB
-  kvoffload simulate --trace my.jsonl --json results.json
-  kvoffload simulate --sweep 8GiB,16GiB,32GiB,64GiB,128GiB --output sweep.png
-  kvoffload simulate --users 20 --turns 3 --write-trace example.jsonl
-  kvoffload simulate --cpu-bytes 1GiB --disk-bytes 1TiB --tier-bandwidth 0.05,0.2,1,4
-  kvoffload simulate --kv-groups full,5xwindow=1024     # a Gemma-3-style hybrid model
-
---kv-groups lists a hybrid model's KV cache groups (full, window=TOKENS, NxGROUP);
---engine-tokens and --bytes-per-token stay the whole model's: with G groups each
-block and chunk holds 1/G of the layers.
-"""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see kvoffload simulate --help)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="kvoffload simulate",
-        description="Replay a workload through the reference engine with kvoffload's "
-        "scheduler half, directories and eviction policies, and a cost model: hit rate, "
-        "recompute avoided, traffic per tier; --sweep charts hit rate against host memory.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    w = p.add_argument_group("workload")
-    w.add_argument("--trace", metavar="FILE", help="replay this JSONL trace")
-    w.add_argument("--write-trace", metavar="FILE", help="write the workload as a trace, exit")
-    chat = ChatWorkload()
-    w.add_argument("--users", type=int, default=1000, help="chat users (default 1000)")
-    w.add_argument("--turns", type=int, default=8, help="turns per user (default 8)")
-    w.add_argument(
-        "--concurrent-users", type=int, default=256, help="conversations open at once (256)"
-    )
-    w.add_argument("--system-tokens", type=int, default=1024, help="system prompt (1024)")
-    w.add_argument("--system-prompts", type=int, default=1, help="distinct system prompts (1)")
-    w.add_argument(
-        "--user-tokens",
-        default=f"{chat.user_tokens[0]},{chat.user_tokens[1]}",
-        metavar="MIN,MAX",
-        help="tokens per user message (default %(default)s)",
-    )
-    w.add_argument("--output-tokens", type=int, default=128, help="tokens per answer (128)")
-    w.add_argument("--rate", type=float, default=5.0, help="requests per second (5)")
-    w.add_argument("--seed", type=int, default=0, help="workload seed (0)")
-    e = p.add_argument_group("engine")
-    d = _DEFAULTS
-    e.add_argument("--engine-tokens", type=int, default=d.engine_tokens, help="KV capacity, tokens")
-    e.add_argument("--block-size", type=int, default=d.block_size, help="tokens per engine block")
-    e.add_argument("--token-budget", type=int, default=d.token_budget, help="tokens per step")
-    e.add_argument("--max-running", type=int, default=d.max_running, help="running requests")
-    e.add_argument(
-        "--decode-stride", type=int, default=d.decode_stride, help="tokens per decode step"
-    )
-    e.add_argument("--max-queue", type=int, default=d.max_queue, help="engine queue length")
-    e.add_argument("--no-prefix-caching", action="store_true", help="engine prefix cache off")
-    e.add_argument(
-        "--kv-groups",
-        metavar="GROUPS",
-        help="KV cache groups of a hybrid model, e.g. full,5xwindow=1024 (default: full)",
-    )
-    k = p.add_argument_group("kvoffload")
-    k.add_argument("--cpu-bytes", default="64GiB", help="host memory (default 64GiB; 0: off)")
-    k.add_argument("--disk-bytes", default="0", help="disk tier capacity (default 0: none)")
-    k.add_argument("--redis-bytes", default="0", help="redis tier capacity (default 0: none)")
-    k.add_argument("--eviction", default=d.eviction, help=f"{' | '.join(policy_names())}")
-    k.add_argument("--store-threshold", type=int, default=d.store_threshold, help="see docs")
-    k.add_argument("--lower-tier-admission", default="write_through", help="write_through | N")
-    k.add_argument(
-        "--lower-tier-loads",
-        default="direct",
-        help="direct (tier loads straight into the engine) | promote (through host memory)",
-    )
-    k.add_argument("--chunk-tokens", type=int, default=d.chunk_tokens, help="tokens per chunk")
-    k.add_argument(
-        "--load-policy",
-        default=d.load_policy,
-        help="always (default: load every hit) | cost (load a hit only where it beats recomputing)",
-    )
-    c = p.add_argument_group("cost model")
-    c.add_argument("--prefill-s-per-token", type=float, default=_COST.prefill_s_per_token)
-    c.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token)
-    c.add_argument("--host-gbps", type=float, default=_COST.host_gbps, help="engine<->host GB/s")
-    c.add_argument("--disk-gbps", type=float, default=_COST.disk_gbps)
-    c.add_argument("--redis-gbps", type=float, default=_COST.redis_gbps)
-    c.add_argument(
-        "--bytes-per-token",
-        type=int,
-        default=_COST.bytes_per_token,
-        help="KV bytes per token: 2 x layers x kv_heads x head_dim x dtype bytes",
-    )
-    o = p.add_argument_group("output")
-    o.add_argument(
-        "--sweep",
-        nargs="?",
-        const="auto",
-        metavar="SIZES",
-        help="host memory sizes (comma-separated, or auto) x every eviction policy",
-    )
-    o.add_argument(
-        "--tier-bandwidth",
-        metavar="GBPS",
-        help="disk and redis bandwidths (GB/s, comma-separated) x load_policy always, cost: "
-        "mean time to first token against no kvoffload",
-    )
-    o.add_argument("--output", default="kvoffload-sweep.png", help="the sweep's PNG chart")
-    o.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweep processes")
-    o.add_argument(
-        "--json", nargs="?", const="-", metavar="FILE", help="also write JSON (- or none: stdout)"
-    )
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
-
-
-def _workload(args: argparse.Namespace) -> Workload:
-    if args.trace:
-        return TraceFile(args.trace)
-    try:
-        lo, hi = (int(x) for x in args.user_tokens.split(","))
-    except ValueError:
-        raise UsageError(f"--user-tokens: expected MIN,MAX, got {args.user_tokens!r}") from None
-    workload = ChatWorkload(
-        users=args.users,
-        turns=args.turns,
-        system_tokens=args.system_tokens,
-        user_tokens=(lo, hi),
-        output_tokens=args.output_tokens,
-        seed=args.seed,
-    )
-    return ChatTrace(workload, args.concurrent_users, args.rate, args.system_prompts)
-
-
-def _config(args: argparse.Namespace) -> SimConfig:
-    admission: str | int = args.lower_tier_admission
-    if admission != "write_through":
-        try:
-            admission = int(admission)
-        except ValueError:
-            raise UsageError(
-                f"--lower-tier-admission: expected write_through or an integer, got {admission!r}"
-            ) from None
-    cost = CostModel(
-        prefill_s_per_token=args.prefill_s_per_token,
-        decode_s_per_token=args.decode_s_per_token,
-        host_gbps=args.host_gbps,
-        disk_gbps=args.disk_gbps,
-        redis_gbps=args.redis_gbps,
-        bytes_per_token=args.bytes_per_token,
-    )
-    return SimConfig(
-        cpu_bytes=parse_bytes(args.cpu_bytes, "--cpu-bytes"),
-        disk_bytes=parse_bytes(args.disk_bytes, "--disk-bytes"),
-        redis_bytes=parse_bytes(args.redis_bytes, "--redis-bytes"),
-        eviction=args.eviction,
-        store_threshold=args.store_threshold,
-        lower_tier_admission=admission,
-        lower_tier_loads=args.lower_tier_loads,
-        load_policy=args.load_policy,
-        engine_tokens=args.engine_tokens,
-        block_size=args.block_size,
-        chunk_tokens=args.chunk_tokens,
-        token_budget=args.token_budget,
-        max_running=args.max_running,
-        decode_stride=args.decode_stride,
-        max_queue=args.max_queue,
-        prefix_caching=not args.no_prefix_caching,
-        cost=cost,
-        kv_groups=parse_kv_groups(args.kv_groups) if args.kv_groups else ONE_GROUP,
-    )
+from kvoffload.simulate.trace import TraceSummary, write_trace
+from kvoffload.simulate.units import ChunkUnits, format_bytes, is_share, parse_size_list
 
 
 def _progress(total: int, unit: str, enabled: bool) -> tuple[Callable[[int], None], Any]:
@@ -250,7 +74,7 @@ def _emit(text: str, data: Any, json_to: str | None) -> None:
 def main(argv: list[str]) -> int:
     """Run ``kvoffload simulate`` with ``argv`` (the arguments after ``simulate``)."""
     args = build_parser().parse_args(argv)
-    workload = _workload(args)
+    workload = workload_of(args)
     if args.write_trace:
         try:
             with open(args.write_trace, "w", encoding="utf-8") as out:
@@ -259,18 +83,30 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"cannot write {args.write_trace}: {exc.strerror or exc}") from None
         print(f"wrote {count} requests ({workload.describe()}) to {args.write_trace}")
         return 0
-    config = _config(args)
+    config = config_of(args, chunk_tokens_of(args, workload))
     # validates a trace file before simulating
     capacity = config.request_capacity
     summary = workload.summary(capacity if capacity is not None else 2**62)
     _check_fits(summary, config)
+    sizes_given = (args.cpu_bytes, args.disk_bytes, args.redis_bytes, args.sweep or "")
+    wants_refs = not args.no_limits or any(is_share(text) for text in sizes_given)
+    refs = (
+        chunk_references(workload.requests(), config.chunk_tokens, config.block_size)
+        if wants_refs
+        else None
+    )
+    config = sized(args, config, refs)
+    _check_host(config)
     show = not args.no_progress and sys.stderr.isatty()
     if args.tier_bandwidth is not None:
         return _bandwidth_sweep(args, config, workload, show)
+    infinite = infinite_hit_tokens(refs) if refs is not None and not args.no_limits else None
     if args.sweep is None:
         update, bar = _progress(summary.requests, "req", show)
         with bar:
             result = run_simulation(config, workload.requests(), update)
+        if refs is not None and infinite is not None:
+            result.bounds = bounds(refs, capacity_chunks(config), infinite)
         header = f"Workload: {workload.describe()}\n"
         _emit(header + format_report(result), result.as_json(), args.json)
         return 0
@@ -279,16 +115,30 @@ def main(argv: list[str]) -> int:
     if args.sweep == "auto":
         sizes = auto_sizes(summary.unique_tokens * config.cost.bytes_per_token, config.chunk_bytes)
     else:
-        sizes = parse_byte_list(args.sweep, "--sweep")
+        units = ChunkUnits(config.chunk_bytes, refs.distinct if refs is not None else None)
+        sizes = parse_size_list(args.sweep, "--sweep", units)
     update, bar = _progress(len(sizes) * len(policy_names()), "sim", show)
     with bar:
         points = run_sweep(config, workload, sizes, jobs=args.jobs, progress=update)
+    if refs is not None and infinite is not None:
+        limits = {
+            s: bounds(refs, capacity_chunks(replace(config, cpu_bytes=s)), infinite) for s in sizes
+        }
+        for point in points:
+            point.result.bounds = limits[point.cpu_bytes]
     title = workload.describe()
     try:
         plot_sweep(points, args.output, title)
     except OSError as exc:
         raise UsageError(f"--output: cannot write {args.output}: {exc.strerror or exc}") from None
+    behind = [
+        w
+        for p in points
+        if (w := behind_warning(p.result.late_ttft_p50_s, p.result.trace_span_s)) is not None
+    ]
     text = f"Workload: {title}\n{format_sweep(points)}\n\nwrote the chart to {args.output}"
+    if behind:  # the first one's, and how many
+        text = f"{behind[0]} ({len(behind)} of {len(points)} runs)\n\n{text}"
     _emit(text, sweep_json(points), args.json)
     return 0
 
@@ -329,6 +179,9 @@ def _check_fits(summary: TraceSummary, config: SimConfig) -> None:
             "its first blocks and is not stored (see docs/simulate.md)",
             file=sys.stderr,
         )
+
+
+def _check_host(config: SimConfig) -> None:
     if 0 < config.cpu_bytes < config.chunk_bytes:
         print(
             f"note: --cpu-bytes {format_bytes(config.cpu_bytes)} is less than one chunk "

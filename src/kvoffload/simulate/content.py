@@ -112,20 +112,32 @@ class Content:
             if ends[piece] >= hi:  # the common case: one piece covers the block
                 desc = self._part(piece, lo - starts[piece], hi - starts[piece])
             else:
-                parts = []
-                pos = lo
-                while pos < hi:
-                    while ends[piece] <= pos:
-                        piece += 1
-                    stop = min(hi, ends[piece])
-                    parts.append(self._part(piece, pos - starts[piece], stop - starts[piece]))
-                    pos = stop
-                desc = b"".join(parts)
+                desc = self._span(lo, hi, piece)
             prev = _blake(prev + desc)
             out.append(prev)
             if ends[piece] == hi:
                 piece += 1
         return out
+
+    def _span(self, lo: int, hi: int, piece: int) -> bytes:
+        """Encoding of positions ``lo:hi`` (absolute), from piece ``piece`` on."""
+        starts, ends = self.starts, self.ends
+        parts = []
+        pos = lo
+        while pos < hi:
+            while ends[piece] <= pos:
+                piece += 1
+            stop = min(hi, ends[piece])
+            parts.append(self._part(piece, pos - starts[piece], stop - starts[piece]))
+            pos = stop
+        return b"".join(parts)
+
+    def span_hash(self, lo: int, hi: int, parent: bytes | None) -> bytes:
+        """The hash of positions ``lo:hi`` chained from ``parent`` (the hash of the
+        content before ``lo``; None: ``lo`` is 0), as :meth:`hashes` hashes a block:
+        for a partial last block, equal exactly when the content up to ``hi`` is."""
+        prev = self.seed if parent is None else parent
+        return _blake(prev + self._span(lo, hi, bisect_right(self.ends, lo)))
 
 
 class ContentHasher:

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvoffload.simulate.cost import CostModel
+from kvoffload.simulate.optimum import Bounds
+from kvoffload.simulate.report_limits import behind_warning, is_behind, limit_lines
 from kvoffload.simulate.units import format_bytes
 
 
@@ -83,8 +85,11 @@ class SimResult:
     ttft_p50_s: float = 0.0
     ttft_p95_s: float = 0.0
     lane_busy_s: dict[str, float] = field(default_factory=dict)
+    late_ttft_p50_s: float = 0.0  # median TTFT of the last tenth of requests (arrival)
+    trace_span_s: float = 0.0  # last arrival - first arrival
     wall_s: float = 0.0
     groups: GroupResult | None = None  # several KV cache groups only
+    bounds: Bounds | None = None  # the workload's limits at this host capacity
 
     # ------------------------------------------------------------------ derived
 
@@ -96,6 +101,26 @@ class SimResult:
     @property
     def engine_hit_rate(self) -> float:
         return self.engine_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def total_hit_rate(self) -> float:
+        """Prompt tokens served by the engine's prefix cache or kvoffload / prompt
+        tokens (first admissions): the figure the bounds limit."""
+        return self.hit_rate + self.engine_hit_rate
+
+    @property
+    def share_of_optimum(self) -> float | None:
+        """``total_hit_rate`` / the optimum's (None: no bounds, or an optimum of 0)."""
+        b = self.bounds
+        if b is None or not b.optimum_tokens:
+            return None
+        return (self.engine_hit_tokens + self.kvoffload_hit_tokens) / b.optimum_tokens
+
+    @property
+    def behind_trace(self) -> bool:
+        """The engine fell behind the trace's arrivals (see
+        :func:`~kvoffload.simulate.report_limits.is_behind`)."""
+        return is_behind(self.late_ttft_p50_s, self.trace_span_s)
 
     @property
     def avoided_tokens(self) -> int:
@@ -135,6 +160,15 @@ class SimResult:
             del out["groups"]
         else:
             out["stored_bytes_per_token"] = self.stored_bytes_per_token
+        del out["bounds"]
+        b = self.bounds
+        if b is not None:
+            out.update(
+                optimum_capacity_chunks=b.capacity_chunks,
+                optimum_hit_rate=b.optimum_rate,
+                infinite_hit_rate=b.infinite_rate,
+                share_of_optimum=self.share_of_optimum,
+            )
         out["cost"] = self.cost.as_dict()
         for t in out["tiers"]:
             for key in ("capacity", "written", "read"):
@@ -143,6 +177,8 @@ class SimResult:
         out.update(
             hit_rate=self.hit_rate,
             engine_hit_rate=self.engine_hit_rate,
+            total_hit_rate=self.total_hit_rate,
+            behind_trace=self.behind_trace,
             recompute_tokens_avoided=self.avoided_tokens,
             prefill_seconds_saved=self.saved_s,
             load_seconds=self.load_s,
@@ -159,7 +195,9 @@ def format_report(r: SimResult) -> str:
     """The human-readable report: assumptions, results, traffic per tier."""
     s, c = r.settings, r.cost
     cb = r.chunk_bytes
+    warning = behind_warning(r.late_ttft_p50_s, r.trace_span_s)
     lines = [
+        *([warning, ""] if warning else []),
         "Assumptions",
         f"  engine       {s['engine_tokens']} KV tokens, block {s['block_size']} tokens, "
         f"budget {s['token_budget']} tokens/step, {s['max_running']} running max, "
@@ -180,6 +218,7 @@ def format_report(r: SimResult) -> str:
         f"  kvoffload hit rate        {_pct(r.hit_rate)}  ({r.kvoffload_hit_tokens} prompt "
         "tokens loaded / prompt tokens)",
         f"  engine prefix-cache hits  {_pct(r.engine_hit_rate)}  ({r.engine_hit_tokens} tokens)",
+        *limit_lines(r.engine_hit_tokens + r.kvoffload_hit_tokens, r.prompt_tokens, r.bounds),
         f"  recompute avoided         {r.avoided_tokens} tokens  (incl. "
         f"{r.readmission_hit_tokens} on {r.readmissions} re-admissions after preemption)",
         f"  prefill time saved        {r.saved_s:.1f} s, minus {r.load_s:.1f} s of loads = "
@@ -216,6 +255,8 @@ def format_report(r: SimResult) -> str:
             f"  host evictions without a lower-tier copy: {host.evicted_without_copy} "
             f"({share:.1%} of {host.evictions})"
         )
+    if warning:
+        lines.append(f"\n{warning}")
     lines.append(f"\n(simulated in {r.wall_s:.1f} s)")
     return "\n".join(lines)
 

@@ -29,6 +29,7 @@ class SimRequest(Request):
         self.hasher = hasher
         self._hashes = hasher.initial(self.content)[: prompt_tokens // hasher.block_size]
         self.arrival = spec.t
+        self.index = index  # its position in the workload (arrival order)
         self.first_token_at: float | None = None
         self.computed_high = 0  # positions whose KV was ever computed (decode accounting)
         self.admissions = 0

@@ -113,6 +113,9 @@ class _Simulation:
             kinds = c.kv_groups.describe().split(",")
             self.result.groups = GroupResult(kinds, c.num_blocks, c.request_capacity)
         self.ttfts: list[float] = []
+        self.arrived: list[tuple[int, float]] = []  # (request index, TTFT)
+        self.first_arrival: float | None = None
+        self.last_arrival = 0.0
         self.capacity = c.request_capacity  # the longest request (None: any)
 
     def _layout(self) -> str:
@@ -124,6 +127,9 @@ class _Simulation:
         need = spec.prompt_tokens + spec.output
         if self.capacity is not None and need > self.capacity:
             raise UsageError(f"{spec.where}: {self.config.too_large(need)}; raise --engine-tokens")
+        if self.first_arrival is None:
+            self.first_arrival = spec.t
+        self.last_arrival = spec.t
         return SimRequest(f"r{index}", spec, index, self.hasher)
 
     def run(
@@ -182,6 +188,7 @@ class _Simulation:
             r.kvoffload_hit_tokens += req.first_external
             if req.first_token_at is not None:
                 self.ttfts.append(req.first_token_at - req.arrival)
+                self.arrived.append((req.index, req.first_token_at - req.arrival))
         if progress is not None and meter.finished:
             progress(len(meter.finished))
         groups = r.groups
@@ -211,6 +218,10 @@ class _Simulation:
             r.ttft_mean_s = sum(ordered) / len(ordered)
             r.ttft_p50_s = ordered[len(ordered) // 2]
             r.ttft_p95_s = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+            last = sorted(self.arrived)[-max(1, len(self.arrived) // 10) :]
+            late = sorted(ttft for _, ttft in last)
+            r.late_ttft_p50_s = late[len(late) // 2]
+        r.trace_span_s = self.last_arrival - (self.first_arrival or 0.0)
         if self.scheduler is None or self.host is None or self.worker is None:
             return
         metrics, chunks = self.scheduler.metrics, self.worker.traffic.chunks

@@ -3,8 +3,10 @@
 Each point (one capacity, one policy) is a full simulation of the same workload;
 points run in worker processes (``jobs``), each re-creating the workload from its
 description (the chat generator's parameters, or the trace path), so the results
-are the same whatever the number of processes. The chart is a PNG with one line per
-policy; the printed table has one row per capacity.
+are the same whatever the number of processes. Both the chart (a PNG, one line per
+policy) and the printed table (one row per capacity) show prompt tokens served by
+the engine's prefix cache and kvoffload together, with the workload's limits when
+the points carry them (the offline optimum per capacity, the infinite cache).
 """
 
 from __future__ import annotations
@@ -99,18 +101,28 @@ def run_points(
 
 
 def format_sweep(points: Sequence[SweepPoint]) -> str:
-    """A table: one row per capacity, the kvoffload hit rate of each policy, and the
-    engine's own prefix-cache hit rate (the same for every policy)."""
+    """A table: one row per capacity, the hit rate (engine + kvoffload) of each
+    policy, the optimum and infinite-cache limits (when known) and the engine's own
+    prefix-cache share."""
     policies = sorted({p.policy for p in points})
     sizes = sorted({p.cpu_bytes for p in points})
     by_key = {(p.cpu_bytes, p.policy): p.result for p in points}
-    header = f"{'host memory':>12}  " + "".join(f"{name:>9}" for name in policies)
-    lines = ["kvoffload hit rate by host memory and eviction policy", header]
+    limits = any(p.result.bounds is not None for p in points)
+    extra = f"{'optimum':>9}{'infinite':>9}" if limits else ""
+    header = f"{'host memory':>12}  " + "".join(f"{name:>9}" for name in policies) + extra
+    lines = ["hit rate (engine + kvoffload) by host memory and eviction policy", header]
     for size in sizes:
         row = [by_key[(size, name)] for name in policies]
-        rates = "".join(f"{100 * r.hit_rate:8.1f}%" for r in row)
+        rates = "".join(f"{100 * r.total_hit_rate:8.1f}%" for r in row)
+        b = row[0].bounds
+        if b is not None:
+            rates += f"{100 * b.optimum_rate:8.1f}%{100 * b.infinite_rate:8.1f}%"
+            chunks = f" ({b.capacity_chunks} chunks)"
+        else:
+            chunks = ""
         lines.append(
-            f"{format_bytes(size):>12}  {rates}   engine {100 * row[0].engine_hit_rate:.1f}%"
+            f"{format_bytes(size):>12}  {rates}   engine alone {100 * row[0].engine_hit_rate:.1f}%"
+            + chunks
         )
     return "\n".join(lines)
 
@@ -121,9 +133,13 @@ def sweep_json(points: Sequence[SweepPoint]) -> list[dict[str, Any]]:
     ]
 
 
-def plot_sweep(points: Sequence[SweepPoint], path: str, title: str) -> list[str]:
+def plot_sweep(
+    points: Sequence[SweepPoint], path: str, title: str, ticks: dict[int, str] | None = None
+) -> list[str]:
     """Write the PNG chart of ``points`` to ``path``: hit rate against host memory
-    (log scale), one line per policy; return the policies drawn, in legend order."""
+    (log scale), one line per policy, then the optimum and the infinite cache when
+    every point carries its bounds; return the lines drawn, in legend order.
+    ``ticks``: a label per size (default: the size in bytes)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,13 +150,22 @@ def plot_sweep(points: Sequence[SweepPoint], path: str, title: str) -> list[str]
     for policy in policies:
         mine = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_bytes)
         xs = [p.cpu_bytes / 2**30 for p in mine]
-        ax.plot(xs, [100 * p.result.hit_rate for p in mine], marker="o", label=policy)
+        ax.plot(xs, [100 * p.result.total_hit_rate for p in mine], marker="o", label=policy)
+    first = sorted((p for p in points if p.policy == policies[0]), key=lambda p: p.cpu_bytes)
+    limits = [(p.cpu_bytes / 2**30, p.result.bounds) for p in first]
+    if all(b is not None for _, b in limits):
+        xs = [x for x, _ in limits]
+        optimum = [100 * b.optimum_rate for _, b in limits if b is not None]
+        infinite = [100 * b.infinite_rate for _, b in limits if b is not None]
+        ax.plot(xs, optimum, color="black", linestyle="--", marker="x", label="optimum")
+        ax.plot(xs, infinite, color="gray", linestyle=":", label="infinite cache")
     ax.set_xscale("log", base=2)
     sizes = sorted({p.cpu_bytes for p in points})
-    ax.set_xticks([size / 2**30 for size in sizes], [format_bytes(size) for size in sizes])
+    labels = [(ticks or {}).get(size) or format_bytes(size) for size in sizes]
+    ax.set_xticks([size / 2**30 for size in sizes], labels)
     ax.minorticks_off()
     ax.set_xlabel("host memory for kvoffload")
-    ax.set_ylabel("kvoffload hit rate (% of prompt tokens)")
+    ax.set_ylabel("prompt tokens served, engine + kvoffload (%)")
     ax.set_ylim(bottom=0)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(title="eviction")

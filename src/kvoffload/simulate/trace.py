@@ -18,7 +18,9 @@ Each line is a JSON object (blank lines are skipped)::
 - ``salt`` (optional string or null): the cache salt; requests with different salts
   never share KV.
 
-The two forms never share content with each other. Any violation raises
+The two forms never share content with each other. A file may instead be a
+Mooncake-style trace (``hash_ids``, :mod:`kvoffload.simulate.mooncake`), read as
+the segment form; a file is one format throughout. Any violation raises
 :class:`~kvoffload.core.errors.UsageError` naming ``file:line`` and what is wrong.
 """
 
@@ -27,11 +29,19 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
+from itertools import islice
 from typing import Any, TextIO
 
 from kvoffload.core.errors import UsageError
+from kvoffload.simulate.mooncake import (
+    DEFAULT_BLOCK_TOKENS,
+    MOONCAKE,
+    NATIVE,
+    from_mooncake,
+    line_format,
+)
 
 _KEYS = ("t", "prompt", "segments", "output", "output_id", "salt")
 _MAX_TOKEN = 2**63 - 1
@@ -74,12 +84,17 @@ def _is_int(v: object) -> bool:
 
 class TraceChecker:
     """Validates requests in file order: fields, non-decreasing ``t``, and one ``len``
-    per segment id. Owns the id table (one entry per distinct segment id)."""
+    per segment id; the file's format is its first line's (a later line in the other
+    format is an error). Owns the id table (one entry per distinct segment id).
+    ``block_tokens``: tokens per hash id of a Mooncake-style file."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> None:
         self.last_t = 0.0
         self.last_where = ""
         self.lengths: dict[str, tuple[int, str]] = {}
+        self.block_tokens = block_tokens
+        self.format: str | None = None  # the file's, once its first line is read
+        self.format_where = ""
 
     def parse(self, text: str, where: str) -> TraceRequest:
         """One line as a request; UsageError ``"{where}: ..."`` if anything is wrong."""
@@ -89,6 +104,17 @@ class TraceChecker:
             raise UsageError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(obj, dict):
             raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        kind = line_format(obj)
+        if self.format is None:
+            self.format, self.format_where = kind, where
+        elif kind != self.format:
+            raise UsageError(
+                f"{where}: a {kind} line in a {self.format} trace (format set by "
+                f"{self.format_where}; one format per file)"
+            )
+        if kind == MOONCAKE:
+            t, output, segments = from_mooncake(obj, where, self.block_tokens)
+            return self.check(TraceRequest(t, output, segments=segments, where=where))
         unknown = sorted(set(obj) - set(_KEYS))
         if unknown:
             raise UsageError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(_KEYS)})")
@@ -161,11 +187,12 @@ def _from_obj(obj: dict[str, Any], where: str) -> TraceRequest:
     )
 
 
-def read_trace(path: str) -> Iterator[TraceRequest]:
-    """Stream and validate the requests of the trace file at ``path``, in order.
+def read_trace(path: str, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Iterator[TraceRequest]:
+    """Stream and validate the requests of the trace file at ``path``, in order
+    (``block_tokens``: tokens per hash id if it is a Mooncake-style file).
 
     Raises UsageError for an unreadable file or the first bad line (``path:line``)."""
-    checker = TraceChecker()
+    checker = TraceChecker(block_tokens)
     try:
         handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed below; generator)
     except OSError as exc:
@@ -228,18 +255,62 @@ def summarize(requests: Iterable[TraceRequest]) -> TraceSummary:
     return TraceSummary(count, prompt, output, unique, last, largest)
 
 
+def trace_format(path: str) -> str:
+    """The format of the trace file at ``path``, its first non-blank line's
+    (``"mooncake"`` or ``"kvoffload"``); an unreadable file or line is left to
+    :func:`read_trace` to report (``"kvoffload"`` here)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if line.strip():
+                    obj = json.loads(line)
+                    return line_format(obj) if isinstance(obj, dict) else NATIVE
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    return NATIVE
+
+
 @dataclass(frozen=True)
 class TraceFile:
-    """A workload read from a trace file (picklable: sweep workers re-read it)."""
+    """A workload read from a trace file (picklable: sweep workers re-read it).
+
+    ``head``: only the first that many requests (None: all); ``time_scale``: every
+    arrival time multiplied by it (2: half the rate); ``block_tokens``: tokens per
+    hash id of a Mooncake-style file."""
 
     path: str
+    head: int | None = None
+    time_scale: float = 1.0
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.head is not None and self.head < 1:
+            raise UsageError("--head: must be an integer >= 1")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise UsageError("--time-scale: must be a number > 0")
+        if self.block_tokens < 1:
+            raise UsageError("--trace-block-tokens: must be an integer >= 1")
 
     def requests(self) -> Iterator[TraceRequest]:
-        return read_trace(self.path)
+        found: Iterator[TraceRequest] = read_trace(self.path, self.block_tokens)
+        if self.head is not None:
+            found = islice(found, self.head)
+        if self.time_scale == 1.0:
+            return found
+        scale = self.time_scale
+        return (replace(req, t=req.t * scale) for req in found)
+
+    @property
+    def format(self) -> str:
+        """``"mooncake"`` or ``"kvoffload"`` (the first line's; validated on reading)."""
+        return trace_format(self.path)
 
     def summary(self, fits: int) -> TraceSummary:
         """A full validating pass over the file (``fits`` is not needed here)."""
         return summarize(self.requests())
 
     def describe(self) -> str:
-        return f"trace {self.path}"
+        extra = [f"first {self.head} requests"] if self.head is not None else []
+        if self.time_scale != 1.0:
+            extra.append(f"time x{self.time_scale:g}")
+        return f"trace {self.path}" + (f" ({', '.join(extra)})" if extra else "")

@@ -145,6 +145,12 @@ class CostModel:
                 total += part[1]
         return total
 
+    def recompute_s(self, tokens: int, *, shared: bool = False) -> float:
+        """Seconds recomputing ``tokens`` costs, as the decision counts them
+        (``shared``: other requests share the engine)."""
+        weight = SHARED_ENGINE_WEIGHT if shared else 1.0
+        return max(0, tokens) / self.prefill.tokens_per_s() * weight
+
     def recomputes(self, name: str) -> bool:
         """Whether lane ``name`` stands at recompute (its last decision declined)."""
         return self.verdicts.get(name) is Verdict.RECOMPUTE
@@ -157,7 +163,6 @@ class CostModel:
         lane = self.lane(name)
         idle, in_flight = lane.seconds(chunks), self.queued_chunks(name)
         queued = lane.seconds(chunks + in_flight) if idle is not None else None
-        weight = SHARED_ENGINE_WEIGHT if shared else 1.0
         probe_age: float | None = None
         if idle is None and name != HOST:  # host memory is memcpy-fast: never probed
             now = self._clock()
@@ -169,7 +174,7 @@ class CostModel:
             self.verdicts.get(name, Verdict.LOAD),
             load_s=queued,
             idle_load_s=idle,
-            recompute_s=max(0, tokens) / self.prefill.tokens_per_s() * weight,
+            recompute_s=self.recompute_s(tokens, shared=shared),
             hysteresis=HYSTERESIS,
             probe_age_s=probe_age,
         )

@@ -57,6 +57,11 @@ class DeferralClock:
             or self.clock() - deferred.since_s >= self.config.max_deferral_seconds
         )
 
+    def waited_s(self, state: RequestState) -> float:
+        """How long the request has been deferred (0 when it is not)."""
+        deferred = state.deferred
+        return 0.0 if deferred is None else max(0.0, self.clock() - deferred.since_s)
+
     def end(self, state: RequestState) -> None:
         """The request is admitted: observe how long it was deferred, if it was."""
         deferred = state.deferred

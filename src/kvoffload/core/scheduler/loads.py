@@ -111,7 +111,7 @@ class LoadPlanner:
                 tiers=self.tiers,
                 config=self.config,
                 take=lambda tier, n, tokens: self.worth(state, tier, n, tokens),
-                waits=lambda tier: self.waits_for(state, tier),
+                waits=lambda tier: self.waits_for(state, tier, (len(keys) - readable) * chunk),
             )
             if wished:
                 self.wished.append(state.request_id)
@@ -173,15 +173,20 @@ class LoadPlanner:
         self.metrics.count("declined_tokens_total", tokens, tier=lane)
         return False
 
-    def waits_for(self, state: RequestState, tier: str) -> bool:
+    def waits_for(self, state: RequestState, tier: str, tokens: int) -> bool:
         """Whether lookup waits for lower tier ``tier``'s answer (its index cannot tell
-        yet): always, except under ``load_policy`` ``cost`` while the tier's lane stands
-        at recompute (its hits would be declined: waiting for the answer is a wait for
-        nothing; counted as ``hits_declined_total{reason="unanswered"}``)."""
+        yet) about the ``tokens`` past the host prefix: always, except under
+        ``load_policy`` ``cost`` while the tier's lane stands at recompute (its hits
+        would be declined: a wait for nothing), or once the request has waited longer
+        than recomputing those tokens takes (a wait for a slower answer); counted as
+        ``hits_declined_total{reason="unanswered"}``."""
         policy = state.controls.load_policy
         if policy == "always" or (policy is None and self.cost.always):
             return True
-        if not self.cost.recomputes(tier):
+        shared = len(self.requests) > 1
+        if not self.cost.recomputes(tier) and self.deferral.waited_s(
+            state
+        ) <= self.cost.recompute_s(tokens, shared=shared):
             return True
         self.metrics.count("hits_declined_total", tier=tier, reason=Decline.UNANSWERED.value)
         return False

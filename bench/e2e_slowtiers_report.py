@@ -107,6 +107,25 @@ def ttft_table(setup: SlowSetup, res: SlowResults) -> list[str]:
     return lines
 
 
+REASONS = ("transfer", "queue", "unmeasured", "unanswered")
+
+
+def declines_table(setup: SlowSetup, res: SlowResults) -> list[str]:
+    """``load_policy: cost``'s declines by reason (median lookups per run): why the
+    cost runs recomputed what they did."""
+    lines = [f"  cost's declines (lookups, median per run): {'tier':<6}{'speed':>6}"
+             + "".join(f"{r:>12}" for r in REASONS)]  # fmt: skip
+    for tier in setup.tier_names:
+        for speed in setup.speeds:
+            c = config_name(tier, speed, "cost")
+            cells = "".join(
+                f"{_median(res, c, _series('hits_declined_total', tier=tier, reason=r)):>12}"
+                for r in REASONS
+            )
+            lines.append(f"  {'':<42}{tier:<6}{f'{speed:g}x':>6}{cells}")
+    return lines
+
+
 def report(setup: SlowSetup, res: SlowResults) -> tuple[list[str], bool]:
     """The workload's report and whether its outputs (and kvoffload's runs) are all right."""
     ts, w, rec = setup.tiers, setup.tiers.workload, res.recompute
@@ -131,6 +150,7 @@ def report(setup: SlowSetup, res: SlowResults) -> tuple[list[str], bool]:
         "a/c = always/cost; loads: chunks read from the tier (loads and promotions); "
         "read MB/s: kvoffload's per-job tier load rate",
         *ttft_table(setup, res),
+        *declines_table(setup, res),
     ]
     checks, ok = output_checks(
         res.runs, res.configs, res.failed, REFERENCE, lambda c: c != REFERENCE

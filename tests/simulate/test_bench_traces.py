@@ -3,28 +3,15 @@ chart, on a small Mooncake-style trace."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests.bench_modules import bench_module
 
 from kvoffload.core.policies import policy_names
 
-BENCH = str(Path(__file__).resolve().parents[2] / "bench")
-
-
-def _bench(name: str) -> Any:
-    sys.path.insert(0, BENCH)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(BENCH)
-
-
-traces = _bench("traces")
+traces = bench_module("traces")
 
 
 def test_the_table_has_every_policy_and_the_limits(

@@ -4,28 +4,17 @@ those worked out by hand; the table puts them next to measured runs. No engine."
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 from typing import Any
+
+from tests.bench_modules import bench_module
 
 from kvoffload.demos.vllm_runner import RequestResult, RunResult
 from kvoffload.workload.chat import ChatWorkload
 
-BENCH = str(Path(__file__).resolve().parents[2] / "bench")
-
-
-def _bench(name: str) -> Any:
-    sys.path.insert(0, BENCH)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(BENCH)
-
-
-e2e_sim = _bench("e2e_sim")
-e2e_tiers = _bench("e2e_tiers")
-e2e_tiers_report = _bench("e2e_tiers_report")
+e2e_sim = bench_module("e2e_sim")
+e2e_tiers = bench_module("e2e_tiers")
+e2e_tiers_report = bench_module("e2e_tiers_report")
 
 
 def setup(workload: ChatWorkload, tmp_path: Path) -> Any:

@@ -264,23 +264,30 @@ def test_a_growing_queue_flips_the_decision_and_a_drained_one_flips_it_back() ->
     rig.s.check_integrity()
 
 
-def test_a_tier_standing_at_recompute_is_not_waited_for() -> None:
-    """A tier that cannot tell yet is waited for (retry later) while its lane loads, as
-    long as recomputing what it may hold would take; once its lane stands at recompute
-    its answer would be declined anyway: lookup answers at once, counted
-    ``unanswered``."""
+def test_a_slow_answer_or_a_slow_tier_is_not_waited_for() -> None:
+    """A tier that cannot tell yet is waited for (retry later) for two engine steps,
+    then as long as recomputing what it may hold would take; a tier whose idle lane is
+    slower than recomputing is not waited for at all (its hit would be declined):
+    lookup answers at once, counted ``unanswered``."""
     rig = Rig()
     rig.disk.present_run = lambda keys: None  # type: ignore[method-assign]
     assert rig.ask("a") is None  # retry later: the disk may hold the prefix
-    rig.clock.now += 0.015
-    assert rig.ask("a") is None  # waited 15 ms: recomputing its 16 tokens takes 16 ms
+    rig.clock.now += 0.030  # longer than the 16 ms recomputing takes, but one step
+    rig.s.deferral.tick(True)
+    assert rig.ask("a") is None
+    rig = Rig()
+    rig.disk.present_run = lambda keys: None  # type: ignore[method-assign]
+    assert rig.ask("a") is None
+    rig.s.deferral.tick(True)
+    rig.s.deferral.tick(True)  # two steps: the grace is over
+    rig.clock.now += 0.015  # waited 15 ms: recomputing its 16 tokens takes 16 ms
+    assert rig.ask("a") is None
     assert rig.declined("unanswered") == 0
     rig.clock.now += 0.002
     assert rig.ask("a") == 0  # waited longer than recomputing takes: not any more
     assert rig.declined("unanswered") == 1
     rig = Rig()
-    rig.disk_takes(0.025)
-    assert rig.ask("a") == 0  # declined: the lane stands at recompute
+    rig.disk_takes(0.025)  # idle: 100 ms against 16 ms
     rig.disk.present_run = lambda keys: None  # type: ignore[method-assign]
     assert rig.ask("b") == 0  # not waited for
     assert rig.declined("unanswered") == 1

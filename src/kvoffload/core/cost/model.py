@@ -151,10 +151,6 @@ class CostModel:
         weight = SHARED_ENGINE_WEIGHT if shared else 1.0
         return max(0, tokens) / self.prefill.tokens_per_s() * weight
 
-    def recomputes(self, name: str) -> bool:
-        """Whether lane ``name`` stands at recompute (its last decision declined)."""
-        return self.verdicts.get(name) is Verdict.RECOMPUTE
-
     def decide(self, name: str, chunks: int, tokens: int, *, shared: bool = False) -> LaneDecision:
         """Load ``chunks`` chunks (``tokens`` tokens) on lane ``name``, or recompute
         them (``shared``: other requests share the engine; see

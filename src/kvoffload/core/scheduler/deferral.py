@@ -57,6 +57,11 @@ class DeferralClock:
             or self.clock() - deferred.since_s >= self.config.max_deferral_seconds
         )
 
+    def waited_steps(self, state: RequestState) -> int:
+        """Busy engine steps the request has been deferred for (0 when it is not)."""
+        deferred = state.deferred
+        return 0 if deferred is None else self.busy_steps - deferred.since_step
+
     def waited_s(self, state: RequestState) -> float:
         """How long the request has been deferred (0 when it is not)."""
         deferred = state.deferred

@@ -51,6 +51,12 @@ looked up and did not admit is taken for a stalled engine (one such step happens
 batch queue's rhythm)."""
 
 
+LOOKUP_GRACE_STEPS = 2
+"""Engine steps a lower tier that cannot tell yet (a remote index's round trip in
+flight) is always given to answer under ``load_policy`` ``cost``: an answer normally
+comes within a step, however short recomputing the tail would be."""
+
+
 class LoadPlanner:
     """Lookup answers, load jobs and their completion (see the module docstring)."""
 
@@ -111,7 +117,7 @@ class LoadPlanner:
                 tiers=self.tiers,
                 config=self.config,
                 take=lambda tier, n, tokens: self.worth(state, tier, n, tokens),
-                waits=lambda tier: self.waits_for(state, tier, (len(keys) - readable) * chunk),
+                waits=lambda tier: self.waits_for(state, tier, len(keys) - readable),
             )
             if wished:
                 self.wished.append(state.request_id)
@@ -173,21 +179,27 @@ class LoadPlanner:
         self.metrics.count("declined_tokens_total", tokens, tier=lane)
         return False
 
-    def waits_for(self, state: RequestState, tier: str, tokens: int) -> bool:
+    def waits_for(self, state: RequestState, tier: str, chunks: int) -> bool:
         """Whether lookup waits for lower tier ``tier``'s answer (its index cannot tell
-        yet) about the ``tokens`` past the host prefix: always, except under
-        ``load_policy`` ``cost`` while the tier's lane stands at recompute (its hits
-        would be declined: a wait for nothing), or once the request has waited longer
-        than recomputing those tokens takes (a wait for a slower answer); counted as
+        yet) about the ``chunks`` chunks past the host prefix: always, except under
+        ``load_policy`` ``cost`` when loading them from the tier, its lane idle, is
+        slower than recomputing them (a wait for an answer that would be declined), or
+        once the request has waited :data:`LOOKUP_GRACE_STEPS` engine steps and longer
+        than recomputing them takes (a wait for a slower answer); counted as
         ``hits_declined_total{reason="unanswered"}``."""
         policy = state.controls.load_policy
         if policy == "always" or (policy is None and self.cost.always):
             return True
-        shared = len(self.requests) > 1
-        if not self.cost.recomputes(tier) and self.deferral.waited_s(
-            state
-        ) <= self.cost.recompute_s(tokens, shared=shared):
-            return True
+        recompute_s = self.cost.recompute_s(
+            chunks * self.config.chunk_tokens, shared=len(self.requests) > 1
+        )
+        idle_s = self.cost.lane(tier).seconds(chunks)
+        if idle_s is None or idle_s <= recompute_s:
+            deferral = self.deferral
+            if deferral.waited_steps(state) < LOOKUP_GRACE_STEPS:
+                return True
+            if deferral.waited_s(state) <= recompute_s:
+                return True
         self.metrics.count("hits_declined_total", tier=tier, reason=Decline.UNANSWERED.value)
         return False
 

@@ -303,7 +303,11 @@ def measure(setup: TierSetup, configs: Sequence[str]) -> Results:
                 if counts is not None:
                     res.counts[config].append(counts)
                 took = time.perf_counter() - start
-                print(f"  tiers run {i + 1}/{setup.runs} {config}: {took:.0f} s", flush=True)
+                print(
+                    f"  tiers run {i + 1}/{setup.runs} {config}: {took:.0f} s, mean TTFT "
+                    f"{result.mean_ttft_s:.3f} s, connector hits {result.external_hit_tokens}",
+                    flush=True,
+                )
     finally:
         if server is not None:
             server.kill()

@@ -6,35 +6,26 @@ benchmark's configurations and report rows (``bench/lmcache_peer.py``,
 
 from __future__ import annotations
 
-import importlib
 import json
 import stat
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.bench_modules import bench_module
 
 from kvoffload.demos.vllm_runner import EngineSpec, RequestResult, RunResult
 from kvoffload.workload.chat import ChatWorkload
 
-BENCH = str(Path(__file__).resolve().parents[2] / "bench")
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def _bench(name: str) -> Any:
-    sys.path.insert(0, BENCH)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(BENCH)
-
-
-peer = _bench("lmcache_peer")
-lmcache_env = _bench("lmcache_env")
-runner = _bench("lmcache_runner")
-e2e_tiers = _bench("e2e_tiers")
-e2e_tiers_report = _bench("e2e_tiers_report")
+peer = bench_module("lmcache_peer")
+lmcache_env = bench_module("lmcache_env")
+runner = bench_module("lmcache_runner")
+e2e_tiers = bench_module("e2e_tiers")
+e2e_tiers_report = bench_module("e2e_tiers_report")
 
 
 class Prompt:
@@ -190,7 +181,7 @@ def test_run_peer_reports_the_runner_s_last_line(tmp_path: Path) -> None:
 def test_run_peer_gives_the_runner_kvoffload_s_sources_only() -> None:
     env = peer.runner_env({"PYTHONPATH": "/elsewhere", "VIRTUAL_ENV": "/v", "HOME": "/h"})
     src, bench = env["PYTHONPATH"].split(":")
-    assert Path(src) == peer.REPO / "src" and Path(bench) == Path(BENCH)
+    assert Path(src) == peer.REPO / "src" and Path(bench) == BENCH
     assert "VIRTUAL_ENV" not in env and env["HOME"] == "/h"
 
 
@@ -287,7 +278,7 @@ def test_the_report_shows_lmcache_s_counters_and_ratio(tmp_path: Path) -> None:
 
 
 def test_no_lmcache_leaves_its_configs_out() -> None:
-    e2e = _bench("e2e")
+    e2e = bench_module("e2e")
     assert set(e2e_tiers.LMCACHE) <= e2e.parse_args(["--workload", "tiers"]).chosen
     chosen = e2e.parse_args(["--workload", "tiers", "--no-lmcache"]).chosen
     assert not set(e2e_tiers.LMCACHE) & chosen and "vllm-offload" in chosen

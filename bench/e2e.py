@@ -18,8 +18,11 @@ Workloads (``--workload``, default ``all``), the same for every configuration:
   rounds of the same round's ratio, the pair's order alternating between rounds.
   Target >= 0.99.
 - ``tiers``: kvoffload's host, disk and Redis tiers against an engine whose KV cache
-  never evicts, every engine at 4 running requests (``bench/e2e_tiers.py`` describes
-  the six configurations). Targets: host10+disk <= 1.10x never-evicting mean TTFT,
+  never evicts, every engine at 4 running requests, beside vLLM's connector and
+  LMCache 0.5.6 (multiprocess mode, in a venv of its own that the benchmark sets up on
+  first use, ``bench/lmcache_env.py``; ``--no-lmcache`` leaves it out) with the same
+  host bytes, and with its fs L2 for the small-host case (``bench/e2e_tiers.py``
+  describes the eight configurations). Targets: host10+disk <= 1.10x never-evicting mean TTFT,
   host10+redis <= 1.15x, host-big <= 1.02x; chunks evicted from host memory without
   a lower-tier copy <= 1% of host evictions. The report also shows the simulator's
   predicted hit tokens and hit rate for the same requests and settings next to the
@@ -45,7 +48,7 @@ configuration that fails, makes the exit status non-zero; a missed timing target
 prints FAIL.
 
 Usage: ``python bench/e2e.py [--quick] [--workload tiers|chat|zero|slowtiers|all]
-[--configs a,b] [--runs N] [--zero-pairs N] [--no-sim] [--speeds 0.1,1,10] [--tiers
+[--configs a,b] [--no-lmcache] [--runs N] [--zero-pairs N] [--no-sim] [--speeds 0.1,1,10] [--tiers
 redis,disk] [--tier-latency-ms MS]``.
 """
 
@@ -88,6 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(everything)} (default: all; the "
         "reference of each workload always runs)",
     )
+    parser.add_argument(
+        "--no-lmcache",
+        action="store_true",
+        help="tiers: leave out the LMCache configurations (no LMCache venv needed)",
+    )
     parser.add_argument("--runs", type=int, default=None, help="runs per config (default 3)")
     parser.add_argument("--zero-pairs", type=int, default=None, help="zero-reuse rounds (5)")
     parser.add_argument("--async-scheduling", action="store_true", help="vLLM async (chat/zero)")
@@ -123,7 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     chosen = set(everything) if args.configs is None else set(args.configs.split(","))
     if chosen - set(everything):
         parser.error(f"--configs: unknown {sorted(chosen - set(everything))}")
-    args.chosen = chosen
+    args.chosen = chosen - set(e2e_tiers.LMCACHE) if args.no_lmcache else chosen
     return args
 
 

@@ -20,7 +20,15 @@ Configurations (fresh in-process engine per run, runs interleaved):
   every run so each starts cold, killed by pid at the end;
 - ``no-offload``: small engine, no connector;
 - ``vllm-offload``: vLLM's OffloadingConnector (``vllm_cpu_offload_spec.py``) with
-  host-big's capacity.
+  host-big's capacity;
+- ``lmcache``: LMCache 0.5.6 in multiprocess mode (``lmcache server`` + vLLM's
+  ``LMCacheMPConnector``), L1 = host-big's bytes, chunks of one engine block;
+- ``lmcache10+disk``: the same with L1 = host10's bytes (raised to the smallest L1
+  that holds the longest request's chunks, which LMCache needs to store it at all:
+  :meth:`TierSetup.lmcache_small`) and its ``fs`` L2 adapter in a fresh directory.
+  Both run in LMCache's own venv (``bench/lmcache_env.py``), one subprocess per run
+  (``bench/lmcache_peer.py``, ``bench/lmcache_runner.py``), on the small engine; when
+  that venv cannot be set up they are reported as failed and the others run on.
 
 Baselines, measured once per round before its engines: the dd-like sequential
 O_DIRECT write/read of ``tier_baselines.sequential_direct`` at the chunk size, and
@@ -38,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lmcache_env
+import lmcache_peer
 from e2e_metrics import GB, Counts, run_counted
 from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.core.config_options import OPTIONS
@@ -54,8 +64,11 @@ CONFIGS = (
     "host10+redis",
     "no-offload",
     "vllm-offload",
+    "lmcache",
+    "lmcache10+disk",
 )
 KVOFFLOAD = ("host-big", "host10+disk", "host10+redis")
+LMCACHE = ("lmcache", "lmcache10+disk")
 REFERENCE = "never-evicting"
 MAX_RUNNING = 4
 KV_REQUESTS = 4.5  # a small engine's KV cache: this many of the longest requests
@@ -103,6 +116,14 @@ class TierSetup:
 
     def host_small(self) -> int:
         return max(int(HOST_SMALL * self.working_bytes()), self.chunk_bytes)
+
+    def lmcache_small(self) -> int:
+        """lmcache10+disk's L1: host10's bytes, or the longest request's chunks if more
+        (a store of a request's chunks fails when L1 cannot hold them all at once)."""
+        return max(self.host_small(), -(-self.longest() // BLOCK) * self.chunk_bytes)
+
+    def lmcache_l1(self, config: str) -> int:
+        return self.host_big() if config == "lmcache" else self.lmcache_small()
 
     def redis_maxmemory(self) -> int:
         """The private redis-server's ``maxmemory`` (bytes; allkeys-lru beyond it)."""
@@ -167,6 +188,7 @@ class Results:
     runs: dict[str, list[RunResult]] = field(default_factory=dict)
     counts: dict[str, list[Counts]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    peer_counts: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # LMCache's
     baselines: list[dict[str, Rate]] = field(default_factory=list)  # one per round
 
 
@@ -202,12 +224,45 @@ def start_redis(setup: TierSetup) -> Any:
     return RedisServer(setup.root / "redis", extra=extra).start()
 
 
+def run_lmcache(
+    setup: TierSetup, config: str, run: int, python: Path, batches: Sequence[Sequence[Any]]
+) -> tuple[RunResult, dict[str, float]]:
+    """One LMCache run on the small engine, in a subprocess of LMCache's venv."""
+    spec = setup.engine("no-offload", run, None)
+    l2 = setup.root / f"lmcache-l2-{run}" if config.endswith("disk") else None
+    job = lmcache_peer.job(spec, batches, setup.lmcache_l1(config), l2, BLOCK)
+    work = setup.root / f"{config}-{run}"
+    try:
+        return lmcache_peer.run_peer(python, job, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if l2 is not None:
+            shutil.rmtree(l2, ignore_errors=True)
+
+
+def lmcache_python(res: Results) -> Path | None:
+    """LMCache's venv python (built on first use); None, with the LMCache configs
+    marked failed, when it cannot be set up."""
+    if not set(LMCACHE) & set(res.configs):
+        return None
+    print("  tiers: LMCache's venv (bench/lmcache_env.py)...", flush=True)
+    try:
+        return lmcache_env.ensure()
+    except lmcache_env.Unavailable as exc:
+        for c in LMCACHE:
+            if c in res.configs:
+                res.failed[c] = f"failed: LMCache's venv: {exc}"
+        return None
+
+
 def measure(setup: TierSetup, configs: Sequence[str]) -> Results:
     """``setup.runs`` rounds: this round's baselines, then one run of every config."""
     configs = (REFERENCE, *[c for c in CONFIGS if c in configs and c != REFERENCE])
     res = Results(configs, {c: [] for c in configs}, {c: [] for c in configs})
+    res.peer_counts = {c: [] for c in configs if c in LMCACHE}
     batches = turn_batches(setup.workload.requests())
     server = None
+    python = lmcache_python(res)
     try:
         if "host10+redis" in configs:
             try:
@@ -227,9 +282,15 @@ def measure(setup: TierSetup, configs: Sequence[str]) -> Results:
                     admin.flushall()  # every run starts cold
                     admin.close()
                 start = time.perf_counter()
+                counts: Counts | None = None
                 try:
-                    spec = setup.engine(config, i, server.url if server else None)
-                    result, counts = run_counted(spec, batches)
+                    if config in LMCACHE:
+                        assert python is not None  # else failed above
+                        result, peer = run_lmcache(setup, config, i, python, batches)
+                        res.peer_counts[config].append(peer)
+                    else:
+                        spec = setup.engine(config, i, server.url if server else None)
+                        result, counts = run_counted(spec, batches)
                 except Exception as exc:
                     traceback.print_exc()
                     reason = " ".join(f"{type(exc).__name__}: {exc}".split())
@@ -242,7 +303,11 @@ def measure(setup: TierSetup, configs: Sequence[str]) -> Results:
                 if counts is not None:
                     res.counts[config].append(counts)
                 took = time.perf_counter() - start
-                print(f"  tiers run {i + 1}/{setup.runs} {config}: {took:.0f} s", flush=True)
+                print(
+                    f"  tiers run {i + 1}/{setup.runs} {config}: {took:.0f} s, mean TTFT "
+                    f"{result.mean_ttft_s:.3f} s, connector hits {result.external_hit_tokens}",
+                    flush=True,
+                )
     finally:
         if server is not None:
             server.kill()

@@ -10,7 +10,16 @@ from collections.abc import Callable
 import e2e_sim
 from e2e_common import identical, med, output_checks, per_round_ratio, target
 from e2e_metrics import Counts
-from e2e_tiers import KVOFFLOAD, MAX_RUNNING, REFERENCE, TIER_THREADS, Rate, Results, TierSetup
+from e2e_tiers import (
+    KVOFFLOAD,
+    LMCACHE,
+    MAX_RUNNING,
+    REFERENCE,
+    TIER_THREADS,
+    Rate,
+    Results,
+    TierSetup,
+)
 from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.demos.chat_demo import BLOCK
 
@@ -94,6 +103,32 @@ def counter_table(res: Results) -> list[str]:
     lines = [f"  {'':<30}" + "".join(f"{c:>15}" for c in cols)]
     for label, get in COUNTER_ROWS:
         lines.append(f"  {label:<30}" + "".join(f"{_median(res.counts[c], get):>15}" for c in cols))
+    return lines
+
+
+LMCACHE_ROWS = (  # label, LMCache server counter (Prometheus name without _total)
+    ("lookup tokens requested", "lmcache_mp_lookup_requested_tokens"),
+    ("lookup hit tokens (L1 + L2)", "lmcache_mp_lookup_hit_tokens"),
+    ("  of which L1", "lmcache_mp_lookup_hit_l1_tokens"),
+    ("  of which L2", "lmcache_mp_lookup_hit_l2_tokens"),
+    ("L1 chunks written", "lmcache_mp_l1_write_chunks"),
+    ("L1 chunks read", "lmcache_mp_l1_read_chunks"),
+    ("L1 chunks evicted", "lmcache_mp_l1_evicted_chunks"),
+    ("L1 allocation failures (chunks)", "lmcache_mp_l1_allocation_failure_chunks"),
+    ("L2 chunks stored", "lmcache_mp_l2_store_completed_objects_chunks"),
+)
+
+
+def lmcache_table(res: Results) -> list[str]:
+    """LMCache's server counters during the batches (medians over runs; a counter the
+    server never exported counts as 0, as Prometheus counters appear on first use)."""
+    cols = [c for c in LMCACHE if res.peer_counts.get(c)]
+    if not cols:
+        return ["  no LMCache run"]
+    lines = [f"  {'':<34}" + "".join(f"{c:>16}" for c in cols)]
+    for label, name in LMCACHE_ROWS:
+        cells = [statistics.median(p.get(name, 0.0) for p in res.peer_counts[c]) for c in cols]
+        lines.append(f"  {label:<34}" + "".join(f"{v:>16.0f}" for v in cells))
     return lines
 
 
@@ -189,12 +224,21 @@ def report(setup: TierSetup, res: Results, simulate: bool = True) -> tuple[list[
         f"{(small - BLOCK) / setup.longest():.1f} longest requests); never-evicting {big} tokens; "
         f"host-big {setup.host_big() / MiB:.1f} MiB; host10 {setup.host_small() / MiB:.1f} MiB "
         f"({setup.host_small() // setup.chunk_bytes} chunks); disk {setup.host_big() / MiB:.1f} "
-        f"MiB (O_DIRECT {setup.disk_o_direct}) under {setup.root}; {setup.runs} run(s), medians; "
+        f"MiB (O_DIRECT {setup.disk_o_direct}) under {setup.root}; LMCache L1 "
+        f"{setup.lmcache_l1('lmcache') / MiB:.1f} MiB (lmcache) and "
+        f"{setup.lmcache_l1('lmcache10+disk') / MiB:.1f} MiB "
+        f"({setup.lmcache_l1('lmcache10+disk') // setup.chunk_bytes} chunks"
+        f"{'' if setup.lmcache_small() == setup.host_small() else ', the longest request'}"
+        f") + fs L2 (lmcache10+disk), chunk {BLOCK} tokens; {setup.runs} run(s), medians; "
         "ratios: median over rounds of the same round's ratio",
         *ttft_table(res),
         "",
         "kvoffload counters during the workload (median over runs):",
         *counter_table(res),
+        "",
+        "LMCache's server counters during the workload (median over runs; its lookups "
+        "include tokens the engine's own prefix cache holds):",
+        *lmcache_table(res),
         "",
         *([*sim_lines(setup, res), ""] if simulate else []),
         "tier transfer throughput (medians) vs baselines measured in the same run:",

@@ -171,10 +171,16 @@ class CostModel:
         idle = self.lane(name).seconds(chunks)
         if idle is not None:
             return idle > recompute_s
+        age = self._probe_age(name, self.queued_chunks(name))
+        return age is not None and age > recompute_s
+
+    def _probe_age(self, name: str, in_flight: int) -> float | None:
+        """How long unmeasured lane ``name``'s probe has been in flight (None: none is,
+        ``in_flight`` chunks queued on it being 0, or its start is not known)."""
         since = self._probe_since.get(name)
-        if since is None or self.queued_chunks(name) == 0:
-            return False
-        return self._clock() - since > recompute_s
+        if in_flight == 0 or since is None:
+            return None
+        return max(0.0, self._clock() - since)
 
     def decide(self, name: str, chunks: int, tokens: int, *, shared: bool = False) -> LaneDecision:
         """Load ``chunks`` chunks (``tokens`` tokens) on lane ``name``, or recompute
@@ -186,11 +192,11 @@ class CostModel:
         queued = lane.seconds(chunks + in_flight) if idle is not None else None
         probe_age: float | None = None
         if idle is None and name != HOST:  # host memory is memcpy-fast: never probed
-            now = self._clock()
             if in_flight == 0:
-                self._probe_since[name] = now
+                self._probe_since[name] = self._clock()  # this load is the probe
             else:
-                probe_age = max(0.0, now - self._probe_since.setdefault(name, now))
+                self._probe_since.setdefault(name, self._clock())
+            probe_age = self._probe_age(name, in_flight)
         decision = decide_lane(
             self.verdicts.get(name, Verdict.LOAD),
             load_s=queued,

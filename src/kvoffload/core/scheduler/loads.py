@@ -169,10 +169,9 @@ class LoadPlanner:
         cost model's decision (the engine is shared when the scheduler half tracks
         another request), which moves the lane's verdict; a decline is counted
         (``hits_declined_total``, ``declined_tokens_total``)."""
-        policy = state.controls.load_policy
-        if policy == "always" or (policy is None and self.cost.always):
+        if self._loads_always(state):
             return True
-        decision = self.cost.decide(lane, chunks, tokens, shared=len(self.requests) > 1)
+        decision = self.cost.decide(lane, chunks, tokens, shared=self._shared())
         if decision.decline is None:
             return True
         self.metrics.count("hits_declined_total", tier=lane, reason=decision.decline.value)
@@ -189,20 +188,27 @@ class LoadPlanner:
         once the request has waited :data:`LOOKUP_GRACE_STEPS` engine steps and longer
         than recomputing them takes (a wait for a slower answer); counted as
         ``hits_declined_total{reason="unanswered"}``."""
-        policy = state.controls.load_policy
-        if policy == "always" or (policy is None and self.cost.always):
+        if self._loads_always(state):
             return True
         recompute_s = self.cost.recompute_s(
-            chunks * self.config.chunk_tokens, shared=len(self.requests) > 1
+            chunks * self.config.chunk_tokens, shared=self._shared()
         )
-        if not self.cost.slower(tier, chunks, recompute_s):
-            deferral = self.deferral
-            if deferral.waited_steps(state) < LOOKUP_GRACE_STEPS:
-                return True
-            if deferral.waited_s(state) <= recompute_s:
-                return True
+        if not self.cost.slower(tier, chunks, recompute_s) and (
+            self.deferral.waited_steps(state) < LOOKUP_GRACE_STEPS
+            or self.deferral.waited_s(state) <= recompute_s
+        ):
+            return True
         self.metrics.count("hits_declined_total", tier=tier, reason=Decline.UNANSWERED.value)
         return False
+
+    def _loads_always(self, state: RequestState) -> bool:
+        """``load_policy`` ``always``: the request's own, else the configuration's."""
+        policy = state.controls.load_policy
+        return policy == "always" or (policy is None and self.cost.always)
+
+    def _shared(self) -> bool:
+        """Other requests share the engine: the scheduler half tracks more than one."""
+        return len(self.requests) > 1
 
     def plan(
         self,

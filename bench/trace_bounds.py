@@ -58,7 +58,8 @@ from kvoffload.simulate.trace import TraceFile
 
 SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake-conversation.jsonl"
 
-# Features of an interval, in the order of Row.features; buckets by right-open edges.
+# Features of an interval, in the order of Rows.features; graded ones in the buckets
+# of Buckets (the default's named here; --fine: FINE's).
 FEATURES = (
     "output",  # the chunk was completed by a request's output (never a prompt chunk yet)
     "reuse",  # earlier references of the chunk: 0 .. 5+
@@ -91,6 +92,31 @@ SETS: tuple[tuple[str, ...], ...] = (
 HELD_OUT = ((), ("output", "reuse"), COARSE, ("output", "reuse", "inlen", "outlen"), SHAPE)
 
 
+@dataclass(frozen=True)
+class Buckets:
+    """Right-open bucket edges of the graded features, and the reuse count's cap."""
+
+    reuse: int = 5
+    prevgap: tuple[int, ...] = (8, 32, 128, 512, 2048)
+    depth: tuple[int, ...] = (1, 4, 10, 20, 40, 80)
+    cont: tuple[int, ...] = (2,)  # already-seen prefix, in chunks
+    inlen: tuple[int, ...] = (8, 16, 32, 64)
+    outlen: tuple[int, ...] = (100, 300, 600)
+    nnew: tuple[int, ...] = (1, 4, 10, 20)
+
+
+# --fine: about twice the resolution of every graded feature
+FINE = Buckets(
+    reuse=12,
+    prevgap=(2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+    depth=(1, 2, 4, 7, 10, 15, 20, 30, 40, 60, 80, 120),
+    cont=(1, 2, 3, 4, 6, 10),
+    inlen=(4, 8, 12, 16, 24, 32, 48, 64, 96),
+    outlen=(50, 100, 200, 300, 450, 600, 1000),
+    nnew=(1, 2, 4, 7, 10, 15, 20, 30),
+)
+
+
 def bucket(x: int, edges: Sequence[int]) -> int:
     return bisect.bisect_right(edges, x)
 
@@ -109,7 +135,13 @@ class Rows:
     features: list[tuple[int, ...]]
 
 
-def build_rows(refs: References, times: list[float], outputs: list[int], engine: int) -> Rows:
+def build_rows(
+    refs: References,
+    times: list[float],
+    outputs: list[int],
+    engine: int,
+    edges: Buckets = Buckets(),
+) -> Rows:
     """The intervals of ``refs`` (see the module docstring); ``engine``: the engine's
     prefix cache in chunks."""
     rows = Rows(times, [], [], [], [])
@@ -125,10 +157,10 @@ def build_rows(refs: References, times: list[float], outputs: list[int], engine:
             known += 1
         new = len(row) - known
         shape = (
-            int(known > 1),
-            bucket(len(row), (8, 16, 32, 64)),
-            bucket(outputs[i], (100, 300, 600)),
-            bucket(new, (1, 4, 10, 20)),
+            bucket(known, edges.cont),
+            bucket(len(row), edges.inlen),
+            bucket(outputs[i], edges.outlen),
+            bucket(new, edges.nnew),
         )
         for pos, c in enumerate((*row, *refs.outputs[i])):
             is_output = pos >= len(row)
@@ -153,10 +185,10 @@ def build_rows(refs: References, times: list[float], outputs: list[int], engine:
             rows.features.append(
                 (
                     int(is_output and count[c] == 0),
-                    min(count[c], 5),
-                    0 if gap < 0 else bucket(gap, (8, 32, 128, 512, 2048)) + 1,
+                    min(count[c], edges.reuse),
+                    0 if gap < 0 else bucket(gap, edges.prevgap) + 1,
                     int(in_engine),
-                    bucket(pos, (1, 4, 10, 20, 40, 80)),
+                    bucket(pos, edges.depth),
                     *shape,
                     place,
                     i * 10 // len(refs.chunks),
@@ -378,6 +410,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--engine-chunks", type=int, help="engine prefix cache (default: the simulator's)"
     )
     p.add_argument("--clock", choices=("steps", "seconds"), default="steps", help="age unit")
+    p.add_argument("--fine", action="store_true", help="finer buckets (see FINE)")
     p.add_argument("--no-held-out", action="store_true", help="skip the held-out table")
     p.add_argument("--admission", action="store_true", help="also the class oracle (slow)")
     return p.parse_args(argv)
@@ -400,14 +433,15 @@ def main(argv: list[str]) -> int:
         base.engine_tokens // chunk_tokens if args.engine_chunks is None else args.engine_chunks
     )
     refs = chunk_references(requests, chunk_tokens, base.block_size)
-    rows = build_rows(refs, [r.t for r in requests], [r.output for r in requests], engine)
+    edges = FINE if args.fine else Buckets()
+    rows = build_rows(refs, [r.t for r in requests], [r.output for r in requests], engine, edges)
     shares = [Decimal(s) for s in args.shares.split(",") if s.strip()]
     capacity = {s: int(s * refs.distinct / 100) for s in shares}
     total = refs.prompt_tokens
     print(
         f"{workload.describe()}: {len(requests)} requests, {refs.distinct} distinct chunks of "
         f"{chunk_tokens} tokens, {len(rows.start)} references; engine {engine} chunks; "
-        f"clock: {args.clock}"
+        f"clock: {args.clock}; buckets: {'fine' if args.fine else 'coarse'}"
     )
     head = f"{'':62}" + "".join(f"{f'{s}% ({capacity[s]})':>16}" for s in shares)
     print("\nreplays and limits (prompt tokens served / prompt tokens)\n" + head)
@@ -427,12 +461,12 @@ def main(argv: list[str]) -> int:
     units = {s: float(capacity[s] + engine) for s in shares}
     steps = float(len(rows.times)) if args.clock == "steps" else rows.times[-1] - rows.times[0]
     print("\nrelaxed bound: any keep-for-A_c rule by class, A_c in hindsight, capacity on average")
-    print(f"{'features (classes)':62}" + head[62:])
+    print(f"{'features':52}{'classes':>10}" + head[62:])
     for names in SETS:
         spans = class_spans(rows, lambda r: True, selector(names), args.clock)
         values = [relaxed_bound(spans, units[s] * steps) / total for s in shares]
         print(
-            f"{f'{label(names)} ({len(spans)})'[:62]:62}" + "".join(f"{v:16.2%}" for v in values),
+            f"{label(names)[:51]:52}{len(spans):>10}" + "".join(f"{v:16.2%}" for v in values),
             flush=True,
         )
     if not args.no_held_out:

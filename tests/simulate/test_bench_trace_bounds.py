@@ -90,7 +90,7 @@ def test_the_table_orders_the_limits_on_a_small_trace(
         return [float(cell.rstrip("%")) for cell in line[62:].split() if cell.endswith("%")]
 
     optimum, lru = row("optimum"), row("lru (host-only")
-    age_only, reuse, oracle = row("(age only) (1)"), row("output+reuse ("), row("oracle")
+    age_only, reuse, oracle = row("(age only) "), row("output+reuse "), row("oracle ")
     for k in range(2):
         assert lru[k] <= optimum[k] <= oracle[k]
         assert lru[k] <= age_only[k] <= reuse[k] <= oracle[k]

@@ -27,9 +27,11 @@ chunk hit, not only prefix hits, only raises it. No rule that decides from these
 classes and the age can beat it in this model, whatever it learns.
 
 **Held out**: the hindsight choice of ``A_c`` fits small classes to their own future.
-Here ``A_c`` is chosen on the first half's intervals (at every value of the budget's
-price) and applied to the second half's, keeping the best that fits the second half's
-average capacity: what those classes are worth to a rule that must learn them.
+Here the program is solved on one half's intervals and its order (which class to keep
+up to which age first) applied to the other half's, until that half's average
+capacity is spent: what those classes are worth to a rule that must learn them.
+Both ways round (learning on the second half and scoring the first is not causal,
+but it is as much a test of generalization).
 
 **Class oracle, admission only** (``--admission``): the host-only replay of LRU (the
 simulator's to within 0.05 points on the shared trace) storing only the classes whose
@@ -284,20 +286,27 @@ def relaxed_bound(spans: Spans, capacity: float) -> float:
 
 
 def held_out(
-    rows: Rows, key: Callable[[tuple[int, ...]], tuple[int, ...]], chunks: int, clock: str
+    rows: Rows,
+    key: Callable[[tuple[int, ...]], tuple[int, ...]],
+    chunks: int,
+    clock: str,
+    learn_first: bool = True,
 ) -> float:
-    """Hit tokens of the second half's intervals when the first half's program picks
-    the order: its hull segments (a class, from one A to the next) are taken in the
-    first half's slope order, each worth what it holds and costs on the second half,
-    until ``chunks`` on average over the second half are spent (the last one in
-    part: a randomized rule). Classes the first half never saw are not stored."""
+    """Hit tokens of one half's intervals when the other half's program picks the
+    order (``learn_first``: learned on the first half, scored on the second; else the
+    reverse): its hull segments (a class, from one A to the next) are taken in the
+    learning half's slope order, each worth what it holds and costs on the scored
+    half, until ``chunks`` on average over the scored half are spent (the last one in
+    part: a randomized rule). Classes the learning half never saw are not stored."""
     half = len(rows.times) // 2
-    train = class_spans(rows, lambda r: rows.start[r] < half, key, clock)
-    test = class_spans(rows, lambda r: rows.start[r] >= half, key, clock)
+    first = class_spans(rows, lambda r: rows.start[r] < half, key, clock)
+    second = class_spans(rows, lambda r: rows.start[r] >= half, key, clock)
+    train, test = (first, second) if learn_first else (second, first)
+    lo, hi = (half, len(rows.times)) if learn_first else (0, half)
     if clock == "steps":
-        budget = chunks * float(len(rows.times) - half)
+        budget = chunks * float(hi - lo)
     else:
-        budget = chunks * (rows.times[-1] - rows.times[half])
+        budget = chunks * (rows.times[hi - 1] - rows.times[lo])
     order: list[tuple[float, tuple[int, ...], float, float]] = []  # (slope, class, A from, A to)
     for cls, items in train.items():
         h = hull(curve(items))
@@ -331,11 +340,14 @@ def held_out(
 
 
 def lru_replay(
-    refs: References, capacity: int, admit: Callable[[int], bool], since: int = 0
+    refs: References,
+    capacity: int,
+    admit: Callable[[int], bool],
+    window: tuple[int, int] = (0, 1 << 62),
 ) -> int:
     """Prompt tokens served by a host-only LRU of ``capacity`` chunks that stores a
-    missing chunk only if ``admit(row)`` (rows numbered as in :func:`build_rows`),
-    counted from request ``since`` on (the cache runs from the start)."""
+    missing chunk only if ``admit(row)`` (rows numbered as in :func:`build_rows`), to
+    the requests whose index is in ``window`` (the cache runs from the start)."""
     cache: OrderedDict[int, None] = OrderedDict()
     served = r = 0
     size = refs.chunk_tokens
@@ -343,7 +355,7 @@ def lru_replay(
         k = 0
         while k < len(row) and row[k] in cache:
             k += 1
-        if i >= since:
+        if window[0] <= i < window[1]:
             served += min(k * size, (refs.prompts[i] - 1) // refs.block_size * refs.block_size)
         for c in (*row, *refs.outputs[i]):
             if c in cache:
@@ -356,15 +368,15 @@ def lru_replay(
     return served
 
 
-def infinite_from(refs: References, since: int) -> int:
-    """Prompt tokens an infinite cache serves to requests ``since`` on."""
+def infinite_in(refs: References, window: tuple[int, int]) -> int:
+    """Prompt tokens an infinite cache serves to the requests in ``window``."""
     seen: set[int] = set()
     served = 0
     for i, row in enumerate(refs.chunks):
         k = 0
         while k < len(row) and row[k] in seen:
             k += 1
-        if i >= since:
+        if window[0] <= i < window[1]:
             served += min(
                 k * refs.chunk_tokens, (refs.prompts[i] - 1) // refs.block_size * refs.block_size
             )
@@ -471,26 +483,35 @@ def main(argv: list[str]) -> int:
         )
     if not args.no_held_out:
         half = len(rows.times) // 2
-        second = sum(refs.prompts[half:])
-        lru = [lru_replay(refs, capacity[s], lambda r: True, half) / second for s in shares]
-        top = infinite_from(refs, half) / second
-        print(
-            "\nheld out: A_c chosen on the first half, applied to the second (its prompt "
-            "tokens); in brackets the share of LRU's gap to an infinite cache closed"
-        )
-        print(f"{'features':62}" + head[62:])
-        print(f"{'lru (host-only replay)':62}" + "".join(f"{v:16.2%}" for v in lru))
-        print(f"{'infinite cache':62}" + "".join(f"{top:16.2%}" for _ in shares))
-        for names in HELD_OUT:
-            values = [
-                held_out(rows, selector(names), capacity[s] + engine, args.clock) / second
-                for s in shares
-            ]
-            cells = "".join(
-                f"{f'{v:.2%} ({(v - b) / (top - b):.0%})' if top > b else f'{v:.2%}':>16}"
-                for v, b in zip(values, lru, strict=True)
+        for learn_first in (True, False):
+            window = (half, len(rows.times)) if learn_first else (0, half)
+            scored = sum(refs.prompts[window[0] : window[1]])
+            lru = [lru_replay(refs, capacity[s], lambda r: True, window) / scored for s in shares]
+            top = infinite_in(refs, window) / scored
+            print(
+                "\nheld out: A_c chosen on the "
+                + (
+                    "first half, applied to the second"
+                    if learn_first
+                    else "second half, applied to the first"
+                )
+                + " (its prompt tokens); in brackets the share of LRU's gap to an infinite "
+                "cache closed"
             )
-            print(f"{label(names)[:62]:62}" + cells, flush=True)
+            print(f"{'features':62}" + head[62:])
+            print(f"{'lru (host-only replay)':62}" + "".join(f"{v:16.2%}" for v in lru))
+            print(f"{'infinite cache':62}" + "".join(f"{top:16.2%}" for _ in shares))
+            for names in HELD_OUT:
+                values = [
+                    held_out(rows, selector(names), capacity[s] + engine, args.clock, learn_first)
+                    / scored
+                    for s in shares
+                ]
+                cells = "".join(
+                    f"{f'{v:.2%} ({(v - b) / (top - b):.0%})' if top > b else f'{v:.2%}':>16}"
+                    for v, b in zip(values, lru, strict=True)
+                )
+                print(f"{label(names)[:62]:62}" + cells, flush=True)
     if args.admission:
         print("\nclass oracle, admission only: LRU storing the best set of classes (replay)")
         print(f"{'features':62}" + head[62:])

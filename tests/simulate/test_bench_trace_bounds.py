@@ -19,7 +19,7 @@ def random_spans(rng: random.Random) -> dict[tuple[int, ...], list[tuple[float, 
     spans = {}
     for cls in range(rng.randint(1, 3)):
         items = [
-            (float(rng.randint(1, 9)), rng.choice((0, 0, 512, 300)))
+            (float(rng.randint(0, 9)), rng.choice((0, 0, 512, 300)))
             for _ in range(rng.randint(1, 4))
         ]
         spans[(cls,)] = sorted(items)
@@ -39,7 +39,7 @@ def dual(spans: dict[tuple[int, ...], list[tuple[float, int]]], capacity: float)
     return min(p * capacity + sum(max(y - p * x for _, x, y in c) for c in curves) for p in prices)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(200))
 def test_the_relaxed_bound_is_the_programs_value_and_beats_every_fitting_rule(seed: int) -> None:
     rng = random.Random(seed)
     spans = random_spans(rng)

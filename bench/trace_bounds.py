@@ -2,7 +2,8 @@
 age and a few features, on a trace (docs/decisions/0014-slru.md, "How far online
 signals can go").
 
-    nice -n 19 python bench/trace_bounds.py              # the shared Mooncake trace, 5/10%
+    nice -n 19 python bench/trace_bounds.py --admission  # the shared Mooncake trace, 5/10%
+    nice -n 19 python bench/trace_bounds.py --fine --clock seconds --no-held-out
     python bench/trace_bounds.py --head 3000 --shares 5   # a quick look
 
 Model: the offline optimum's (:mod:`kvoffload.simulate.optimum`): requests in
@@ -24,7 +25,8 @@ program: each class's (occupancy, hits) curve over ``A`` is replaced by its uppe
 concave hull, and the hull segments of all classes are taken steepest first until
 the capacity is spent (a fractional knapsack, exact for the program). Counting every
 chunk hit, not only prefix hits, only raises it. No rule that decides from these
-classes and the age can beat it in this model, whatever it learns.
+classes and the age (and otherwise from nothing tied to the chunk's next reference:
+the load, other chunks, a coin) can beat it in this model, whatever it learns.
 
 **Held out**: the hindsight choice of ``A_c`` fits small classes to their own future.
 Here the program is solved on one half's intervals and its order (which class to keep
@@ -35,8 +37,8 @@ but it is as much a test of generalization).
 
 **Class oracle, admission only** (``--admission``): the host-only replay of LRU (the
 simulator's to within 0.05 points on the shared trace) storing only the classes whose
-true future reuse rate is at least a threshold, for every threshold (all subsets when
-a set has at most 8 classes); the best is printed.
+true future reuse rate is at least a threshold, for up to 40 thresholds (every subset
+when a set has at most 7 classes); the best is printed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """One contract, every lower tier: the scheduler half's index (``LowerTier``:
 lookups, spill and promotion bookings, reset) and the worker's store (``TierStore``:
 round trips, and a chunk missing, damaged, of another group or under another key is a
-failed chunk, never an exception). Every tier of ``tier_envs.ENVS`` runs it."""
+failed chunk, never an exception). Every tier of the registry (``tiers/registry.py``)
+runs it, built by its own spec."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from tests.contract.tier_envs import ENVS, PAYLOAD, TierEnv
+from tests.contract.tier_envs import PAYLOAD, SETUPS, TierEnv, open_env
 
 from kvoffload.core.events import EventKind
 from kvoffload.core.failures import ChunkFailure, FailureKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.tiering import LowerTier
+from kvoffload.tiers.registry import TIERS, tier_names
 
 
 def K(i: int) -> ChunkKey:
@@ -25,10 +27,14 @@ def data(i: int) -> bytes:
     return bytes((i * 31 + j) % 251 for j in range(PAYLOAD))
 
 
-@pytest.fixture(params=sorted(ENVS))
+@pytest.fixture(params=TIERS, ids=tier_names())
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TierEnv]:
-    with ENVS[request.param](tmp_path) as opened:
+    with open_env(request.param, tmp_path) as opened:
         yield opened
+
+
+def test_every_registered_tier_has_a_contract_setup() -> None:
+    assert sorted(SETUPS) == sorted(tier_names())
 
 
 def run(tier: LowerTier, keys: Sequence[ChunkKey]) -> int:

@@ -32,8 +32,9 @@ from typing import NoReturn
 
 from kvoffload.core.errors import UsageError
 from kvoffload.inspection import health_render
+from kvoffload.inspection.arguments import namespace_hex, positive_int
 from kvoffload.inspection.metrics_fetch import inspect_metrics
-from kvoffload.inspection.model import Report, is_digest_hex
+from kvoffload.inspection.model import Report
 from kvoffload.inspection.render import to_json, to_text
 from kvoffload.tiers.registry import TIERS, tier_spec
 
@@ -84,12 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         command.add(tier)
         tier.add_argument(
             "--namespace",
-            type=_namespace,
+            type=namespace_hex,
             metavar="HEX",
             help="only this namespace (its digest: 32 hex digits, as in the output)",
         )
         tier.add_argument("--verify", action="store_true", help=command.verify_help)
-        tier.add_argument("--world-size", type=_positive, metavar="N", help=command.world_help)
+        tier.add_argument("--world-size", type=positive_int, metavar="N", help=command.world_help)
         tier.add_argument("--json", action="store_true", help="print JSON instead of tables")
     _add_metrics(sub)
     return parser
@@ -114,26 +115,9 @@ def _add_metrics(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     metrics.add_argument(
         "--timeout-ms",
-        type=_positive,
+        type=positive_int,
         default=2000,
         metavar="MS",
         help="timeout for connecting and for reading the answer (default 2000)",
     )
     metrics.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def _namespace(text: str) -> str:
-    value = text.lower()
-    if not is_digest_hex(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace digest (32 hex digits)")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value

@@ -224,6 +224,8 @@ def warn_inline_secret(config: OptionValues) -> None:
 
 
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvoffload.inspection.arguments import positive_int
+
     parser.add_argument(
         "url",
         metavar="URL",
@@ -238,21 +240,11 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout-ms",
-        type=_positive,
+        type=positive_int,
         default=2000,
         metavar="MS",
         help="timeout for connecting and for every command (default 2000)",
     )
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
 
 
 def _inspect(args: argparse.Namespace) -> Any:

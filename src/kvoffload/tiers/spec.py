@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvoffload.core.failures import ChunkFailure
@@ -135,6 +135,10 @@ def _no_warning(config: OptionValues) -> None:
     return None
 
 
+def _no_note(config: OptionValues, store: TierStore) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class TierSpec:
     """One lower tier, declared (see the module docstring). ``name`` is the tier's
@@ -162,9 +166,7 @@ class TierSpec:
     inspect: InspectCommand
     warn: Callable[[OptionValues], None] = _no_warning
     settle: Callable[[OptionValues], None] = _no_warning
-    worker_notes: Callable[[OptionValues, TierStore], None] = field(
-        default=lambda config, store: None
-    )
+    worker_notes: Callable[[OptionValues, TierStore], None] = _no_note
 
     @property
     def announces_removals(self) -> bool:

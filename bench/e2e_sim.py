@@ -101,8 +101,7 @@ def sim_config(setup: TierSetup, config: str) -> SimConfig:
             redis = setup.redis_maxmemory() // (HEADER_BYTES + chunk) * chunk
     return SimConfig(
         cpu_bytes=cpu,
-        disk_bytes=disk,
-        redis_bytes=redis,
+        tier_bytes={"disk": disk, "redis": redis},
         eviction=_default("eviction"),
         store_threshold=_default("store_threshold"),
         lower_tier_admission=_default("lower_tier_admission"),

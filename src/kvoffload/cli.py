@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "inspect": (
         "kvoffload.inspect_command",
-        "what a disk tier or a Redis namespace holds (with an integrity check), "
+        "what a lower tier holds, per namespace (with an integrity check), "
         "or a running engine's tiers from its metrics endpoint",
     ),
     "vllm-metadata": (

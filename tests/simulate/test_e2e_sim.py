@@ -64,9 +64,9 @@ def test_a_small_engine_is_served_by_the_host_tier(tmp_path: Path) -> None:
     host_big = p["host-big"].engine_hit_tokens + p["host-big"].kvoffload_hit_tokens
     assert host_big == p["never-evicting"].engine_hit_tokens
     c = e2e_sim.sim_config(s, "host10+disk")
-    assert c.cpu_bytes == s.host_small() and 0 < c.disk_bytes <= s.host_big()
+    assert c.cpu_bytes == s.host_small() and 0 < c.tier_bytes["disk"] <= s.host_big()
     assert c.lower_tier_loads == "direct" and c.lower_tier_admission == "write_through"
-    assert e2e_sim.sim_config(s, "host10+redis").redis_bytes > s.host_big()
+    assert e2e_sim.sim_config(s, "host10+redis").tier_bytes["redis"] > s.host_big()
 
 
 def _run(prompt_tokens: int, local: int, external: int) -> RunResult:

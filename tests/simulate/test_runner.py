@@ -100,7 +100,7 @@ def test_a_disk_tier_below_a_small_host_tier_serves_hits(loads: str) -> None:
         repeated(),
         prefix_caching=False,
         cpu_bytes=8 * CHUNK_BYTES,
-        disk_bytes=512 * CHUNK_BYTES,
+        tier_bytes={"disk": 512 * CHUNK_BYTES},
         lower_tier_loads=loads,
     )
     disk, host = with_disk.tier("disk"), with_disk.tier("host")
@@ -134,7 +134,9 @@ def test_compute_time_and_token_accounting_of_one_request() -> None:
 
 def test_results_are_deterministic() -> None:
     def run() -> dict[str, object]:
-        data = simulate(chat().requests(), engine_tokens=1024, disk_bytes=64 * CHUNK_BYTES)
+        data = simulate(
+            chat().requests(), engine_tokens=1024, tier_bytes={"disk": 64 * CHUNK_BYTES}
+        )
         data_json = data.as_json()
         del data_json["wall_s"]
         return data_json
@@ -155,7 +157,7 @@ def test_a_request_larger_than_the_engine_is_a_usage_error() -> None:
         ({"store_threshold": 0}, "'store_threshold'"),
         ({"lower_tier_admission": "sometimes"}, "'lower_tier_admission'"),
         ({"decode_stride": 0}, "--decode-stride"),
-        ({"cpu_bytes": 0, "disk_bytes": 10 * CHUNK_BYTES}, "below host memory"),
+        ({"cpu_bytes": 0, "tier_bytes": {"disk": 10 * CHUNK_BYTES}}, "below host memory"),
         ({"engine_tokens": 8}, "--engine-tokens"),
     ],
 )
@@ -166,7 +168,9 @@ def test_bad_settings_name_the_option(overrides: dict[str, object], message: str
 
 
 def test_the_fast_batch_former_decides_exactly_like_the_reference() -> None:
-    settings = config(engine_tokens=768, disk_bytes=32 * CHUNK_BYTES, cpu_bytes=24 * CHUNK_BYTES)
+    settings = config(
+        engine_tokens=768, tier_bytes={"disk": 32 * CHUNK_BYTES}, cpu_bytes=24 * CHUNK_BYTES
+    )
     workload = chat(users=30, concurrent=30, rate=500.0)
 
     def run(plain: bool) -> tuple[object, ...]:
@@ -190,7 +194,7 @@ def test_the_fast_batch_former_decides_exactly_like_the_reference() -> None:
 
 def test_the_report_states_assumptions_and_results() -> None:
     result: SimResult = run_simulation(
-        SimConfig(cpu_bytes=2**30, disk_bytes=2**34), chat().requests()
+        SimConfig(cpu_bytes=2**30, tier_bytes={"disk": 2**34}), chat().requests()
     )
     text = format_report(result)
     for needle in ("Assumptions", "prefill 50 us/token", "kvoffload hit rate", "host", "disk"):
@@ -227,7 +231,9 @@ def test_fast_paths_agree_with_the_reference_on_every_call() -> None:
             assert (pool.cached, pool.hash_of) == reference
             seen["cache"] += 1
 
-    settings = config(engine_tokens=640, cpu_bytes=16 * CHUNK_BYTES, disk_bytes=64 * CHUNK_BYTES)
+    settings = config(
+        engine_tokens=640, cpu_bytes=16 * CHUNK_BYTES, tier_bytes={"disk": 64 * CHUNK_BYTES}
+    )
     shape = ChatWorkload(users=40, turns=3, system_tokens=80, output_tokens=24)
     workload = ChatTrace(dataclasses.replace(shape, user_tokens=(8, 60)), 40, 2000.0, 2)
     sim = _Simulation(settings)

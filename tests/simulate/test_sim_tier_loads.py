@@ -13,7 +13,7 @@ from kvoffload.simulate.request import StepMeter
 from kvoffload.simulate.worker import SimClock, SimWorker
 
 CHUNK = 10**9  # one chunk: 1 GB, so seconds are 1 / bandwidth in GB/s
-COST = CostModel(host_gbps=10.0, disk_gbps=2.0, redis_gbps=1.0)
+COST = CostModel(host_gbps=10.0, tier_gbps={"disk": 2.0, "redis": 1.0})
 
 
 def key(i: int) -> ChunkKey:

@@ -10,6 +10,7 @@ import pytest
 
 from kvoffload.core.config import OPTIONS, OffloadConfig
 from kvoffload.core.errors import ConfigError
+from kvoffload.tiers.redis_tier import password
 
 BAD: dict[str, list[Any]] = {
     "cpu_bytes": [0, -1, "1GB", 1.5, True],
@@ -115,16 +116,16 @@ def test_the_password_comes_from_a_file_or_an_environment_variable(tmp_path: Pat
     secret_file.write_text(SECRET + "\n")
     base = {"cpu_bytes": 1, "redis_url": "redis://localhost:6379"}
     from_file = OffloadConfig.from_dict({**base, "redis_password_file": str(secret_file)})
-    assert from_file.redis_password_resolved() == SECRET
+    assert password(from_file) == SECRET
     assert from_file.inline_secret() is None
     from_env = OffloadConfig.from_dict({**base, "redis_password_env": "KVO_TEST_PW"})
-    assert from_env.redis_password_resolved({"KVO_TEST_PW": SECRET}) == SECRET
+    assert password(from_env, {"KVO_TEST_PW": SECRET}) == SECRET
     with pytest.raises(ConfigError, match="KVO_TEST_PW is not set") as caught:
-        from_env.redis_password_resolved({})
+        password(from_env, {})
     assert caught.value.field == "redis_password_env"
     missing = OffloadConfig.from_dict({**base, "redis_password_file": str(tmp_path / "none")})
     with pytest.raises(ConfigError, match="cannot read") as caught:
-        missing.redis_password_resolved()
+        password(missing)
     assert caught.value.field == "redis_password_file"
     assert (
         OffloadConfig.from_dict({**base, "redis_url": f"redis://:{SECRET}@h:1"}).inline_secret()

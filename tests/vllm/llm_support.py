@@ -109,7 +109,7 @@ def halves(llm: Any) -> list[Any]:
 
 
 def tier(llm: Any, name: str) -> Any:
-    return half(llm).tiers.tiers[name]
+    return half(llm).tiers.tier(name)
 
 
 def counted(llm: Any, name: str, **labels: str) -> int:

@@ -22,6 +22,7 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.testing.vllm_harness import VllmHarness
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes
+from kvoffload.tiers.disk_lock import DiskLock
 
 REFUSED = r"kvoffload config 'disk_path': .* is in use by another engine \(pid \d+ on host "
 
@@ -88,6 +89,13 @@ def harnesses() -> Iterator[Harnesses]:
             made.close(h)
 
 
+def assert_locked(root: Path, harness: VllmHarness) -> None:
+    """The harness's engine holds its namespace's lock under ``root``."""
+    digest = harness.side.geometry.namespace.digest()
+    with pytest.raises(ConfigError, match=REFUSED):
+        DiskLock.acquire(root, digest).release()
+
+
 def test_harness_engines_share_a_disk_path_only_across_models(
     harnesses: Harnesses, tiny_model: Path, tiny_swa_model: Path, tmp_path: Path
 ) -> None:
@@ -97,8 +105,8 @@ def test_harness_engines_share_a_disk_path_only_across_models(
     with pytest.raises(ConfigError, match=REFUSED):
         harnesses.build(tiny_model, extra=extra)
     other = harnesses.build(tiny_swa_model, extra=extra)  # another model: another namespace
-    assert other.side.disk_lock is not None and other.side.disk_lock.held
+    assert_locked(tmp_path, other)
     assert len(list((tmp_path / "kvoffload-v1").iterdir())) == 2
     harnesses.close(first)
     again = harnesses.build(tiny_model, extra=extra)  # released on close
-    assert again.side.disk_lock is not None and again.side.disk_lock.held
+    assert_locked(tmp_path, again)

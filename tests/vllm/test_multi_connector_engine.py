@@ -58,7 +58,7 @@ def test_a_damaged_disk_chunk_under_multiconnector_is_recomputed(
             settle(llm)
         llm.reset_prefix_cache()
         half = halves(llm)[-1]
-        disk = half.tiers.tiers["disk"].directory
+        disk = half.tiers.tier("disk").directory
         slots = [disk.slot_of(k) for k in disk.present_keys()]
         (slab,) = (tmp_path / "disk").rglob("slab.r0")
         with open(slab, "r+b") as f:
@@ -72,7 +72,7 @@ def test_a_damaged_disk_chunk_under_multiconnector_is_recomputed(
         assert again.outputs[0].finish_reason != "error"
         assert list(again.outputs[0].token_ids) == reference[0]
         settle(llm)
-        errors = half.tiers.tiers["disk"].metrics.breakdown("integrity_errors_total", "reason")
+        errors = half.tiers.tier("disk").metrics.breakdown("integrity_errors_total", "reason")
         assert errors.get("checksum", 0) >= 1  # the damaged chunk was read, and recomputed
 
 

@@ -13,9 +13,10 @@ import pytest
 
 from kvoffload.adapters.vllm import plugin
 from kvoffload.adapters.vllm.logs import ToVllmHandlers, attach_to_vllm_logging
-from kvoffload.adapters.vllm.startup import probe_redis, scheduler_summary, warn_inline_secret
+from kvoffload.adapters.vllm.startup import scheduler_summary, warn_tiers
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
+from kvoffload.tiers.redis_tier import probe
 
 SECRET = "pl41n-s3cret"
 
@@ -151,7 +152,7 @@ def test_the_summary_names_every_tier_and_never_a_password(vllm_log: Capture) ->
         chunk_bytes=1 << 20,
         world_size=2,
         host_chunks=64,
-        disk_chunks=1000,
+        tier_chunks={"disk": 1000},
         load_failure_policy="recompute",
     )
     for part in (
@@ -162,7 +163,7 @@ def test_the_summary_names_every_tier_and_never_a_password(vllm_log: Capture) ->
     ):
         assert part in line, (part, line)
     assert SECRET not in line
-    warn_inline_secret(config)
+    warn_tiers(config)
     (warning,) = [r for r in vllm_log.records if r.levelno == logging.WARNING]
     assert "redis_password_file" in warning.getMessage() and SECRET not in warning.getMessage()
 
@@ -175,7 +176,7 @@ def test_an_unreachable_redis_is_a_warning_at_start(vllm_log: Capture) -> None:
             raise ConnectionError("Connection refused")
 
     config = OffloadConfig.from_dict({"cpu_bytes": 1, "redis_url": f"redis://:{SECRET}@h:1"})
-    probe_redis(Down(), config)
+    probe(Down(), config)
     (warning,) = vllm_log.lines()
     assert "does not answer" in warning and "redis://:***@h:1" in warning
     assert SECRET not in warning

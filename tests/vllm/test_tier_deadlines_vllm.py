@@ -93,7 +93,7 @@ def test_a_tier_read_hung_past_its_deadline_ends_in_recompute(
     want = h.model.reference_output("doc2", DOC, 2)
     assert h.output_tokens("doc2") == want  # recomputed
     half = h.scheduler_half
-    disk = half.tiers.tiers["disk"]
+    disk = half.tiers.tier("disk")
     assert disk.metrics.value("tier_io_timeouts_total", direction=kind) == 1
     if kind == "promote":  # its host slots wait for the read: held, not reused
         assert half.moves.quarantine.chunks("disk") > 0 and half.has_pending_work()

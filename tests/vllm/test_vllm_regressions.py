@@ -185,12 +185,12 @@ def test_a_connector_reset_makes_every_tier_unreadable_spills_in_flight_included
     h.run()
     half = h.scheduler_half
     assert len(half.directory) == 0
-    found = half.tiers.tiers[tier].metrics.value("hit_tokens_total")
+    found = half.tiers.tier(tier).metrics.value("hit_tokens_total")
     for request_id, prompt in (("doc2", DOC), ("b2", fresh)):
         serve(h, request_id, prompt)
         assert h.loaded_tokens(request_id) == 0
     assert (
-        half.tiers.tiers[tier].metrics.value("hit_tokens_total") == found
+        half.tiers.tier(tier).metrics.value("hit_tokens_total") == found
     )  # nothing found below either
     h.quiescent()
 

@@ -1,7 +1,8 @@
 """User configuration: one definition per option, validated at start-up.
 
 Every option is declared once in :data:`OPTIONS` (``config_options.py``: name,
-type, default, accepted values, meaning); :meth:`OffloadConfig.from_dict`
+type, default, accepted values, meaning; each lower tier's options in its own module,
+``tiers/<tier>_tier.py``); :meth:`OffloadConfig.from_dict`
 validates a raw mapping (the vLLM ``kv_connector_extra_config``) against it, and
 the docs' option table is generated from the same list, so the two cannot drift.
 Unknown keys and invalid values raise :class:`~kvoffload.core.errors.ConfigError`
@@ -10,40 +11,44 @@ naming the key and the accepted values.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kvoffload.core.config_options import OPTIONS, Option
+from kvoffload.core.config_options import OPTIONS, SECTIONS, Option
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.secrets import (
-    HIDDEN,
-    read_secret_env,
-    read_secret_file,
-    redact_url,
-    url_has_password,
-)
-
-SECRET_OPTIONS = frozenset({"redis_password"})
+from kvoffload.core.secrets import HIDDEN, redact_url, url_has_password
 
 __all__ = ["OPTIONS", "OffloadConfig", "Option", "shown_value"]
 
 _BY_NAME = {o.name: o for o in OPTIONS}
+_TIER_OPTIONS = {o.name: o for section in SECTIONS for o in section.options}
 
 
 def shown_value(name: str, value: Any) -> str:
     """``value`` as kvoffload may print it: secrets hidden, URL passwords redacted."""
-    if name in SECRET_OPTIONS and value is not None:
+    option = _BY_NAME.get(name)
+    if option is not None and option.secret and value is not None:
         return HIDDEN
-    if name == "redis_url" and isinstance(value, str):
+    if option is not None and option.url and isinstance(value, str):
         return repr(redact_url(value))
     return repr(value)
 
 
+def _check(option: Option, value: Any) -> None:
+    if not option.check(value):
+        shown = shown_value(option.name, value)
+        raise ConfigError(option.name, f"invalid value {shown}; accepted: {option.accepted}")
+
+
 @dataclass(frozen=True)
 class OffloadConfig:
-    """Validated kvoffload settings (see :data:`OPTIONS` for each field's meaning)."""
+    """Validated kvoffload settings (see :data:`OPTIONS` for each option's meaning).
+
+    The lower tiers' options (each tier's config section, ``tiers/registry.py``) are
+    in ``tier_options``, every one of them with its default filled in; read one with
+    :meth:`option` (``config.disk_path`` reads it too, for callers outside kvoffload's
+    sources)."""
 
     cpu_bytes: int
     chunk_tokens: int | None = None
@@ -51,17 +56,7 @@ class OffloadConfig:
     store_threshold: int = 1
     copy_threads: int = 1
     tier_threads: int = 4
-    disk_path: str | None = None
-    disk_bytes: int | None = None
-    disk_o_direct: bool = False
-    redis_url: str | None = None
-    redis_cluster: bool = False
-    redis_timeout_ms: int = 1000
     tier_io_timeout_ms: int = 5000
-    redis_username: str | None = None
-    redis_password_file: str | None = None
-    redis_password_env: str | None = None
-    redis_password: str | None = field(default=None, repr=False)
     lower_tier_admission: str | int = "write_through"
     lower_tier_loads: str = "direct"
     load_policy: str = "cost"
@@ -69,52 +64,50 @@ class OffloadConfig:
     metrics_port: int | None = None
     max_deferral_steps: int = 500
     max_deferral_seconds: float = 5.0
+    tier_options: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            option = _BY_NAME[f.name]
-            value = getattr(self, f.name)
-            if not option.check(value):
-                shown = shown_value(f.name, value)
-                raise ConfigError(f.name, f"invalid value {shown}; accepted: {option.accepted}")
-        if (self.disk_path is None) != (self.disk_bytes is None):
-            missing = "disk_bytes" if self.disk_bytes is None else "disk_path"
-            raise ConfigError(missing, "disk_path and disk_bytes go together")
-        given = [
-            name
-            for name in ("redis_password_file", "redis_password_env", "redis_password")
-            if getattr(self, name) is not None
-        ]
-        if len(given) > 1:
-            raise ConfigError(given[1], f"give the Redis password one way, not also {given[0]}")
-        if given and self.redis_url is None:
-            raise ConfigError(given[0], "needs redis_url")
+            if f.name != "tier_options":
+                _check(_BY_NAME[f.name], getattr(self, f.name))
+        unknown = sorted(set(self.tier_options) - set(_TIER_OPTIONS))
+        if unknown:
+            raise ConfigError(unknown[0], "unknown tier option")
+        values = {name: self.tier_options.get(name, o.default) for name, o in _TIER_OPTIONS.items()}
+        for name, option in _TIER_OPTIONS.items():
+            _check(option, values[name])
+        for section in SECTIONS:
+            section.check(values)
+        object.__setattr__(self, "tier_options", values)
+
+    def option(self, name: str) -> Any:
+        """The value of option ``name`` (a tier's or kvoffload's own)."""
+        if name in _TIER_OPTIONS:
+            return self.tier_options[name]
+        if name in _BY_NAME:
+            return getattr(self, name)
+        raise ConfigError(name, "unknown option")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names no field has: a tier option read as an attribute.
+        if name in _TIER_OPTIONS:
+            return self.__dict__.get("tier_options", {}).get(name, _TIER_OPTIONS[name].default)
+        raise AttributeError(name)
 
     def __repr__(self) -> str:
-        shown = ", ".join(
-            f"{f.name}={shown_value(f.name, getattr(self, f.name))}" for f in fields(self)
-        )
+        shown = ", ".join(f"{o.name}={shown_value(o.name, self.option(o.name))}" for o in OPTIONS)
         return f"OffloadConfig({shown})"
 
-    def redis_password_resolved(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The Redis password from ``redis_password_file``, ``redis_password_env`` or
-        ``redis_password`` (whichever is set; None: the URL's own, if any). Reads the
-        file or the environment now; raises :class:`ConfigError` naming the option
-        when it cannot."""
-        if self.redis_password_file is not None:
-            return read_secret_file("redis_password_file", self.redis_password_file)
-        if self.redis_password_env is not None:
-            env = os.environ if environ is None else environ
-            return read_secret_env("redis_password_env", self.redis_password_env, env)
-        return self.redis_password
-
     def inline_secret(self) -> str | None:
-        """The option that carries a password inline (``redis_password``, or a password
-        inside ``redis_url``), or None."""
-        if self.redis_password is not None:
-            return "redis_password"
-        if self.redis_url is not None and url_has_password(self.redis_url):
-            return "redis_url"
+        """The option that carries a password inline (a secret option, or a password
+        inside a URL option), or None."""
+        for option in OPTIONS:
+            if option.secret and self.option(option.name) is not None:
+                return option.name
+        for option in OPTIONS:
+            value = self.option(option.name)
+            if option.url and isinstance(value, str) and url_has_password(value):
+                return option.name
         return None
 
     @property
@@ -134,7 +127,9 @@ class OffloadConfig:
         for option in OPTIONS:
             if option.required and option.name not in raw:
                 raise ConfigError(option.name, f"is required ({option.accepted})")
-        return cls(**{k: raw[k] for k in raw})
+        tier = {k: raw[k] for k in raw if k in _TIER_OPTIONS}
+        own = {k: raw[k] for k in raw if k not in _TIER_OPTIONS}
+        return cls(**own, tier_options=tier)
 
     def resolve_chunk_tokens(self, block_size: int) -> int:
         """``chunk_tokens`` checked against the engine's block size (default: one block)."""

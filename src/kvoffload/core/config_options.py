@@ -8,47 +8,32 @@ drift. Pure data and predicates; nothing here raises.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from kvoffload.core.options import (
+    Check,
+    ConfigSection,
+    Option,
+    int_at_least,
+    positive_number,
+)
 from kvoffload.core.policies import policy_names
+from kvoffload.tiers.registry import TIERS
 
-Check = Callable[[Any], bool]
-
-
-@dataclass(frozen=True)
-class Option:
-    """One configuration key: how to check it and what it means."""
-
-    name: str
-    accepted: str  # human description of the accepted values
-    default: Any
-    doc: str
-    check: Check
-    required: bool = False
-
-
-def _int_at_least(low: int) -> Check:
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
-def _positive_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+__all__ = ["OPTIONS", "SECTIONS", "Check", "ConfigSection", "Option"]
 
 
 def _policy(v: Any) -> bool:
     return isinstance(v, str) and v in policy_names()
 
 
-OPTIONS: tuple[Option, ...] = (
+_HEAD: tuple[Option, ...] = (
     Option(
         "cpu_bytes",
         "integer >= 1",
         None,
         "Host memory for offloaded chunks, in bytes, for all workers together.",
-        _int_at_least(1),
+        int_at_least(1),
         required=True,
     ),
     Option(
@@ -56,7 +41,7 @@ OPTIONS: tuple[Option, ...] = (
         "positive multiple of the engine block size",
         None,
         "Tokens per chunk (the unit stored, loaded and evicted). Default: the engine block size.",
-        lambda v: v is None or _int_at_least(1)(v),
+        lambda v: v is None or int_at_least(1)(v),
     ),
     Option(
         "eviction",
@@ -72,7 +57,7 @@ OPTIONS: tuple[Option, ...] = (
         "integer >= 1",
         1,
         "Store a chunk only after this many requests looked it up (1 stores everything).",
-        _int_at_least(1),
+        int_at_least(1),
     ),
     Option(
         "copy_threads",
@@ -81,106 +66,30 @@ OPTIONS: tuple[Option, ...] = (
         "CPU threads per worker copying KV between engine and host memory when the KV "
         "cache is in host memory (CPU engines). 2 nearly doubles copy bandwidth but shares "
         "cores with the model.",
-        _int_at_least(1),
+        int_at_least(1),
     ),
     Option(
         "tier_threads",
         "integer >= 1",
         4,
-        "Threads per worker moving chunks between host memory and the disk and Redis "
-        "tiers. More keep more disk requests and Redis round trips in flight; on a small "
-        "machine sharing cores with a local Redis server, fewer can be faster.",
-        _int_at_least(1),
+        "Threads per worker moving chunks between host memory and the tiers below it. "
+        "More keep more tier requests (reads, writes, round trips) in flight; on a "
+        "small machine sharing cores with a local tier server, fewer can be faster.",
+        int_at_least(1),
     ),
-    Option(
-        "disk_path",
-        "a directory path (created owner-only if missing)",
-        None,
-        "Enables the local-disk tier below host memory, with chunk files under this "
-        "directory. Needs disk_bytes.",
-        lambda v: v is None or (isinstance(v, str) and bool(v)),
-    ),
-    Option(
-        "disk_bytes",
-        "integer >= 1",
-        None,
-        "Capacity of the disk tier in bytes, all workers together; the least valuable "
-        "chunks are evicted (by the eviction policy) beyond it.",
-        lambda v: v is None or _int_at_least(1)(v),
-    ),
-    Option(
-        "disk_o_direct",
-        "true | false",
-        False,
-        "Read and write chunk files with O_DIRECT (bypass the page cache).",
-        lambda v: isinstance(v, bool),
-    ),
-    Option(
-        "redis_url",
-        "redis://[user:password@]host:port[/db] or rediss://... (TLS)",
-        None,
-        "Enables the shared Redis/Valkey tier. Capacity and eviction are the server's "
-        "(set maxmemory and maxmemory-policy allkeys-lru).",
-        lambda v: v is None or (isinstance(v, str) and v.startswith(("redis://", "rediss://"))),
-    ),
-    Option(
-        "redis_cluster",
-        "true | false",
-        False,
-        "redis_url names a node of a Redis Cluster.",
-        lambda v: isinstance(v, bool),
-    ),
-    Option(
-        "redis_timeout_ms",
-        "integer >= 1",
-        1000,
-        "Timeout of every Redis operation, connecting included; a slower server fails "
-        "the operation (a miss), it never stalls the engine.",
-        _int_at_least(1),
-    ),
+)
+
+_TAIL: tuple[Option, ...] = (
     Option(
         "tier_io_timeout_ms",
         "integer >= 1",
         5000,
-        "Deadline of every disk and Redis job, from its submission: a tier load or a "
+        "Deadline of every lower-tier job, from its submission: a tier load or a "
         "promotion still running past it is reported failed (the engine recomputes, the "
         "request goes on; the chunks stay in the tier), a spill too; memory the stuck I/O "
         "may still write or read stays reserved until it returns "
         "(``kvoffload_tier_io_timeouts_total``).",
-        _int_at_least(1),
-    ),
-    Option(
-        "redis_username",
-        "string",
-        None,
-        "Redis username (overrides the URL's).",
-        lambda v: v is None or isinstance(v, str),
-    ),
-    Option(
-        "redis_password_file",
-        "a file path",
-        None,
-        "Read the Redis password from this file (its text without the final line "
-        "break; make it readable by the serving user only). The way to give a password: "
-        "it never appears in vLLM's start-up log or the process list. Overrides the URL's.",
-        lambda v: v is None or (isinstance(v, str) and bool(v)),
-    ),
-    Option(
-        "redis_password_env",
-        "an environment variable name",
-        None,
-        "Read the Redis password from this environment variable of the serving "
-        "process. Overrides the URL's.",
-        lambda v: v is None or (isinstance(v, str) and bool(v) and "=" not in v),
-    ),
-    Option(
-        "redis_password",
-        "string",
-        None,
-        "Redis password given inline (overrides the URL's). Discouraged: vLLM logs "
-        "kv_connector_extra_config at start-up and the command line is visible to ps; "
-        "kvoffload warns once. Use redis_password_file or redis_password_env.",
-        lambda v: v is None or isinstance(v, str),
+        int_at_least(1),
     ),
     Option(
         "lower_tier_admission",
@@ -188,13 +97,13 @@ OPTIONS: tuple[Option, ...] = (
         "write_through",
         "When a chunk is written below host memory: as soon as its host store completes "
         "(write_through), or after it was loaded from host memory N times.",
-        lambda v: v == "write_through" or _int_at_least(1)(v),
+        lambda v: v == "write_through" or int_at_least(1)(v),
     ),
     Option(
         "lower_tier_loads",
         "direct | promote",
         "direct",
-        "How a hit in the disk or Redis tier reaches the engine: read straight into the "
+        "How a hit in a lower tier reaches the engine: read straight into the "
         "engine's blocks through a small staging area (direct: offered at once, needs no "
         "host-memory room), or first promoted into host memory while the request waits "
         "(promote: needs host room for the whole run).",
@@ -219,7 +128,7 @@ OPTIONS: tuple[Option, ...] = (
         "The engine's prefill speed (tokens per second) assumed by load_policy cost until "
         "step timings measure it. A tier is loaded until its own jobs were timed (its first "
         "load measures it).",
-        _positive_number,
+        positive_number,
     ),
     Option(
         "metrics_port",
@@ -227,7 +136,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Serve kvoffload's Prometheus metrics on http://127.0.0.1:<port>/metrics from the "
         "scheduler process (vLLM's own /metrics carries them too when stats are on).",
-        lambda v: v is None or (_int_at_least(1)(v) and v <= 65535),
+        lambda v: v is None or (int_at_least(1)(v) and v <= 65535),
     ),
     Option(
         "max_deferral_steps",
@@ -236,13 +145,22 @@ OPTIONS: tuple[Option, ...] = (
         "A request deferred (transfers in flight, promotion, lower-tier lookup) for this "
         "many busy engine steps (steps that ran other requests; idle steps do not count) "
         "is admitted without a hit and recomputes.",
-        _int_at_least(1),
+        int_at_least(1),
     ),
     Option(
         "max_deferral_seconds",
         "number > 0",
         5.0,
         "Same bound in seconds; whichever is reached first applies.",
-        _positive_number,
+        positive_number,
     ),
+)
+
+SECTIONS: tuple[ConfigSection, ...] = tuple(spec.section for spec in TIERS)
+"""Each lower tier's config section (``tiers/registry.py``), in the tiers' order."""
+
+OPTIONS: tuple[Option, ...] = (
+    *_HEAD,
+    *(option for section in SECTIONS for option in section.options),
+    *_TAIL,
 )

@@ -54,7 +54,8 @@ METRICS: tuple[MetricDef, ...] = (
         "hit_tokens_total",
         "counter",
         "Tokens found: host = tokens loaded into the engine instead of recomputed; "
-        "disk/redis = tokens found below host memory (then read into the engine or promoted).",
+        "a lower tier = tokens found in it below host memory (then read into the engine or "
+        "promoted).",
         ("tier",),
     ),
     MetricDef(
@@ -137,7 +138,7 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "tier_io_timeouts_total",
         "counter",
-        "Disk or Redis jobs still running past tier_io_timeout_ms: reported failed (the "
+        "Lower-tier jobs still running past tier_io_timeout_ms: reported failed (the "
         "engine recomputes, the chunks stay in the tier), by direction and tier.",
         ("direction", "tier"),
     ),
@@ -189,7 +190,7 @@ METRICS: tuple[MetricDef, ...] = (
         "cost_lane_latency_seconds",
         "gauge",
         "The cost model's fixed latency of one load on a lane (host: host memory to the "
-        "engine; disk, redis: the tier's reads), learned from its jobs' timings; absent "
+        "engine; a lower tier: its reads), learned from its jobs' timings; absent "
         "while unmeasured.",
         ("tier",),
     ),
@@ -253,7 +254,8 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "capacity_bytes",
         "gauge",
-        "Capacity per tier (host and disk; the Redis server's is its own maxmemory).",
+        "Capacity per tier (host and the bounded lower tiers; a shared server's is its "
+        "own, e.g. its maxmemory).",
         ("tier",),
     ),
     MetricDef(

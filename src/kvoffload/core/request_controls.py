@@ -35,8 +35,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvoffload.tiers.registry import tier_names
+
 PARAMS_KEY = "kvoffload"
-TIER_NAMES = ("host", "disk", "redis")
+TIER_NAMES = ("host", *tier_names())  # host memory, then every lower tier of the registry
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,18 @@ class TierPlanner:
     def __bool__(self) -> bool:
         return bool(self.tiers)
 
+    def tier(self, name: str) -> LowerTier | None:
+        """The lower tier ``name`` (None: none of that name)."""
+        return self.tiers.get(name)
+
+    def replace(self, tier: LowerTier) -> None:
+        """Hold ``tier`` in place of the tier of its name (same place in the order),
+        counting into the recorder the old one counted into. Only before the first
+        plan (no job of the old tier in flight). KeyError when there is none."""
+        old = self.tiers[tier.name]
+        tier.metrics.rebind(old.metrics.recorder)
+        self.tiers[tier.name] = tier
+
     # ------------------------------------------------------------ lookups
 
     def find_below(

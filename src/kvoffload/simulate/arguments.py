@@ -25,12 +25,15 @@ from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.sweep import Workload
 from kvoffload.simulate.trace import TraceFile
 from kvoffload.simulate.units import ChunkUnits, parse_size
+from kvoffload.tiers.registry import TIERS
 from kvoffload.workload.chat import ChatWorkload
 
 _DEFAULTS = SimConfig(cpu_bytes=64 * 2**30)
 _COST = CostModel()
 
-_EPILOG = """\
+_LOWER = TIERS[0].name  # the examples' lower tier
+
+_EPILOG = f"""\
 Without --trace the built-in multi-turn chat workload runs. A trace is this
 simulator's JSONL or a Mooncake-style one (hash_ids), detected from its first line.
 Sizes accept units (8GiB, 512MiB, 1.5GB), chunks (9139chunks) or a share of the
@@ -40,13 +43,13 @@ docs/simulate.md for the trace formats, the cost model and sizing advice.
 
 examples:
   kvoffload simulate                                   # built-in chat, 64GiB host
-  kvoffload simulate --cpu-bytes 16GiB --disk-bytes 1TiB
+  kvoffload simulate --cpu-bytes 16GiB --{_LOWER}-bytes 1TiB
   kvoffload simulate --trace my.jsonl --json results.json
   kvoffload simulate --trace mooncake.jsonl --cpu-bytes 5% --time-scale 2.5
   kvoffload simulate --trace mooncake.jsonl --head 2000 --sweep 5%,10%,25%,50%
   kvoffload simulate --sweep 8GiB,16GiB,32GiB,64GiB,128GiB --output sweep.png
   kvoffload simulate --users 20 --turns 3 --write-trace example.jsonl
-  kvoffload simulate --cpu-bytes 1GiB --disk-bytes 1TiB --tier-bandwidth 0.05,0.2,1,4
+  kvoffload simulate --cpu-bytes 1GiB --{_LOWER}-bytes 1TiB --tier-bandwidth 0.05,0.2,1,4
   kvoffload simulate --kv-groups full,5xwindow=1024     # a Gemma-3-style hybrid model
 
 --kv-groups lists a hybrid model's KV cache groups (full, window=TOKENS, NxGROUP);
@@ -124,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--cpu-bytes", default="64GiB", help="host memory: 16GiB, 9139chunks, 5%% (64GiB; 0: off)"
     )
-    k.add_argument("--disk-bytes", default="0", help="disk tier capacity (default 0: none)")
-    k.add_argument("--redis-bytes", default="0", help="redis tier capacity (default 0: none)")
+    for spec in TIERS:
+        k.add_argument(f"--{spec.name}-bytes", default="0", help=spec.sim.bytes_help)
     k.add_argument("--eviction", default=d.eviction, help=f"{' | '.join(policy_names())}")
     k.add_argument("--store-threshold", type=int, default=d.store_threshold, help="see docs")
     k.add_argument("--lower-tier-admission", default="write_through", help="write_through | N")
@@ -148,8 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prefill-s-per-token", type=float, default=_COST.prefill_s_per_token)
     c.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token)
     c.add_argument("--host-gbps", type=float, default=_COST.host_gbps, help="engine<->host GB/s")
-    c.add_argument("--disk-gbps", type=float, default=_COST.disk_gbps)
-    c.add_argument("--redis-gbps", type=float, default=_COST.redis_gbps)
+    for spec in TIERS:
+        c.add_argument(
+            f"--{spec.name}-gbps",
+            type=float,
+            default=_COST.tier_gbps[spec.name],
+            help=spec.sim.gbps_help,
+        )
     c.add_argument(
         "--bytes-per-token",
         type=int,
@@ -167,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--tier-bandwidth",
         metavar="GBPS",
-        help="disk and redis bandwidths (GB/s, comma-separated) x load_policy always, cost: "
+        help="lower tiers' bandwidth (GB/s, comma-separated; every tier alike) x "
+        "load_policy always, cost: "
         "mean time to first token against no kvoffload",
     )
     o.add_argument("--output", default="kvoffload-sweep.png", help="the sweep's PNG chart")
@@ -232,8 +241,7 @@ def config_of(args: argparse.Namespace, chunk_tokens: int) -> SimConfig:
         prefill_s_per_token=args.prefill_s_per_token,
         decode_s_per_token=args.decode_s_per_token,
         host_gbps=args.host_gbps,
-        disk_gbps=args.disk_gbps,
-        redis_gbps=args.redis_gbps,
+        tier_gbps={spec.name: getattr(args, f"{spec.name}_gbps") for spec in TIERS},
         bytes_per_token=args.bytes_per_token,
     )
     return SimConfig(
@@ -263,8 +271,12 @@ def sized(args: argparse.Namespace, config: SimConfig, refs: References | None) 
     return replace(
         config,
         cpu_bytes=parse_size(args.cpu_bytes, "--cpu-bytes", units),
-        disk_bytes=parse_size(args.disk_bytes, "--disk-bytes", units),
-        redis_bytes=parse_size(args.redis_bytes, "--redis-bytes", units),
+        tier_bytes={
+            spec.name: parse_size(
+                getattr(args, f"{spec.name}_bytes"), f"--{spec.name}-bytes", units
+            )
+            for spec in TIERS
+        },
     )
 
 

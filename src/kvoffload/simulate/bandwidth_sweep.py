@@ -1,6 +1,6 @@
 """``--tier-bandwidth``: when a lower tier stops paying, and what load_policy cost does.
 
-For each bandwidth (GB/s, given to the disk and the Redis lanes alike) the same
+For each bandwidth (GB/s, given to every lower tier's lane alike) the same
 workload runs twice, under ``load_policy`` ``always`` and ``cost`` (the scheduler
 half's own load-or-recompute decision, learning from the simulated lanes' timings as
 it would from a real worker's), plus once without kvoffload. The table prints each
@@ -50,12 +50,13 @@ def run_bandwidth_sweep(
     progress: Callable[[int], None] | None = None,
 ) -> tuple[SimResult, list[BandwidthPoint]]:
     """The run without kvoffload and one point per bandwidth x policy."""
-    if not (base.disk_bytes or base.redis_bytes):
-        raise UsageError("--tier-bandwidth: give a lower tier (--disk-bytes or --redis-bytes)")
+    if not base.has_lower_tier:
+        options = " or ".join(f"--{name}-bytes" for name in base.tier_bytes)
+        raise UsageError(f"--tier-bandwidth: give a lower tier ({options})")
     grid = [(gbps, policy) for gbps in bandwidths for policy in POLICIES]
-    tasks = [(replace(base, cpu_bytes=0, disk_bytes=0, redis_bytes=0), workload)]
+    tasks = [(base.without_tiers(), workload)]
     for gbps, policy in grid:
-        cost = replace(base.cost, disk_gbps=gbps, redis_gbps=gbps)
+        cost = base.cost.with_tier_gbps(gbps)
         tasks.append((replace(base, cost=cost, load_policy=policy), workload))
     results = run_points(tasks, jobs=jobs, progress=progress)
     points = [BandwidthPoint(g, p, r) for (g, p), r in zip(grid, results[1:], strict=True)]

@@ -88,7 +88,8 @@ def main(argv: list[str]) -> int:
     capacity = config.request_capacity
     summary = workload.summary(capacity if capacity is not None else 2**62)
     _check_fits(summary, config)
-    sizes_given = (args.cpu_bytes, args.disk_bytes, args.redis_bytes, args.sweep or "")
+    tier_sizes = [getattr(args, f"{name}_bytes") for name in config.tier_bytes]
+    sizes_given = (args.cpu_bytes, *tier_sizes, args.sweep or "")
     wants_refs = not args.no_limits or any(is_share(text) for text in sizes_given)
     refs = (
         chunk_references(workload.requests(), config.chunk_tokens, config.block_size)

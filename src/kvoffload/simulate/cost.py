@@ -8,8 +8,8 @@ A linear model, stated as assumptions in every report:
   by hits is underestimated);
 - a copy of ``n`` bytes occupies its lane for ``n / (gbps * 1e9)`` seconds. Lanes:
   host -> engine (loads) and engine -> host (stores) each at ``host_gbps`` (PCIe is
-  full duplex), one lane per lower tier at ``disk_gbps`` / ``redis_gbps`` shared by
-  spills and promotions;
+  full duplex), one lane per lower tier at its ``tier_gbps`` (by default its spec's,
+  ``TierSpec.sim``) shared by spills, promotions and tier loads' reads;
 - a chunk is ``chunk_tokens * bytes_per_token`` bytes. ``bytes_per_token`` is the KV
   of one token over the whole model: ``2 (K and V) * layers * kv_heads * head_dim *
   dtype bytes`` (Llama-3-8B in fp16: 2 * 32 * 8 * 128 * 2 = 131072).
@@ -21,9 +21,16 @@ Immutable; validated at construction (UsageError naming the option).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 
 from kvoffload.core.errors import UsageError
+from kvoffload.tiers.registry import TIERS
+
+
+def default_tier_gbps() -> dict[str, float]:
+    """Each lower tier's bandwidth by default (its spec's simulator lane)."""
+    return {spec.name: spec.sim.gbps for spec in TIERS}
 
 
 @dataclass(frozen=True)
@@ -31,19 +38,22 @@ class CostModel:
     prefill_s_per_token: float = 5e-5  # 20k tokens/s of prefill
     decode_s_per_token: float = 3e-4  # ~3.3k tokens/s of batched decode
     host_gbps: float = 25.0  # PCIe Gen4 x16, each direction
-    disk_gbps: float = 3.0  # one NVMe SSD
-    redis_gbps: float = 1.25  # 10 GbE
     bytes_per_token: int = 131072  # Llama-3-8B, fp16
+    # per lower tier, GB/s both directions; a tier not named has its default
+    tier_gbps: Mapping[str, float] = field(default_factory=default_tier_gbps, hash=False)
 
     def __post_init__(self) -> None:
-        for name in (
-            "prefill_s_per_token",
-            "decode_s_per_token",
-            "host_gbps",
-            "disk_gbps",
-            "redis_gbps",
-        ):
-            value = getattr(self, name)
+        unknown = sorted(set(self.tier_gbps) - set(default_tier_gbps()))
+        if unknown:
+            raise UsageError(f"--{unknown[0]}-gbps: no such tier")
+        object.__setattr__(self, "tier_gbps", {**default_tier_gbps(), **self.tier_gbps})
+        values = {
+            "prefill_s_per_token": self.prefill_s_per_token,
+            "decode_s_per_token": self.decode_s_per_token,
+            "host_gbps": self.host_gbps,
+            **{f"{name}_gbps": gbps for name, gbps in self.tier_gbps.items()},
+        }
+        for name, value in values.items():
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise UsageError(f"--{name.replace('_', '-')}: must be a number > 0, got {value}")
         if not isinstance(self.bytes_per_token, int) or self.bytes_per_token < 1:
@@ -56,12 +66,19 @@ class CostModel:
         return prefill_tokens * self.prefill_s_per_token + decode_tokens * self.decode_s_per_token
 
     def lane_gbps(self, lane: str) -> float:
-        """Bandwidth of a lane: ``host`` (either direction), ``disk`` or ``redis``."""
-        return {"host": self.host_gbps, "disk": self.disk_gbps, "redis": self.redis_gbps}[lane]
+        """Bandwidth of a lane: ``host`` (either direction) or a lower tier's name."""
+        return self.host_gbps if lane == "host" else self.tier_gbps[lane]
 
     def copy_seconds(self, nbytes: int, lane: str) -> float:
         """Time ``nbytes`` occupy ``lane``."""
         return nbytes / (self.lane_gbps(lane) * 1e9)
 
     def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        """Every setting by name, each tier's bandwidth as ``<tier>_gbps``."""
+        out: dict[str, float | int] = {k: v for k, v in asdict(self).items() if k != "tier_gbps"}
+        out.update({f"{name}_gbps": gbps for name, gbps in self.tier_gbps.items()})
+        return out
+
+    def with_tier_gbps(self, gbps: float) -> CostModel:
+        """This model with every lower tier at ``gbps``."""
+        return replace(self, tier_gbps={name: gbps for name in self.tier_gbps})

@@ -135,7 +135,7 @@ class SimResult:
         """Copy time of what hits brought in: host loads and lower-tier promotions."""
         total = 0.0
         for t in self.tiers:
-            lane = "host" if t.tier == "host" else "redis" if t.tier == "redis" else "disk"
+            lane = t.tier  # host memory's lane, or the lower tier's own
             total += self.cost.copy_seconds(t.read * self.chunk_bytes, lane)
         return total
 
@@ -202,15 +202,17 @@ def format_report(r: SimResult) -> str:
         f"  engine       {s['engine_tokens']} KV tokens, block {s['block_size']} tokens, "
         f"budget {s['token_budget']} tokens/step, {s['max_running']} running max, "
         f"prefix cache {'on' if s['prefix_caching'] else 'off'}",
-        f"  kvoffload    host {format_bytes(s['cpu_bytes'])}, disk "
-        f"{format_bytes(s['disk_bytes'])}, redis {format_bytes(s['redis_bytes'])}; eviction "
+        f"  kvoffload    host {format_bytes(s['cpu_bytes'])}, "
+        + ", ".join(f"{n} {format_bytes(s[f'{n}_bytes'])}" for n in c.tier_gbps)
+        + "; eviction "
         f"{s['eviction']}, store_threshold {s['store_threshold']}, lower_tier_admission "
         f"{s['lower_tier_admission']}, lower_tier_loads {s['lower_tier_loads']}, "
         f"load_policy {s['load_policy']}",
         *_chunk_lines(r),
         f"  cost model   prefill {c.prefill_s_per_token * 1e6:.0f} us/token, decode "
         f"{c.decode_s_per_token * 1e6:.0f} us/token (one step per {s['decode_stride']} tokens); "
-        f"host {c.host_gbps:g} GB/s, disk {c.disk_gbps:g} GB/s, redis {c.redis_gbps:g} GB/s",
+        f"host {c.host_gbps:g} GB/s, "
+        + ", ".join(f"{n} {gbps:g} GB/s" for n, gbps in c.tier_gbps.items()),
         "",
         "Results",
         f"  requests                  {r.requests}  ({r.prompt_tokens} prompt tokens, "

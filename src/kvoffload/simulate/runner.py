@@ -3,7 +3,7 @@
 Wiring (as in production, and as :func:`kvoffload.testing.run.run_schedule` wires
 the tests): a host :class:`~kvoffload.core.directory.Directory` (``cpu_bytes`` of
 chunk slots, the eviction policy, ``store_threshold``), lower tiers as
-:class:`~kvoffload.core.tiering.DirectoryTier` (disk, then redis), the real
+:class:`~kvoffload.core.tiering.DirectoryTier` (``tiers/build.py``), the real
 :class:`~kvoffload.core.scheduler.OffloadScheduler` with its tier planner, the
 simulated worker and the reference engine in its fast mode. With less host memory
 than one chunk kvoffload is off (the engine runs alone: the baseline).
@@ -39,6 +39,7 @@ from kvoffload.simulate.request import SimRequest, StepMeter
 from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.trace import TraceRequest
 from kvoffload.simulate.worker import SimClock, SimWorker
+from kvoffload.tiers.build import build_scheduler, directory_tiers
 
 __all__ = ["SimConfig", "run_simulation"]  # SimConfig lives in kvoffload.simulate.settings
 
@@ -71,11 +72,9 @@ class _Simulation:
             self.host = Directory(
                 c.host_slots, policy=c.eviction, store_threshold=c.store_threshold
             )
-            for tier, slots in (("disk", c.disk_slots), ("redis", c.redis_slots)):
-                if slots:
-                    self.lower.append(DirectoryTier(Directory(slots, tier=tier, policy=c.eviction)))
+            self.lower = directory_tiers(c.tier_slots, c.eviction)
             admission = c.lower_tier_admission
-            self.scheduler = OffloadScheduler(
+            self.scheduler = build_scheduler(
                 SchedulerConfig(
                     block_size=c.block_size,
                     blocks_per_chunk=c.chunk_tokens // c.block_size,
@@ -89,7 +88,7 @@ class _Simulation:
                 ),
                 self.host,
                 Namespace(model="simulated", layout=self._layout(), dtype="-"),
-                lower_tiers=self.lower,
+                self.lower,
                 spill_after_hits=0 if admission == "write_through" else int(admission),
                 clock=lambda: self.clock.now,
             )

@@ -11,13 +11,15 @@ shared (one is the null block), and each group's chunk is ``1/G`` of those bytes
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import describe, request_blocks, request_capacity
+from kvoffload.tiers.registry import tier_names
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,8 @@ class SimConfig:
     construction (ConfigError for kvoffload options, UsageError for the rest)."""
 
     cpu_bytes: int
-    disk_bytes: int = 0
-    redis_bytes: int = 0
+    # each lower tier's capacity by name (``--<tier>-bytes``; a tier not named: 0, off)
+    tier_bytes: Mapping[str, int] = field(default_factory=dict, hash=False)
     eviction: str = "lru"
     store_threshold: int = 1
     lower_tier_admission: str | int = "write_through"
@@ -51,8 +53,16 @@ class SimConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"--{name.replace('_', '-')}: must be an integer >= 1")
-        for name in ("cpu_bytes", "disk_bytes", "redis_bytes"):
-            if getattr(self, name) < 0:
+        unknown = sorted(set(self.tier_bytes) - set(tier_names()))
+        if unknown:
+            raise UsageError(f"--{unknown[0]}-bytes: no such tier")
+        object.__setattr__(
+            self, "tier_bytes", {name: self.tier_bytes.get(name, 0) for name in tier_names()}
+        )
+        sizes = {"cpu_bytes": self.cpu_bytes}
+        sizes.update({f"{name}_bytes": size for name, size in self.tier_bytes.items()})
+        for name, size in sizes.items():
+            if size < 0:
                 raise UsageError(f"--{name.replace('_', '-')}: must be >= 0")
         if self.cost.bytes_per_token < len(self.kv_groups):
             raise UsageError("--bytes-per-token: must be at least one byte per KV cache group")
@@ -70,10 +80,8 @@ class SimConfig:
             max_deferral_steps=self.max_deferral_steps,
             max_deferral_seconds=self.max_deferral_seconds,
         ).resolve_chunk_tokens(self.block_size)
-        if (self.disk_slots or self.redis_slots) and not self.host_slots:
-            raise UsageError(
-                "disk and redis tiers sit below host memory: --cpu-bytes must hold a chunk"
-            )
+        if any(self.tier_slots.values()) and not self.host_slots:
+            raise UsageError("lower tiers sit below host memory: --cpu-bytes must hold a chunk")
 
     @property
     def chunk_bytes(self) -> int:
@@ -85,12 +93,17 @@ class SimConfig:
         return self.cpu_bytes // self.chunk_bytes
 
     @property
-    def disk_slots(self) -> int:
-        return self.disk_bytes // self.chunk_bytes
+    def tier_slots(self) -> dict[str, int]:
+        """Each lower tier's capacity in chunks (0: off)."""
+        return {name: size // self.chunk_bytes for name, size in self.tier_bytes.items()}
 
     @property
-    def redis_slots(self) -> int:
-        return self.redis_bytes // self.chunk_bytes
+    def has_lower_tier(self) -> bool:
+        return any(self.tier_bytes.values())
+
+    def without_tiers(self) -> SimConfig:
+        """These settings with no kvoffload (no host memory, no lower tier)."""
+        return replace(self, cpu_bytes=0, tier_bytes={})
 
     @property
     def num_blocks(self) -> int:
@@ -132,7 +145,12 @@ class SimConfig:
         )
 
     def settings(self) -> dict[str, object]:
-        out = asdict(self)
+        out: dict[str, object] = {}
+        for key, value in asdict(self).items():
+            if key == "tier_bytes":  # each tier's capacity as ``<tier>_bytes``
+                out.update({f"{name}_bytes": size for name, size in self.tier_bytes.items()})
+            else:
+                out[key] = value
         del out["cost"]
         del out["kv_groups"]
         if self.hybrid:

@@ -107,7 +107,7 @@ class SimWorker:
     def _lane(job: TransferJob) -> tuple[str, str]:
         """(lane name, cost lane) of a job."""
         if isinstance(job, TierJob):
-            return job.tier, "redis" if job.tier == "redis" else "disk"
+            return job.tier, job.tier  # the tier's own lane
         if job.kind is JobKind.LOAD:
             return "host->engine", "host"
         return "engine->host", "host"
@@ -134,7 +134,7 @@ class SimWorker:
         tier_chunks = len(job.tier_chunks())
         host_bytes = (len(job.keys) - tier_chunks) * self.chunk_bytes
         tier_bytes = tier_chunks * self.chunk_bytes
-        read_lane = "redis" if job.tier == "redis" else "disk"
+        read_lane = job.tier or "host"  # a tier load always names its tier
         return (
             self.cost.copy_seconds(host_bytes, "host"),
             self.cost.copy_seconds(tier_bytes, read_lane),

@@ -18,7 +18,6 @@ from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import EngineRequest, SchedulerConfig, StepInput
 from kvoffload.core.step_runner import StepRunner
-from kvoffload.core.tiering import DirectoryTier
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.engine import ReferenceEngine
 from kvoffload.engine.manual_worker import InvariantViolation, ManualWorker
@@ -28,6 +27,7 @@ from kvoffload.engine.settings import EngineConfig
 from kvoffload.testing.oracle import Oracle
 from kvoffload.testing.policies import Chooser, Decision, DecisionPolicy
 from kvoffload.testing.scenario import Scenario
+from kvoffload.tiers.build import build_scheduler, directory_tiers
 
 NAMESPACE = Namespace(model="reference", layout="kv8", dtype="bytes")
 VOCAB = 1000
@@ -92,22 +92,18 @@ def run_schedule(
         testing_disable_inflight_deferral=scenario.options.get("disable_deferral", False),
     )
     directory = Directory(scenario.num_slots, policy=scenario.eviction)
-    lower = (
-        [DirectoryTier(Directory(scenario.lower_tier_slots, tier="disk", policy=scenario.eviction))]
-        if scenario.lower_tier_slots
-        else []
-    )
+    lower = directory_tiers({"disk": scenario.lower_tier_slots}, scenario.eviction)
     epochs = [b""]
 
     def new_epoch() -> bytes:  # deterministic epochs: reproducible runs
         epochs.append(f"epoch-{len(epochs)}".encode())
         return epochs[-1]
 
-    scheduler = OffloadScheduler(
+    scheduler = build_scheduler(
         config,
         directory,
         NAMESPACE,
-        lower_tiers=lower,
+        lower,
         spill_after_hits=scenario.spill_after_hits,
         clock=lambda: float(scheduler.step),
         new_epoch=new_epoch,

@@ -18,7 +18,9 @@ inspect``) return None for a missing or bad record.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ from kvoffload.tiers.redis_client import PREFIX
 RECORD_FILE = "namespace.json"
 RECORD_SUFFIX = "namespace"
 """The last part of a namespace's record key in Redis."""
+
+logger = logging.getLogger("kvoffload")
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -87,3 +91,22 @@ def _read(path: Path) -> bytes:
         return os.read(fd, MAX_RECORD_BYTES + 1)
     finally:
         os.close(fd)
+
+
+def record_namespace(
+    tier: str, write: Callable[[Any, Namespace], object], where: Any, namespace: Namespace
+) -> None:
+    """Write ``namespace``'s record with ``write`` into ``where`` (a disk root, a
+    Redis client); a failure is logged, never raised: the record only serves
+    ``kvoffload inspect``."""
+    try:
+        write(where, namespace)
+    except Exception as exc:
+        logger.warning(
+            "kvoffload: could not record namespace %s in the %s tier (%s: %s); "
+            "kvoffload inspect will show its fields as unknown",
+            namespace.digest().hex(),
+            tier,
+            type(exc).__name__,
+            " ".join(str(exc).split())[:200],
+        )

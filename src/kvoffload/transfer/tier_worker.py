@@ -33,41 +33,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from kvoffload.core.failures import ChunkFailure, error_failure, timeout_failure
 from kvoffload.core.jobs import JobKind, JobResult, TierJob
-from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.host import HostSlab
+from kvoffload.tiers.spec import TierStore
 from kvoffload.transfer.io_deadlines import DeadlineBook, IoPhase
 from kvoffload.transfer.results import ResultBook
 
-
-class TierStore(Protocol):
-    """One rank's share of a lower tier, as the tier lane uses it. ``slots`` are the
-    chunks' tier slots (slotted tiers; empty for tiers keyed by chunk); ``groups`` their
-    KV cache groups (the job's :attr:`~kvoffload.core.jobs.TierJob.groups`; empty:
-    all 0), written with each chunk and expected back when it is read (a chunk of
-    another group fails as ``integrity:group``). Both return one :class:`ChunkFailure`
-    per chunk (None: done) and raise only when the tier failed as a whole (connection
-    refused, timeout)."""
-
-    def write_many(
-        self,
-        items: Sequence[tuple[ChunkKey, memoryview]],
-        slots: Sequence[int],
-        groups: Sequence[int] = (),
-    ) -> list[ChunkFailure | None]: ...
-
-    def read_many(
-        self,
-        keys: Sequence[ChunkKey],
-        slots: Sequence[int],
-        outs: Sequence[memoryview],
-        groups: Sequence[int] = (),
-    ) -> list[ChunkFailure | None]: ...
+__all__ = ["TierLane", "TierStore", "TierWorker"]
 
 
 class TierLane(Protocol):

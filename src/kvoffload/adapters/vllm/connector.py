@@ -55,7 +55,7 @@ from kvoffload.adapters.vllm.load_failure import enforce_recompute
 from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
 from kvoffload.adapters.vllm.messages import PlanMetadata
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
-from kvoffload.adapters.vllm.startup import warn_inline_secret
+from kvoffload.adapters.vllm.startup import warn_tiers
 from kvoffload.adapters.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
 from kvoffload.adapters.vllm.worker_side import WorkerSide
 from kvoffload.core.config import OffloadConfig
@@ -87,7 +87,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
             # A failed load is a cache miss: vLLM recomputes the request's blocks,
             # also when kvoffload is one child of a MultiConnector (load_failure.py).
             policy = enforce_recompute(transfer, self).describe()
-            warn_inline_secret(config)
+            warn_tiers(config)
             self.scheduler_side = SchedulerSide(vllm_config, kv_cache_config, config)
             logger.info("%s", self.scheduler_side.summary(policy))
         else:

@@ -56,10 +56,12 @@ from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.jobs import TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
+from kvoffload.tiers.registry import TIERS
 
-MEDIUM = {"host": "CPU", "disk": "STORAGE", "redis": "STORAGE"}
-LOCALITY = {"host": "LOCAL", "disk": "LOCAL", "redis": "REMOTE"}
-TRACKED_TIERS = frozenset({"host", "disk"})
+MEDIUM = {"host": "CPU", **{spec.name: spec.medium.value for spec in TIERS}}
+LOCALITY = {"host": "LOCAL", **{spec.name: spec.locality.value for spec in TIERS}}
+TRACKED_TIERS = frozenset({"host", *(spec.name for spec in TIERS if spec.announces_removals)})
+"""The tiers whose chunks are tracked until removed: those that announce removals."""
 
 
 ExtraKeys = tuple[tuple[Any, ...] | None, ...]

@@ -18,7 +18,8 @@ unequal size) is refused, naming the group and the model.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from kvoffload.adapters.vllm import identity
 from kvoffload.adapters.vllm.compat import (
@@ -35,7 +36,7 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroup, KVGroups
 from kvoffload.core.scheduler_types import SchedulerConfig
-from kvoffload.tiers.disk import slot_bytes as disk_slot_bytes
+from kvoffload.tiers.build import tier_slots
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class Geometry:
     num_blocks: int
     num_slots: int
     namespace: Namespace
-    disk_slots: int = 0  # chunks the disk tier holds (0: no disk tier)
+    # each enabled lower tier's capacity in chunks per rank (0: keyed by chunk)
+    tier_slots: Mapping[str, int] = field(default_factory=dict)
     kv_groups: KVGroups = ONE_GROUP
 
     @property
@@ -178,16 +180,7 @@ def derive_geometry(
         ).encode(),
         digest_size=12,
     ).hexdigest()
-    disk_slots = 0
-    if config.disk_bytes is not None:
-        file_bytes = disk_slot_bytes(chunk_bytes)
-        disk_slots = config.disk_bytes // (file_bytes * world_size)
-        if disk_slots < 1:
-            raise ConfigError(
-                "disk_bytes",
-                f"invalid value {config.disk_bytes}; accepted: at least one chunk file per "
-                f"worker, {file_bytes * world_size} bytes here",
-            )
+    slots = tier_slots(config, chunk_bytes, world_size)
     model = vllm_config.model_config
     namespace = Namespace(
         model=f"{model.model}@{model.revision or 'main'}",
@@ -206,6 +199,6 @@ def derive_geometry(
         num_blocks=num_blocks,
         num_slots=num_slots,
         namespace=namespace,
-        disk_slots=disk_slots,
+        tier_slots=slots,
         kv_groups=kv_groups,
     )

@@ -23,8 +23,8 @@ core, every worker) before any model is loaded. kvoffload's plugin:
 Contract: :func:`register` is idempotent (vLLM may call it more than once) and never
 raises: a failure of the plugin itself is logged and leaves vLLM as it was (the
 connector's constructor still validates). The check reads files and environment
-variables named by the configuration (``redis_password_file``,
-``redis_password_env``) but opens no connection.
+variables named by the configuration (each tier's ``TierSpec.settle``: a password
+file or variable) but opens no connection.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from kvoffload.adapters.vllm.deployment import deployment_problem
 from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
+from kvoffload.tiers.registry import TIERS
 
 logger = logging.getLogger("kvoffload")
 
@@ -124,8 +125,8 @@ def check_transfer_config(transfer: Any) -> OffloadConfig | None:
         try:
             extra = _field(ours, "kv_connector_extra_config")
             config = OffloadConfig.from_dict({} if extra is None else extra)
-            if config.redis_url is not None:
-                config.redis_password_resolved()
+            for spec in TIERS:
+                spec.settle(config)  # e.g. a password file that cannot be read
         except ConfigError as exc:
             _refuse("invalid kv_connector_extra_config", exc)
     return config

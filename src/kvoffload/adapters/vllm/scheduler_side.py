@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 
 from kvoffload.adapters.prometheus import MetricsEndpoint
 from kvoffload.adapters.vllm.compat import (
@@ -22,25 +21,20 @@ from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
-from kvoffload.adapters.vllm.startup import probe_redis, record_namespace, scheduler_summary
+from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.directory import Directory
-from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import StepPlan, TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.metrics import Series
 from kvoffload.core.metrics_view import MetricsReading, read_metrics
-from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering import LowerTier
-from kvoffload.tiers.disk_index import open_disk_tier
-from kvoffload.tiers.disk_lock import DiskLock
-from kvoffload.tiers.namespace_records import write_disk_record, write_redis_record
-from kvoffload.tiers.redis_client import RedisSettings, make_client
-from kvoffload.tiers.redis_index import RedisIndex
+from kvoffload.tiers.build import LowerTiers, build_scheduler, open_lower_tiers
+from kvoffload.tiers.spec import OpenedIndex
 
 logger = logging.getLogger("kvoffload")
 
@@ -84,10 +78,10 @@ class SchedulerSide:
     consistent state between engine calls, and runs under the :class:`Guard`: no
     exception reaches vLLM (the first turns offloading off, see ``guard.py``).
 
-    With a disk tier it holds the namespace directory's lock (``disk_lock``) from
-    construction to :meth:`shutdown`: a second engine of the same model on the same
-    ``disk_path`` is refused with a ``ConfigError`` (``tiers/disk_lock.py``). A failed
-    construction releases it.
+    It opens the lower tiers (``tiers/build.py``) and owns them (``lower``) until
+    :meth:`shutdown`: a tier may hold a lock from then on (the disk tier refuses a
+    second engine of the same model on the same ``disk_path`` with a
+    ``ConfigError``). A failed construction closes every tier it opened.
     """
 
     def __init__(
@@ -95,15 +89,19 @@ class SchedulerSide:
     ) -> None:
         self.lock = threading.RLock()
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
-        self.disk_lock: DiskLock | None = None
-        if config.disk_path is not None:  # refuses a second engine on the namespace
-            digest = self.geometry.namespace.digest()
-            self.disk_lock = DiskLock.acquire(Path(config.disk_path), digest)
+        g = self.geometry
+        self.lower: LowerTiers = open_lower_tiers(
+            config,
+            g.namespace,
+            world_size=g.world_size,
+            chunk_bytes=g.chunk_bytes,
+            slots=g.tier_slots,
+            groups=len(g.kv_groups),
+        )
         try:
             self._open(vllm_config, config)
         except BaseException:
-            if self.disk_lock is not None:
-                self.disk_lock.release()
+            self.lower.close()
             raise
 
     def _open(self, vllm_config: VllmConfig, config: OffloadConfig) -> None:
@@ -111,30 +109,11 @@ class SchedulerSide:
         directory = Directory(
             g.num_slots, tier="host", policy=config.eviction, store_threshold=config.store_threshold
         )
-        lower: list[LowerTier] = []
-        self.redis_index: RedisIndex | None = None
-        if config.disk_path is not None:
-            disk, recovery = open_disk_tier(
-                Path(config.disk_path), g.namespace.digest(), g.world_size, g.disk_slots,
-                g.chunk_bytes, policy=config.eviction,
-            )  # fmt: skip
-            logger.info(
-                "kvoffload: disk tier at %s: %d chunks recovered, %d copies ignored",
-                config.disk_path, recovery.adopted, recovery.ignored,
-            )  # fmt: skip
-            lower.append(disk)
-            record_namespace("disk", write_disk_record, Path(config.disk_path), g.namespace)
-        if config.redis_url is not None:
-            client = make_client(redis_settings(config))
-            probe_redis(client, config)
-            record_namespace("Redis", write_redis_record, client, g.namespace)
-            self.redis_index = RedisIndex(client, g.namespace.digest(), g.world_size)
-            lower.append(self.redis_index)
-        self.scheduler = OffloadScheduler(
+        self.scheduler = build_scheduler(
             g.scheduler_config(config),
             directory,
             g.namespace,
-            lower_tiers=lower,
+            self.lower.indexes,
             spill_after_hits=config.spill_after_hits,
         )
         self.chunk_bytes = g.chunk_bytes * g.world_size  # one chunk, all workers
@@ -152,6 +131,17 @@ class SchedulerSide:
         if config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.read_metrics, config.metrics_port)
 
+    def lower_tier(self, name: str) -> LowerTier | None:
+        """The scheduler half's index of tier ``name`` (None: the tier is off)."""
+        return self.lower.index(name)
+
+    def replace_lower_tier(self, opened: OpenedIndex) -> None:
+        """Swap in ``opened`` for the open tier of its name (harnesses: an index in
+        logical time), before the first step; the old one is closed."""
+        name = opened.index.name
+        self.lower.replace(name, opened)
+        self.scheduler.tiers.replace(opened.index)
+
     def summary(self, load_failure_policy: str) -> str:
         """The scheduler role's start-up line (``startup.scheduler_summary``)."""
         g = self.geometry
@@ -161,7 +151,7 @@ class SchedulerSide:
             chunk_bytes=self.chunk_bytes,
             world_size=g.world_size,
             host_chunks=g.num_slots,
-            disk_chunks=g.disk_slots,
+            tier_chunks=g.tier_slots,
             load_failure_policy=load_failure_policy,
         )
 
@@ -227,7 +217,7 @@ class SchedulerSide:
         """Every worker must key its lower-tier copies under this engine's namespace.
         A worker whose model load changed the configuration it digests (a model
         implementation that edits its HF config while building) derives another one:
-        its disk and Redis copies then never verify here (counted misses, never
+        its copies in the lower tiers then never verify here (counted misses, never
         data). Counted and logged once, naming both digests."""
         own = self.geometry.namespace.digest()
         for rank, digest in announced:
@@ -235,7 +225,7 @@ class SchedulerSide:
                 self.scheduler.anomalies.note(
                     Anomaly.NAMESPACE_MISMATCH,
                     f"worker rank {rank} derived namespace {digest.hex()}, the scheduler "
-                    f"{own.hex()}: its disk and Redis copies will not be found (the model's "
+                    f"{own.hex()}: its lower tiers' copies will not be found (the model's "
                     "configuration differs between the processes)",
                 )
 
@@ -314,19 +304,4 @@ class SchedulerSide:
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None
-        if self.redis_index is not None:
-            self.redis_index.close()
-        if self.disk_lock is not None:
-            self.disk_lock.release()
-
-
-def redis_settings(config: OffloadConfig) -> RedisSettings:
-    if config.redis_url is None:
-        raise ConfigError("redis_url", "is not set")
-    return RedisSettings(
-        url=config.redis_url,
-        cluster=config.redis_cluster,
-        timeout_ms=config.redis_timeout_ms,
-        username=config.redis_username,
-        password=config.redis_password_resolved(),
-    )
+        self.lower.close()

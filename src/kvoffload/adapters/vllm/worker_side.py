@@ -22,24 +22,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import torch
 
 from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_parallel_rank
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
-from kvoffload.adapters.vllm.scheduler_side import redis_settings
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobResult, TransferJob, WorkerReport
 from kvoffload.core.step_runner import StepRunner
-from kvoffload.tiers.disk import DiskStore
-from kvoffload.tiers.disk_lock import check_workers_engine
-from kvoffload.tiers.disk_store import DiskTierStore
-from kvoffload.tiers.redis_client import make_client
-from kvoffload.tiers.redis_store import RedisStore
+from kvoffload.tiers.build import enabled_tiers, open_tier_stores
 from kvoffload.transfer import CopyHook, TransferWorker
 from kvoffload.transfer.cpu_kernel import NATIVE
 from kvoffload.transfer.staged_loads import StagedLoadLane, StagedLoads
@@ -92,8 +86,9 @@ class WorkerSide:
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Open the transfer worker over ``kv_caches`` and the configured tiers, and
         the step runner over them. Raises ConfigError for a KV layout whose chunks
-        are not the size the KV cache config implies, or a disk tier namespace another
-        engine holds (``tiers/disk_lock.py``); nothing is left open then."""
+        are not the size the KV cache config implies, or a tier that refuses to open
+        (its spec's ``open_store``: e.g. a namespace another engine holds); nothing is
+        left open then."""
         if self.rank_override is not None:
             self.rank = self.rank_override
         else:
@@ -162,14 +157,9 @@ class WorkerSide:
                 "kvoffload: the compiled copy kernel is missing (built at install time "
                 "with a C compiler); copies use numpy and are slower"
             )
-        disk = tiers.stores.get("disk") if tiers is not None else None
-        refused = isinstance(disk, DiskTierStore) and not disk.store.o_direct
-        if self.config.disk_o_direct and refused:
-            logger.warning(
-                "kvoffload: disk_o_direct is set but the filesystem of %s refuses O_DIRECT; "
-                "the disk tier uses buffered I/O",
-                self.config.disk_path,
-            )
+        if tiers is not None:
+            for spec in enabled_tiers(self.config):
+                spec.worker_notes(self.config, tiers.stores[spec.name])
         return worker_summary(
             rank=self.rank,
             world_size=self.geometry.world_size,
@@ -182,25 +172,16 @@ class WorkerSide:
         )
 
     def _open_tiers(self, worker: TransferWorker) -> TierWorker | None:
-        stores: dict[str, TierStore] = {}
         g, config = self.geometry, self.config
-        digest = g.namespace.digest()
-        if config.disk_path is not None:
-            check_workers_engine(Path(config.disk_path), digest)  # another engine's: refused
-            disk = DiskStore(
-                Path(config.disk_path),
-                digest,
-                self.rank,
-                g.chunk_bytes,
-                g.disk_slots,
-                o_direct=config.disk_o_direct,
-                groups=len(g.kv_groups),
-            )
-            stores["disk"] = DiskTierStore(disk)
-        if config.redis_url is not None:
-            client = make_client(redis_settings(config))
-            groups = len(g.kv_groups)
-            stores["redis"] = RedisStore(client, digest, self.rank, g.chunk_bytes, groups)
+        stores: dict[str, TierStore] = open_tier_stores(
+            config,
+            g.namespace,
+            rank=self.rank,
+            world_size=g.world_size,
+            chunk_bytes=g.chunk_bytes,
+            slots=g.tier_slots,
+            groups=len(g.kv_groups),
+        )
         if not stores:
             return None
         return TierWorker(

@@ -72,6 +72,8 @@ from kvoffload.testing.vllm_harness.spec import (
     build_configs,
 )
 from kvoffload.testing.vllm_harness.units import Unit, make_units
+from kvoffload.tiers.redis_index import RedisIndex
+from kvoffload.tiers.redis_tier import REDIS
 
 SECONDS_PER_STEP = 0.02
 """The logical duration of one engine step (a step of a real engine takes 10-50 ms):
@@ -380,8 +382,8 @@ class VllmHarness:
 
     def _after_step(self) -> None:
         for unit in self.units:
-            index = unit.side.redis_index
-            if index is not None:
+            index = unit.side.lower_tier(REDIS.name)
+            if isinstance(index, RedisIndex):
                 index.pump()
         self.check()
         self.checks.late_copies(self.ranks)

@@ -25,6 +25,8 @@ from kvoffload.core.cost import LaneCosts, fixed_timing
 from kvoffload.testing.vllm_harness.checks import Checks
 from kvoffload.testing.vllm_harness.kv_model import KVModel
 from kvoffload.tiers.redis_index import RedisIndex
+from kvoffload.tiers.redis_tier import REDIS
+from kvoffload.tiers.spec import OpenedIndex
 
 
 @dataclass
@@ -83,12 +85,10 @@ def deterministic_redis_index(side: SchedulerSide, clock: Callable[[], float]) -
     """Swap the scheduler side's Redis index for one without its thread, in logical
     time, probing in the background (the harness answers its queries after each
     step: lookups of unknown chunks are deferred a step)."""
-    old = side.redis_index
-    if old is None:
+    old = side.lower_tier(REDIS.name)
+    if not isinstance(old, RedisIndex):
         return
-    old.close()
     index = RedisIndex(
         old.client, old.digest, old.world_size, probe="async", background=False, clock=clock
     )
-    side.redis_index = index
-    side.scheduler.tiers.tiers[index.name] = index
+    side.replace_lower_tier(OpenedIndex(index, index.close))

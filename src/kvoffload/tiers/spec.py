@@ -1,0 +1,175 @@
+"""What a lower tier declares about itself: one :class:`TierSpec` per tier, in the
+tier's own module (``tiers/disk_tier.py``, ``tiers/redis_tier.py``), listed once in
+:mod:`kvoffload.tiers.registry`.
+
+A spec names everything the rest of kvoffload needs to know of a tier, so that no
+module outside ``tiers/`` (and the test support, and ``inspection/``) names one:
+
+- its config section (:attr:`TierSpec.section`: the options a user writes, their
+  checks and docs text; read by :mod:`kvoffload.core.config`);
+- its medium and locality (vLLM's KV events; whether the tier announces removals);
+- the scheduler half's index (:attr:`TierSpec.open_index`: a
+  :class:`~kvoffload.core.tiering.LowerTier`, with what must be closed after it) and
+  one worker's store (:attr:`TierSpec.open_store`: a :class:`TierStore`);
+- its capacity in chunks (:attr:`TierSpec.slots`; 0 for a tier keyed by chunk whose
+  capacity is its server's);
+- its start-up text (:attr:`TierSpec.describe`) and start-up warnings
+  (:attr:`TierSpec.warn`);
+- its lane in the simulator (:attr:`TierSpec.sim`);
+- its ``kvoffload inspect`` subcommand (:attr:`TierSpec.inspect`).
+
+Importing a spec module imports nothing heavy (no torch, numpy or client library):
+builders import what they use when called. Specs are frozen and shared.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kvoffload.core.failures import ChunkFailure
+from kvoffload.core.keys import ChunkKey, Namespace
+from kvoffload.core.options import ConfigSection, OptionValues
+
+if TYPE_CHECKING:
+    import argparse
+
+    from kvoffload.core.tiering import LowerTier
+
+
+class Medium(enum.Enum):
+    """Where a tier keeps its bytes (vLLM's KV events name the medium)."""
+
+    STORAGE = "STORAGE"  # a local disk or a remote store
+
+
+class Locality(enum.Enum):
+    """Who else reads a tier: only this engine (``LOCAL``), or other engines too
+    (``REMOTE``: a shared server; it evicts by itself, so removals are not announced)."""
+
+    LOCAL = "LOCAL"
+    REMOTE = "REMOTE"
+
+
+class TierStore(Protocol):
+    """One rank's share of a lower tier, as the worker's tier lane uses it. ``slots``
+    are the chunks' tier slots (slotted tiers; empty for tiers keyed by chunk);
+    ``groups`` their KV cache groups (the job's
+    :attr:`~kvoffload.core.jobs.TierJob.groups`; empty: all 0), written with each chunk
+    and expected back when it is read (a chunk of another group fails as
+    ``integrity:group``). Both return one :class:`ChunkFailure` per chunk (None: done)
+    and raise only when the tier failed as a whole (connection refused, timeout). A
+    chunk missing, corrupt or stored under another key is a failed chunk, never an
+    exception."""
+
+    def write_many(
+        self,
+        items: Sequence[tuple[ChunkKey, memoryview]],
+        slots: Sequence[int],
+        groups: Sequence[int] = (),
+    ) -> list[ChunkFailure | None]: ...
+
+    def read_many(
+        self,
+        keys: Sequence[ChunkKey],
+        slots: Sequence[int],
+        outs: Sequence[memoryview],
+        groups: Sequence[int] = (),
+    ) -> list[ChunkFailure | None]: ...
+
+
+@dataclass(frozen=True)
+class TierContext:
+    """What a tier's builders are given besides the configuration: the engine's
+    namespace, its ranks, one rank's chunk bytes, the tier's capacity in chunks (from
+    :attr:`TierSpec.slots`), the layout's KV cache groups, the eviction policy, and
+    (worker side) the rank that opens a store."""
+
+    namespace: Namespace
+    world_size: int
+    chunk_bytes: int
+    slots: int
+    groups: int = 1
+    eviction: str = "lru"
+    rank: int = 0
+
+
+@dataclass
+class OpenedIndex:
+    """A tier's scheduler-side index, opened: ``close`` releases what opening took
+    (a lock, a thread); called once, at shutdown or when opening a later tier failed."""
+
+    index: LowerTier
+    close: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
+class SimLane:
+    """The tier in ``kvoffload simulate``: its read/write bandwidth by default (GB/s,
+    ``--<name>-gbps``) and the help texts of its two arguments."""
+
+    gbps: float
+    bytes_help: str
+    gbps_help: str
+
+
+@dataclass(frozen=True)
+class InspectCommand:
+    """The tier's ``kvoffload inspect <name>`` subcommand: its one-line ``help`` and
+    ``description``; the help of the options every tier's subcommand has
+    (``--verify``, ``--world-size``); ``add`` declares the tier's own arguments (its
+    location first); ``run`` scans read-only and returns the report (an
+    :class:`~kvoffload.inspection.model.Report`; raises ``UsageError``)."""
+
+    help: str
+    description: str
+    verify_help: str
+    world_help: str
+    add: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], Any]
+
+
+def _no_warning(config: OptionValues) -> None:
+    return None
+
+
+def _no_note(config: OptionValues, store: TierStore) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One lower tier, declared (see the module docstring). ``name`` is the tier's
+    label everywhere (metrics, events, jobs, request controls); ``section`` its
+    config section; ``enabled`` whether a configuration turns it on; ``slots`` its
+    capacity in chunks for a chunk of ``chunk_bytes`` on each of ``world_size`` ranks
+    (raises ``ConfigError`` naming the option when not even one fits; 0: unbounded,
+    keyed by chunk); ``open_index`` (scheduler half, once per engine) and
+    ``open_store`` (each worker, its rank's share) raise ``ConfigError`` for a
+    configuration the tier refuses; ``describe`` its part of the scheduler's start-up
+    line; ``warn`` logs its start-up warnings (never raises); ``settle`` checks, when
+    the engine starts, what needs the environment (files, variables) without
+    connecting."""
+
+    name: str
+    medium: Medium
+    locality: Locality
+    section: ConfigSection
+    enabled: Callable[[OptionValues], bool]
+    slots: Callable[[OptionValues, int, int], int]
+    open_index: Callable[[OptionValues, TierContext], OpenedIndex]
+    open_store: Callable[[OptionValues, TierContext], TierStore]
+    describe: Callable[[OptionValues, int], str]
+    sim: SimLane
+    inspect: InspectCommand
+    warn: Callable[[OptionValues], None] = _no_warning
+    settle: Callable[[OptionValues], None] = _no_warning
+    worker_notes: Callable[[OptionValues, TierStore], None] = _no_note
+
+    @property
+    def announces_removals(self) -> bool:
+        """Whether the tier tells when it drops a chunk (an engine-local tier evicts
+        by its own policy; a shared server evicts silently)."""
+        return self.locality is Locality.LOCAL

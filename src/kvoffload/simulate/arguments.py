@@ -52,6 +52,7 @@ examples:
   kvoffload simulate --users 20 --turns 3 --write-trace example.jsonl
   kvoffload simulate --cpu-bytes 1GiB --{_LOWER}-bytes 1TiB --tier-bandwidth 0.05,0.2,1,4
   kvoffload simulate --kv-groups full,5xwindow=1024     # a Gemma-3-style hybrid model
+  kvoffload simulate --replicas 4 --host-share          # 4 engines, one shared host tier
 
 --kv-groups lists a hybrid model's KV cache groups (full, window=TOKENS, NxGROUP);
 --engine-tokens and --bytes-per-token stay the whole model's: with G groups each

@@ -69,17 +69,22 @@ def test_replica_b_hits_from_the_share_what_replica_a_stored() -> None:
     assert private.total.tier("host").written == 20  # type: ignore[union-attr]
 
 
-def test_a_chunk_is_readable_to_another_replica_only_once_its_store_completed() -> None:
-    # B asks while A is still computing the document: it cannot have it before A's
-    # store completed, so its first token comes after A's prefill (and after a load).
-    trace = [seg(0.0, DOC), seg(0.001, DOC, ("question", 16))]
-    result = replicas(trace)
-    a, b = result.rows
-    prefill_a = (10 * CHUNK) * result.total.cost.prefill_s_per_token
-    assert b.kvoffload_hit_tokens == 10 * CHUNK
-    assert result.total.deferrals.get("pending", 0) >= 1  # B waited for A's store
-    assert b.ttft_mean_s + 0.001 > prefill_a
-    assert a.ttft_mean_s == pytest.approx(prefill_a)
+def test_a_chunk_is_readable_to_another_replica_only_once_its_store_is_reported() -> None:
+    # A prefills the document in one step, its store copies in microseconds after it,
+    # and A's next step (three decode tokens, 0.9 ms) reports it. B asking between the
+    # copy and that report finds the chunks still storing and waits for them; B asking
+    # after the report loads them at once.
+    prefill_end = 10 * CHUNK * config().cost.prefill_s_per_token
+    copy_s = config().cost.copy_seconds(10 * CHUNK_BYTES, "host")
+    assert copy_s < 0.0002
+    for ask, waits in ((prefill_end + 0.0002, True), (prefill_end + 0.01, False)):
+        result = replicas([seg(0.0, DOC), seg(ask, DOC, ("question", 16))])
+        a, b = result.rows
+        assert a.ttft_mean_s == pytest.approx(prefill_end)
+        assert b.kvoffload_hit_tokens == 10 * CHUNK
+        assert result.total.deferrals.get("pending", 0) == (1 if waits else 0)
+        if waits:  # its first token comes after A's report
+            assert ask + b.ttft_mean_s > prefill_end + 3 * config().cost.decode_s_per_token
 
 
 def test_a_chunk_stored_by_two_replicas_at_once_is_stored_once_and_counted() -> None:

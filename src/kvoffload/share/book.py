@@ -15,6 +15,10 @@ frees every slot it was still storing, never making one readable: a half-written
 chunk is never served. No process of the engine is alive any more by then (each
 worker holds a connection of its own), so nothing can still be writing those slots.
 
+The readable set is mirrored into the share's index (:mod:`.index`) as it changes:
+chunks made readable by ``complete_store`` are inserted, chunks evicted, discarded or
+reset are removed, before the call's reply is sent.
+
 Generations: a node process restarted after a crash starts with an empty directory
 (slab bytes are never trusted without the index). Until ``fence_open`` says every
 engine of the earlier generations has finished its transfers (see :mod:`.fence`),
@@ -31,6 +35,7 @@ from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory, LookupStatus, PreparedStore
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
+from kvoffload.share.index import IndexWriter
 
 _STATUS_CODES = {LookupStatus.MISS: 0, LookupStatus.HIT: 1, LookupStatus.HIT_PENDING: 2}
 
@@ -48,8 +53,14 @@ class Session:
 class ShareBook:
     """The shared directory and its sessions (see the module docstring)."""
 
-    def __init__(self, directory: Directory, fence_open: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Directory,
+        fence_open: Callable[[], bool] | None = None,
+        index: IndexWriter | None = None,
+    ) -> None:
         self.directory = directory
+        self.index = index
         self.sessions: dict[bytes, Session] = {}
         self._namespace_of: dict[ChunkKey, bytes] = {}
         self._fence_open = fence_open
@@ -57,12 +68,15 @@ class ShareBook:
 
     # ------------------------------------------------------------------ sessions
 
-    def open_session(self, sid: bytes, namespace: bytes) -> bool:
-        """Count one more connection of session ``sid``; True if it is new."""
+    def open_session(self, sid: bytes, namespace: bytes | None) -> bool:
+        """Count one more connection of session ``sid``; True if it is new. A
+        scheduler half's connection names the session's namespace (a lease's, None)."""
         session = self.sessions.get(sid)
         fresh = session is None
         if session is None:
-            session = self.sessions[sid] = Session(namespace)
+            session = self.sessions[sid] = Session(b"")
+        if namespace is not None:
+            session.namespace = namespace
         session.connections += 1
         return fresh
 
@@ -140,6 +154,8 @@ class ShareBook:
             self._namespace_of[key] = session.namespace
         for key in prepared.evicted:
             self._namespace_of.pop(key, None)
+        if self.index is not None and prepared.evicted:
+            self.index.remove(prepared.evicted)
         self.directory.take_events()
         return prepared
 
@@ -157,7 +173,10 @@ class ShareBook:
         for key in keys:
             del session.storing[key]
         self.directory.take_events()
-        return [i for i, key in enumerate(keys) if self._settle(key)]
+        stored = [i for i, key in enumerate(keys) if self._settle(key)]
+        if self.index is not None and stored:
+            self.index.insert(keys[i] for i in stored)
+        return stored
 
     def _fail_stores(self, keys: list[ChunkKey]) -> None:
         self.directory.complete_store(keys, success=False)
@@ -182,6 +201,8 @@ class ShareBook:
         removed = set(self.directory.discard(keys))
         for key in keys:
             self._namespace_of.pop(key, None)
+        if self.index is not None and removed:
+            self.index.remove(removed)
         self.directory.take_events()
         return [i for i, key in enumerate(keys) if key in removed]
 
@@ -192,6 +213,8 @@ class ShareBook:
         removed = self.directory.discard(mine)
         for key in mine:
             self._namespace_of.pop(key, None)
+        if self.index is not None and removed:
+            self.index.remove(removed)
         self.directory.admission.clear()
         self.directory.take_events()
         return removed

@@ -53,6 +53,7 @@ from kvoffload.core.recorder import CounterScope
 from kvoffload.share.bookings import Bookings
 from kvoffload.share.fence import GenerationHold
 from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.index import IndexReader
 from kvoffload.share.link import Lease, Link, Welcome
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import (
@@ -123,6 +124,7 @@ class ShareDirectory:
         self._events: list[CacheEvent] = []
         self._generation: int | None = None  # of the node process the bookings are with
         self._holds: list[GenerationHold] = []
+        self._index: IndexReader | None = None
         self.link = Link(
             paths, self.session, namespace, geometry, timeout_s=timeout_s, retry_s=retry_s,
             start_server=start_server, on_connected=self._connected,
@@ -142,6 +144,8 @@ class ShareDirectory:
                     self._holds.append(GenerationHold(self.paths, welcome.generation))
             self._generation = welcome.generation
             self._release_drained()
+            if self._index is None:
+                self._index = _open_index(self.paths)
             current = self.bookings.current
             storing, pins = list(current.storing), list(current.pins.elements())
         if same:  # bookings made by calls whose reply was lost are released
@@ -196,8 +200,19 @@ class ShareDirectory:
         return LookupResult(statuses, prefix)
 
     def readable_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """From the share's index when it is of the node process this engine is
+        connected to (no round trip; advisory, as every hit is: ``prepare_load``
+        confirms it), else one call."""
         if not keys:
             return 0
+        index, generation = self._index, self._generation
+        if (
+            index is not None
+            and self.link.connected
+            and index.generation == generation
+            and self.link.server_alive()
+        ):
+            return index.readable_prefix(keys)
         reply = self.link.call(Op.PREFIX, pack_keys(keys))
         return 0 if reply is None else int(struct.unpack("<I", reply)[0])
 
@@ -428,6 +443,13 @@ class ShareDirectory:
         """The node process's invariants (its directory, and the sessions' bookings
         against it); nothing when it does not answer."""
         self.link.call(Op.CHECK)
+
+
+def _open_index(paths: SharePaths) -> IndexReader | None:
+    try:
+        return IndexReader(paths.index)
+    except (OSError, ValueError):
+        return None
 
 
 def _counts(keys: Sequence[ChunkKey]) -> dict[ChunkKey, int]:

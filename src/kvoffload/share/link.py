@@ -18,6 +18,8 @@ holds one (see :mod:`.opening`), as does the :class:`Link` itself.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
 import threading
 import time
@@ -166,10 +168,26 @@ class Link:
         self._clock = clock
         self._sock: socket.socket | None = None
         self._next_attempt = 0.0
+        self._lock_fd = -1
 
     @property
     def connected(self) -> bool:
         return self._sock is not None
+
+    def server_alive(self) -> bool:
+        """Whether a node process holds the share's server lock (two system calls on a
+        descriptor kept open; the kernel drops a dead process's lock at once)."""
+        if self._lock_fd < 0:
+            try:
+                self._lock_fd = os.open(self.paths.server_lock, os.O_RDONLY)
+            except OSError:
+                return False
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        return False
 
     def call(self, op: Op, payload: bytes = b"") -> bytes | None:
         """The reply's payload, or None when the share did not answer in time (or is
@@ -242,5 +260,8 @@ class Link:
 
     def close(self) -> None:
         self.drop()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
         if self.spawned is not None:
             self.spawned.close()

@@ -7,6 +7,7 @@ For a share named ``NAME`` in ``ROOT``::
     ROOT/kvoffload-NAME.server.lock   held (flock, exclusive) by the live node process
     ROOT/kvoffload-NAME.gen-G.lock    held (flock, shared) by engines with transfers
                                       booked under generation G (see :mod:`.fence`)
+    ROOT/kvoffload-NAME.index         the readable set, for lookups (see :mod:`.index`)
     ROOT/kvoffload-NAME.slab.rR       tensor-parallel rank R's slots (see :mod:`.slab`)
 
 Pure functions and one frozen value; nothing here touches the file system except
@@ -56,6 +57,10 @@ class SharePaths:
 
     def generation_lock(self, generation: int) -> Path:
         return self._file(f"gen-{generation}.lock")
+
+    @property
+    def index(self) -> Path:
+        return self._file("index")
 
     def slab(self, rank: int) -> Path:
         return self._file(f"slab.r{rank}")

@@ -8,7 +8,8 @@ Start-up (:func:`open_server`), in this order:
 2. read the geometry from the meta file, or, for a new share, take the one given
    (the first engine's, or ``kvoffload share serve``'s arguments); bump the
    generation and write it back;
-3. create or check the rank slab files (:func:`~.slab.create_slab_files`);
+3. create or check the rank slab files (:func:`~.slab_files.create_slab_files`),
+   and clear the index (:mod:`.index`), stamped with the new generation;
 4. listen on the socket (bound beside it, then renamed over it, so a client never
    connects to a half-set-up socket).
 
@@ -40,8 +41,9 @@ from kvoffload.share.book import ShareBook
 from kvoffload.share.dispatch import dispatch
 from kvoffload.share.fence import GenerationFence
 from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.index import IndexWriter
 from kvoffload.share.paths import SharePaths
-from kvoffload.share.protocol import HEADER, HELLO, MAX_FRAME, WELCOME, Op, Status, frame
+from kvoffload.share.protocol import HEADER, HELLO, MAX_FRAME, WELCOME, Op, Role, Status, frame
 from kvoffload.share.slab_files import create_slab_files
 
 
@@ -70,7 +72,8 @@ class ShareServer:
         self.paths = paths
         self.geometry = geometry
         fence = GenerationFence(paths, geometry.generation)
-        self.book = ShareBook(directory, fence.open)
+        index = IndexWriter(paths.index, geometry.num_slots, geometry.generation)
+        self.book = ShareBook(directory, fence.open, index)
         self.send_timeout_s = 1.0
         self._lock_fd = lock_fd
         self._listener = listener
@@ -155,9 +158,9 @@ class ShareServer:
         if conn.session is None:
             if op != Op.HELLO or len(payload) < HELLO.size:
                 return Status.ERROR, b"the first call must be HELLO"
-            sid, _, ns_len = HELLO.unpack_from(payload)
+            sid, role, ns_len = HELLO.unpack_from(payload)
             namespace = payload[HELLO.size : HELLO.size + ns_len]
-            fresh = self.book.open_session(sid, namespace)
+            fresh = self.book.open_session(sid, namespace if role == Role.DIRECTORY else None)
             conn.session = sid
             g = self.geometry
             welcome = WELCOME.pack(

@@ -2,10 +2,12 @@
 client (one round trip to the node process per call), with 1 and 4 engines at once.
 
 Measures, per call (median and p99 over ``--reps``, each engine process timing its own):
-- ``readable_prefix`` and ``lookup`` of a 1,000-chunk prefix that is entirely readable,
+- ``readable_prefix`` and ``lookup`` of a 1,000-chunk prefix that is entirely readable
+  (the share's client answers ``readable_prefix`` from the shared-memory index, and
+  ``lookup`` with one round trip; "prefix 1k, round trip" asks the node process),
 - ``prepare_store`` + ``complete_store`` of 16 new chunks (steady state: each evicts),
-- for decision 0016's other design, a lookup of 1,000 keys in a numpy hash table in
-  shared memory (read side only, no locking; the prototype ignores collisions).
+- the first prototype of decision 0016's design (b), kept for reference: a lookup of
+  1,000 keys in a bare numpy hash table (one probe, no locking).
 
 Budget: a lookup of 1,000 chunks <= 200 us. Prints each measurement's ratio to the
 private directory measured in the same run, and to the budget.
@@ -32,6 +34,7 @@ from kvoffload.share.client import ShareDirectory
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import spawn_server
 from kvoffload.share.paths import SharePaths, remove_share
+from kvoffload.share.protocol import Op, pack_keys
 
 SLOTS = 300_000
 PREFIX = 1000
@@ -64,11 +67,15 @@ def store_pair(d: Directory | ShareDirectory) -> Callable[[], object]:
 def measure(
     d: Directory | ShareDirectory, prefix: list[ChunkKey], reps: int
 ) -> dict[str, tuple[float, float]]:
-    return {
+    timings = {
         "readable_prefix 1k": timed(lambda: d.readable_prefix(prefix), reps),
         "lookup 1k": timed(lambda: d.lookup(prefix), reps),
         "store+complete 16": timed(store_pair(d), reps),
     }
+    if isinstance(d, ShareDirectory):  # the same question as one round trip (no index)
+        packed = pack_keys(prefix)
+        timings["prefix 1k, round trip"] = timed(lambda: d.link.call(Op.PREFIX, packed), reps)
+    return timings
 
 
 def engine(root: str, prefix: bytes, reps: int, start: Any, out: Any) -> None:
@@ -107,7 +114,7 @@ def report(
     name: str, result: dict[str, tuple[float, float]], base: dict[str, tuple[float, float]]
 ) -> None:
     for what, (p50, p99) in result.items():
-        ratio = p50 / base[what][0]
+        ratio = p50 / base.get(what, base["readable_prefix 1k"])[0]
         budget = f", {p50 / BUDGET_US:.2f}x budget" if "1k" in what else ""
         times = f"p50 {p50:8.1f} us  p99 {p99:8.1f} us"
         print(f"  {name:<22} {what:<20} {times}  ({ratio:.2f}x private{budget})")
@@ -152,7 +159,7 @@ def main() -> None:
             results = [out.get() for _ in procs]
             for p in procs:
                 p.join()
-            worst = {what: max((r[what] for r in results), key=lambda t: t[0]) for what in base}
+            worst = {w: max((r[w] for r in results), key=lambda t: t[0]) for w in results[0]}
             report(f"share, {n} engine(s)", worst, base)
     finally:
         spawned.process.kill()

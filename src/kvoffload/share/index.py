@@ -13,8 +13,8 @@ File ``kvoffload-NAME.index``::
     offset 4096   capacity rows of three u64: key bytes 0-8, key bytes 8-16, state
 
 A table with open addressing (linear probing from ``key[8:16] & (capacity - 1)``;
-keys are uniform hashes; state 0 empty, 1 readable), a power of two of at least four
-rows per slot: at most a quarter full, so runs are short and always end. Removal
+keys are uniform hashes; state 0 empty, 1 readable), a power of two of at least eight
+rows per slot: at most an eighth full, so runs are short and always end. Removal
 shifts the rows after the removed one back (no tombstones: the table never
 degrades). The writer writes a row's key before its state. A reader that meets a row
 mid-write or mid-shift sees a key that does not match or an empty row: a miss. A hit
@@ -48,7 +48,7 @@ _VERSION = 1
 
 
 def capacity_for(num_slots: int) -> int:
-    return max(1024, 1 << (4 * num_slots - 1).bit_length())
+    return max(1024, 1 << (8 * num_slots - 1).bit_length())
 
 
 def _keys(keys: Sequence[ChunkKey]) -> npt.NDArray[np.uint64]:
@@ -92,17 +92,22 @@ class IndexReader:
         if not keys:
             return 0
         table = self._table
-        wanted = _keys(keys)
-        home = wanted[:, 1] & table.mask
+        packed = np.frombuffer(b"".join(keys), dtype="<u8")
+        hi, lo = packed[0::2], packed[1::2]
+        at = (lo & table.mask).astype(np.intp)
+        pending = np.arange(len(keys))  # keys whose row is not found yet, in order
         found = np.zeros(len(keys), dtype=bool)
-        active = np.arange(len(keys))
-        for probe in range(table.capacity):  # ends at an empty row: never full
-            rows = table.rows[((home[active] + np.uint64(probe)) & table.mask).astype(np.int64)]
-            same = (rows[:, 0] == wanted[active, 0]) & (rows[:, 1] == wanted[active, 1])
-            found[active[same & (rows[:, 2] == READABLE)]] = True
-            active = active[~same & (rows[:, 2] != EMPTY)]
-            if not active.size:
+        rows = table.rows
+        for _ in range(table.capacity):  # each round moves on by one row; a run ends
+            row = rows[at]
+            same = (row[:, 1] == lo) & (row[:, 0] == hi)
+            readable = row[:, 2] == READABLE
+            found[pending[same & readable]] = True
+            more = readable & ~same  # another key's row: probe the next one
+            if not more.any():
                 break
+            pending, hi, lo = pending[more], hi[more], lo[more]
+            at = (at[more] + 1) & (table.capacity - 1)
         return len(keys) if found.all() else int(np.argmin(found))
 
 

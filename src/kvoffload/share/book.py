@@ -204,7 +204,8 @@ class ShareBook:
         if self.index is not None and removed:
             self.index.remove(removed)
         self.directory.take_events()
-        return [i for i, key in enumerate(keys) if key in removed]
+        first = {key: i for i, key in reversed(list(enumerate(keys)))}
+        return sorted(first[key] for key in removed)
 
     def reset(self, session: Session) -> list[ChunkKey]:
         """Discard every chunk of ``session``'s namespace (other namespaces keep

@@ -9,12 +9,14 @@ one stdout line each (the test reads it before going on: no sleeps)::
     pin KEY            pin KEY for a load                             -> "pinned SLOT"
     read KEY           pin, read the slot, unpin -> "read BYTE,BYTE" (its first and last byte)
     lookup KEY...      -> "prefix N"
+    churn ROUNDS SEED  store and load at random, checking bytes -> "churned loads=N bad=M"
 
 KEY is hex. The test kills the agent with SIGKILL, or closes stdin to end it.
 """
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -22,6 +24,28 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab import SharedSlab
+
+
+def churn(directory: ShareDirectory, slab: SharedSlab, rounds: int, seed: int) -> str:
+    """Store and load chunks of a small universe at random, each chunk's bytes all
+    equal to its key's last byte; count loads that read anything else."""
+    rng = random.Random(seed)
+    universe = [ChunkKey(bytes(15) + bytes([i])) for i in range(1, 40)]
+    loads = bad = 0
+    for _ in range(rounds):
+        key = rng.choice(universe)
+        prepared = directory.prepare_store([key])
+        if prepared.keys:
+            slab.slot_bytes(prepared.slots[0])[:] = key[-1:] * slab.chunk_bytes
+            directory.complete_store(prepared.keys, success=True)
+        key = rng.choice(universe)
+        if directory.readable_prefix([key]):
+            slots = directory.try_prepare_load([key])
+            if slots is not None:
+                loads += 1
+                bad += bytes(slab.slot_bytes(slots[0])) != key[-1:] * slab.chunk_bytes
+                directory.complete_load([key])
+    return f"churned loads={loads} bad={bad}"
 
 
 def main() -> None:
@@ -40,7 +64,7 @@ def main() -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         command, *args = line.split()
-        keys = [ChunkKey(bytes.fromhex(a)) for a in args[:1]]
+        keys = [] if command == "churn" else [ChunkKey(bytes.fromhex(a)) for a in args[:1]]
         if command in ("store", "half"):
             prepared = directory.prepare_store(keys)
             slot = prepared.slots[0]
@@ -57,6 +81,8 @@ def main() -> None:
             data = bytes(slab.slot_bytes(slot))
             directory.complete_load(keys)
             print(f"read {data[0]},{data[-1]}", flush=True)
+        elif command == "churn":
+            print(churn(directory, slab, int(args[0]), int(args[1])), flush=True)
         elif command == "lookup":
             many = [ChunkKey(bytes.fromhex(a)) for a in args]
             print("prefix", directory.readable_prefix(many), flush=True)

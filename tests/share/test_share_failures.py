@@ -149,3 +149,19 @@ def test_events_and_counters_report_this_engines_calls(shares: ThreadShares) -> 
     ]
     assert evicted == [(K(1),)] and b.metrics.value("evictions_total") == 1
     assert a.metrics.value("evictions_total") == 0
+
+
+def test_a_hit_lost_to_another_engines_eviction_is_refused_at_load(
+    shares: ThreadShares,
+) -> None:
+    paths = shares.serve("race", ShareGeometry(num_slots=1, slot_bytes=64))
+    a, b = shares.client(paths), shares.client(paths)
+    a.complete_store(a.prepare_store([K(1)]).keys, success=True)
+    assert a.readable_prefix([K(1)]) == 1  # the hit this engine's lookup offered
+    b.complete_store(b.prepare_store([K(2)]).keys, success=True)  # evicts K(1)
+    assert a.readable_prefix([K(1)]) == 0
+    assert a.try_prepare_load([K(1)]) is None
+    with pytest.raises(ContractViolation):
+        a.prepare_load([K(1)])
+    assert a.pinned_count == 0 and b.pins_of(K(2)) == 0
+    a.check_integrity()

@@ -164,3 +164,20 @@ def test_a_session_stays_open_while_any_process_of_the_engine_lives(
     counts = b.share_counts()
     assert counts is not None and counts.sessions == 1
     b.close()
+
+
+def test_engines_storing_and_loading_at_once_never_read_torn_bytes(
+    share_root: Path, node: NodeFactory, agents: AgentFactory
+) -> None:
+    """Two engines churn through a share much smaller than their chunks (constant
+    evictions): every load reads its chunk's own bytes, whatever the other one does."""
+    node("churn", GEOMETRY)
+    paths = SharePaths("churn", share_root)
+    one, two = agents(paths, os.urandom(16)), agents(paths, os.urandom(16))
+    assert one.process.stdin is not None and two.process.stdin is not None
+    for agent, seed in ((one, 1), (two, 2)):
+        agent.process.stdin.write(f"churn 400 {seed}\n")
+        agent.process.stdin.flush()
+    answers = [one.ask(None), two.ask(None)]
+    loads = [int(a.split()[1].split("=")[1]) for a in answers]
+    assert all(a.endswith("bad=0") for a in answers) and min(loads) > 0, answers

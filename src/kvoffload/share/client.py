@@ -173,6 +173,13 @@ class ShareDirectory:
                 hold.release()
         self._holds = keep
 
+    def _answered_live(self) -> bool:
+        """Whether the node process that just answered is still this engine's (under
+        ``_guard``): one the lease saw die meanwhile booked nothing a transfer may use
+        (its successor could hand the same slots out)."""
+        welcome = self.link.welcome
+        return welcome is not None and welcome.generation == self._generation
+
     def wait_ready(self, timeout_s: float = 30.0) -> bool:
         """Connect now, waiting up to ``timeout_s`` for a node process this engine
         started (start-up and tests); whether connected."""
@@ -325,7 +332,11 @@ class ShareDirectory:
         if reply is None:
             raise ShareUnavailable("host share: prepare_load unanswered")
         with self._guard:
-            self.bookings.current.pins.update(keys)
+            live = self._answered_live()
+            if live:
+                self.bookings.current.pins.update(keys)
+        if not live:
+            raise ShareUnavailable("host share: the node process died while answering")
         return tuple(unpack_u32(reply))
 
     def complete_load(self, keys: Sequence[ChunkKey]) -> None:
@@ -366,6 +377,11 @@ class ShareDirectory:
         payload = struct.pack("<BI", flags, len(keys)) + pack_keys(keys)
         reply = self.link.call(Op.PREPARE_STORE, payload + pack_u32(groups or ()))
         if reply is None:
+            self.metrics.count("no_room_total")
+            return PreparedStore(no_room=True)
+        with self._guard:
+            live = self._answered_live()
+        if not live:
             self.metrics.count("no_room_total")
             return PreparedStore(no_room=True)
         new, slots, evicted, refused, no_room = decode_prepared(reply)

@@ -12,7 +12,7 @@ import torch
 from kvoffload.cli import main as cli_main
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.share.geometry import ShareGeometry
-from kvoffload.share.launch import server_alive
+from kvoffload.share.launch import server_alive, spawn_server
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.serve import main as share_main
 from kvoffload.share.server import AlreadyServing, open_server
@@ -102,3 +102,18 @@ def test_the_share_command(share_root: Path, capsys: pytest.CaptureFixture[str])
         server.close()
     assert share_main(["remove", "cmd", *root]) == 0
     assert list(share_root.glob("kvoffload-cmd.*")) == []
+
+
+def test_a_node_process_stops_on_the_stop_command(share_root: Path) -> None:
+    paths = SharePaths("stop", share_root)
+    spawned = spawn_server(paths, ShareGeometry(num_slots=2, slot_bytes=64))
+    assert spawned is not None
+    try:
+        assert spawned.wait_ready(60.0) and server_alive(paths)
+        assert share_main(["stop", "stop", "--root", str(share_root)]) == 0
+        assert spawned.process.wait(60.0) == 0
+        assert not server_alive(paths) and not paths.socket.exists()
+        assert paths.meta.exists() and paths.slab(0).exists()  # the share stays
+    finally:
+        spawned.process.kill()
+        spawned.process.wait()

@@ -78,13 +78,14 @@ def spawn_server(paths: SharePaths, geometry: ShareGeometry | None) -> Spawned |
     if server_alive(paths):
         return None
     read_fd, write_fd = os.pipe()
+    log = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "kvoffload.share.serve", *serve_arguments(paths, geometry),
              "--ready-fd", str(write_fd)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=log,
             start_new_session=True,
             pass_fds=(write_fd,),
         )  # fmt: skip
@@ -93,4 +94,5 @@ def spawn_server(paths: SharePaths, geometry: ShareGeometry | None) -> Spawned |
         return None
     finally:
         os.close(write_fd)
+        os.close(log)
     return Spawned(process, read_fd)

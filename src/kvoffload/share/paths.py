@@ -8,6 +8,7 @@ For a share named ``NAME`` in ``ROOT``::
     ROOT/kvoffload-NAME.gen-G.lock    held (flock, shared) by engines with transfers
                                       booked under generation G (see :mod:`.fence`)
     ROOT/kvoffload-NAME.index         the readable set, for lookups (see :mod:`.index`)
+    ROOT/kvoffload-NAME.log           what node processes started by engines printed
     ROOT/kvoffload-NAME.slab.rR       tensor-parallel rank R's slots (see :mod:`.slab`)
 
 Pure functions and one frozen value; nothing here touches the file system except
@@ -57,6 +58,10 @@ class SharePaths:
 
     def generation_lock(self, generation: int) -> Path:
         return self._file(f"gen-{generation}.lock")
+
+    @property
+    def log(self) -> Path:
+        return self._file("log")
 
     @property
     def index(self) -> Path:

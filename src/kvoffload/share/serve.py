@@ -18,7 +18,7 @@ from kvoffload.core.errors import UsageError
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths, remove_share
-from kvoffload.share.server import AlreadyServing, open_server
+from kvoffload.share.server import AlreadyServing, ShareServer, open_server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,16 +64,25 @@ def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
 
 
 def _serve(paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int) -> int:
+    """Serve until SIGTERM/SIGINT. Signal handlers are in place before readiness is
+    reported (closing ``ready_fd``), so a stop right after start-up stops cleanly."""
+    running: list[ShareServer] = []
+
+    def _stop_serving(signum: int, frame: object) -> None:
+        if not running:
+            raise SystemExit(0)  # still starting: nothing to close yet
+        running[0].stop()
+
+    signal.signal(signal.SIGTERM, _stop_serving)
+    signal.signal(signal.SIGINT, _stop_serving)
     try:
-        server = open_server(paths, geometry)
+        running.append(open_server(paths, geometry))
     except AlreadyServing:
         return 0
     finally:
         if ready_fd >= 0:
             os.close(ready_fd)  # the starter's wait ends: listening, or not needed
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    signal.signal(signal.SIGINT, lambda *_: server.stop())
-    server.serve_forever()
+    running[0].serve_forever()
     return 0
 
 

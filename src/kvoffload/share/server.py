@@ -74,7 +74,7 @@ class ShareServer:
         fence = GenerationFence(paths, geometry.generation)
         index = IndexWriter(paths.index, geometry.num_slots, geometry.generation)
         self.book = ShareBook(directory, fence.open, index)
-        self.send_timeout_s = 1.0
+        self.send_timeout_s = 0.1
         self._lock_fd = lock_fd
         self._listener = listener
         self._selector = selectors.DefaultSelector()

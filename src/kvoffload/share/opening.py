@@ -10,16 +10,21 @@ Keys read (``host_share`` switches the share on; the others keep their meaning):
 - ``host_share_root`` (default ``/dev/shm``): where its files live.
 
 The scheduler half calls :func:`open_share_directory`, each worker
-:func:`open_share_slab`; both derive the engine's session from the same
-``engine_id`` (vLLM's ``kv_transfer_config.engine_id``), so the worker's lease keeps
-the engine's bookings while it may still copy. Whichever runs first starts the node
-process; both wait for it (start-up only, up to ``wait_s``) and check that the
-engine's chunks fit the share (:class:`ConfigError` otherwise).
+:func:`open_share_slab` at start-up; whichever runs first starts the node process;
+both wait for it (start-up only, up to ``wait_s``) and check that the engine's chunks
+fit the share (:class:`ConfigError` otherwise).
+
+Sessions: the scheduler half's directory draws a random session at each start (its
+``session``). Each worker opens a lease on it (:func:`open_share_lease`) when it
+first learns it, from the scheduler half's per-step metadata, before it runs any job
+of that plan: so the engine's bookings stay held while any of its processes may still
+copy, and a restarted engine never inherits (or releases) the bookings of its earlier
+life, whose workers may linger. (An id derived from the configuration would not do:
+data-parallel replicas share one configuration, and a restart keeps it.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Mapping
@@ -80,11 +85,6 @@ class ShareSettings:
         )  # fmt: skip
 
 
-def session_id(engine_id: str) -> bytes:
-    """The engine's 16-byte session, the same in its scheduler half and its workers."""
-    return hashlib.blake2b(engine_id.encode(), digest_size=16).digest()
-
-
 def ensure_share(settings: ShareSettings, geometry: ShareGeometry, wait_s: float) -> ShareGeometry:
     """Start the share's node process unless one serves it, wait until one does, and
     return the share's recorded geometry (start-up only: this may wait ``wait_s``).
@@ -114,7 +114,6 @@ def open_share_directory(
     *,
     chunk_bytes: int,
     ranks: int,
-    engine_id: str,
     namespace: bytes = b"",
     tier: str = "host",
     wait_s: float = 30.0,
@@ -124,24 +123,11 @@ def open_share_directory(
     for rank in range(ranks):
         recorded.check_fits(chunk_bytes, rank)
     directory = ShareDirectory(
-        settings.paths, geometry=recorded, session=session_id(engine_id),
-        namespace=namespace, tier=tier, timeout_s=settings.timeout_s,
+        settings.paths, geometry=recorded, namespace=namespace, tier=tier,
+        timeout_s=settings.timeout_s,
     )  # fmt: skip
     directory.wait_ready(wait_s)
     return directory
-
-
-@dataclass
-class WorkerShare:
-    """A worker's side of the share: its rank's slab and the lease that keeps its
-    engine's session open while the worker lives."""
-
-    slab: SharedSlab
-    lease: Lease
-
-    def close(self) -> None:
-        self.lease.close()
-        self.slab.close()
 
 
 def open_share_slab(
@@ -150,10 +136,13 @@ def open_share_slab(
     chunk_bytes: int,
     rank: int,
     ranks: int,
-    engine_id: str,
     wait_s: float = 30.0,
-) -> WorkerShare:
-    """Worker ``rank``'s slab of the share and its lease (see the module docstring)."""
+) -> SharedSlab:
+    """Worker ``rank``'s slab of the share (see the module docstring)."""
     recorded = ensure_share(settings, settings.geometry(chunk_bytes, ranks), wait_s)
-    slab = SharedSlab(settings.paths, recorded, rank, chunk_bytes)
-    return WorkerShare(slab, Lease(settings.paths, session_id(engine_id)))
+    return SharedSlab(settings.paths, recorded, rank, chunk_bytes)
+
+
+def open_share_lease(settings: ShareSettings, session: bytes) -> Lease:
+    """A worker's lease on its engine's session (close it when the worker ends)."""
+    return Lease(settings.paths, session)

@@ -28,7 +28,7 @@ from kvoffload.simulate.units import format_bytes
 if TYPE_CHECKING:
     from kvoffload.simulate.host_ledger import HostLedger, SharedHost
     from kvoffload.simulate.routing import ReplicaSetup
-    from kvoffload.simulate.runner import _Simulation
+    from kvoffload.simulate.runner import Simulation
     from kvoffload.simulate.settings import SimConfig
 
 
@@ -111,7 +111,7 @@ class ReplicasResult:
         return out
 
 
-def _ttfts(sim: _Simulation) -> list[float]:
+def _ttfts(sim: Simulation) -> list[float]:
     return sorted(ttft for _, ttft in sim.arrived)
 
 
@@ -161,7 +161,7 @@ def _host_total(parts: list[SimResult], shared: SharedHost | None) -> list[TierR
 def merge_results(
     config: SimConfig,
     setup: ReplicaSetup,
-    sims: list[_Simulation],
+    sims: list[Simulation],
     shared: SharedHost | None,
     ledger: HostLedger,
 ) -> ReplicasResult:

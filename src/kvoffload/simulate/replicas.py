@@ -36,13 +36,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from kvoffload.core.errors import UsageError
-from kvoffload.engine.engine import _Batch
+from kvoffload.engine.engine import StepBatch
 from kvoffload.simulate.content import ContentHasher
 from kvoffload.simulate.host_ledger import HostLedger, SharedHost
 from kvoffload.simulate.replica_report import ReplicasResult, merge_results
 from kvoffload.simulate.request import SimRequest
 from kvoffload.simulate.routing import ReplicaSetup, Router
-from kvoffload.simulate.runner import _STUCK_STEPS, _Simulation
+from kvoffload.simulate.runner import STUCK_STEPS, Simulation
 from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.trace import TraceRequest
 
@@ -56,10 +56,10 @@ class _Replica:
     """One replica's engine and its place in the run: requests routed to it that
     have not arrived yet, arrived ones waiting for its queue, its step in flight."""
 
-    sim: _Simulation
+    sim: Simulation
     future: deque[tuple[int, TraceRequest]] = field(default_factory=deque)
     backlog: deque[SimRequest] = field(default_factory=deque)
-    batch: _Batch | None = None
+    batch: StepBatch | None = None
     stuck: int = 0
 
 
@@ -82,7 +82,7 @@ class _Replicas:
             )
         elif not setup.shared:
             each = replace(config, cpu_bytes=config.cpu_bytes // n)
-        self.reps = [_Replica(_Simulation(each, self.shared, hasher)) for _ in range(n)]
+        self.reps = [_Replica(Simulation(each, self.shared, hasher)) for _ in range(n)]
         hosts = [r.sim.host for r in self.reps if r.sim.host is not None]
         self.ledger = HostLedger([self.shared] if self.shared is not None else hosts)
         self.router = Router(setup)
@@ -128,7 +128,7 @@ class _Replicas:
                 self._push(clock.now, _START, i)
             return
         sim.meter.reset()
-        rep.batch = engine._schedule_and_run()
+        rep.batch = engine.run_step()
         if sim.worker is None:
             clock.end_step(sim.meter, self.config.cost)
         self._push(clock.step_end, _APPLY, i)
@@ -140,7 +140,7 @@ class _Replicas:
         clock, worker = sim.clock, sim.worker
         assert rep.batch is not None
         batch, rep.batch = rep.batch, None
-        sim.engine._apply(batch)
+        sim.engine.apply_step(batch)
         clock.now = clock.step_end
         sim._account(progress)
         if sim.meter.scheduled or (worker is not None and worker.completed_last_step):
@@ -154,7 +154,7 @@ class _Replicas:
         if later:
             clock.now = min(later)
         rep.stuck += 1
-        if rep.stuck > _STUCK_STEPS:
+        if rep.stuck > STUCK_STEPS:
             raise RuntimeError(
                 f"simulation stuck at t={clock.now:.3f}s in replica {i}: {sim._state()}"
             )

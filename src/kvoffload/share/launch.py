@@ -1,0 +1,98 @@
+"""Starting a share's node process from an engine that cannot reach it.
+
+Election: the live node process holds the share's server lock (exclusive flock). An
+engine that finds no one listening tests the lock; if it is free, nobody serves the
+share and the engine starts a node process (:func:`spawn_server`), detached in its own
+session so that it outlives the engine. Two engines may both start one: the second
+finds the lock held and exits at once. The child reports readiness by closing a pipe
+(:class:`Spawned`), so its starter can wait for it without polling.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.paths import SharePaths
+
+
+def server_alive(paths: SharePaths) -> bool:
+    """Whether a node process holds the share's server lock now."""
+    try:
+        fd = os.open(paths.server_lock, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also drops the lock if it was taken
+    return False
+
+
+@dataclass
+class Spawned:
+    """A node process this engine started; ``ready_fd`` reads EOF once it listens
+    (or died)."""
+
+    process: subprocess.Popen[bytes]
+    ready_fd: int
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` until the child listens or exits; True if it
+        listens (or exited because another node process serves the share)."""
+        readable, _, _ = select.select([self.ready_fd], [], [], timeout_s)
+        if not readable:
+            return False
+        self.close()
+        return True
+
+    def close(self) -> None:
+        if self.ready_fd >= 0:
+            os.close(self.ready_fd)
+            self.ready_fd = -1
+        self.process.poll()  # reaps it if it already exited
+
+
+def serve_arguments(paths: SharePaths, geometry: ShareGeometry | None) -> list[str]:
+    """The command line of ``python -m kvoffload.share.serve`` for this share."""
+    args = [paths.name, "--root", str(paths.root)]
+    if geometry is not None:
+        args += [
+            "--slots", str(geometry.num_slots), "--slot-bytes", str(geometry.slot_bytes),
+            "--ranks", str(geometry.ranks), "--policy", geometry.policy,
+            "--store-threshold", str(geometry.store_threshold),
+            "--max-admission-counters", str(geometry.max_admission_counters),
+        ]  # fmt: skip
+    return args
+
+
+def spawn_server(paths: SharePaths, geometry: ShareGeometry | None) -> Spawned | None:
+    """Start a node process unless one holds the lock (None then)."""
+    if server_alive(paths):
+        return None
+    read_fd, write_fd = os.pipe()
+    log = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvoffload.share.serve", *serve_arguments(paths, geometry),
+             "--ready-fd", str(write_fd)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            pass_fds=(write_fd,),
+        )  # fmt: skip
+    except OSError:
+        os.close(read_fd)
+        return None
+    finally:
+        os.close(write_fd)
+        os.close(log)
+    return Spawned(process, read_fd)

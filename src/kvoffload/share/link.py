@@ -1,0 +1,267 @@
+"""An engine's connection to its share's node process: calls with a deadline, a
+lease that keeps its session open, reconnection and restarts that never block.
+
+:class:`Link` makes the calls of one scheduler half. Every call is bounded by
+``timeout_s`` (each send and each receive); a call that fails (timed out, refused,
+connection lost) returns None, counted in ``stats``, and closes the connection (a
+late reply would be read as the next call's). The next call made ``retry_s`` or
+more later reconnects; if nobody listens it starts a node process
+(:mod:`.launch`) and returns None at once: the engine never waits for the share.
+:meth:`Link.wait_ready` (tests, start-up) is the only call that waits.
+
+:class:`Lease` is a connection that makes no calls: it keeps its session open while
+its process lives (the node process releases a session's bookings when its last
+connection closes), and notices a node process's death (``on_lost``) without any
+call. It reconnects every ``retry_s`` from a daemon thread. Every engine worker
+holds one (see :mod:`.opening`), as does the :class:`Link` itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvoffload.core.errors import ContractViolation
+from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.launch import Spawned, spawn_server
+from kvoffload.share.paths import SharePaths
+from kvoffload.share.protocol import (
+    HELLO,
+    WELCOME,
+    FrameError,
+    Op,
+    Role,
+    Status,
+    frame,
+    read_frame,
+)
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """What the node process said when a connection opened."""
+
+    generation: int
+    pid: int
+    num_slots: int
+    slot_bytes: int
+    ranks: int
+    fresh: bool  # the session is new to this node process (it holds no booking of it)
+
+
+def connect(
+    paths: SharePaths, session: bytes, role: Role, namespace: bytes, timeout_s: float
+) -> tuple[socket.socket, Welcome] | None:
+    """A connection with its HELLO answered, or None (nobody listens, or no answer)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(str(paths.socket))
+        sock.sendall(frame(Op.HELLO, HELLO.pack(session, role, len(namespace)) + namespace))
+        status, payload = read_frame(sock)
+        if status != Status.OK or len(payload) != WELCOME.size:
+            raise FrameError("refused")
+    except (OSError, FrameError):
+        sock.close()
+        return None
+    generation, pid, slots, slot_bytes, ranks, fresh = WELCOME.unpack(payload)
+    return sock, Welcome(generation, pid, slots, slot_bytes, ranks, bool(fresh))
+
+
+class Lease:
+    """Holds session ``session`` open from a daemon thread (see the module docstring).
+
+    ``on_lost(generation)`` runs in that thread when a connection to that
+    generation's node process closes. :meth:`close` ends the lease (and its thread).
+    """
+
+    def __init__(
+        self,
+        paths: SharePaths,
+        session: bytes,
+        *,
+        retry_s: float = 0.05,
+        on_lost: Callable[[int], None] | None = None,
+    ) -> None:
+        self._paths = paths
+        self._session = session
+        self._retry_s = retry_s
+        self._on_lost = on_lost
+        self._closed = threading.Event()
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self.connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvoffload-share-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            opened = connect(self._paths, self._session, Role.LEASE, b"", 1.0)
+            if opened is None:
+                self._closed.wait(self._retry_s)
+                continue
+            sock, welcome = opened
+            with self._lock:
+                if self._closed.is_set():
+                    sock.close()
+                    return
+                self._sock = sock
+            self.connected.set()
+            sock.settimeout(None)
+            try:
+                while sock.recv(64):
+                    pass  # the node process never writes to a lease
+            except OSError:
+                pass
+            self.connected.clear()
+            with self._lock:
+                self._sock = None
+            sock.close()
+            if self._on_lost is not None and not self._closed.is_set():
+                self._on_lost(welcome.generation)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            if self._sock is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join()
+
+
+class Link:
+    """The calls of one scheduler half to the share (see the module docstring).
+
+    ``on_connected(welcome)`` runs (in the caller's thread) each time a connection
+    opens, before the call that opened it is sent.
+    """
+
+    def __init__(
+        self,
+        paths: SharePaths,
+        session: bytes,
+        namespace: bytes,
+        geometry: ShareGeometry | None,
+        *,
+        timeout_s: float = 0.005,
+        retry_s: float = 0.05,
+        start_server: bool = True,
+        on_connected: Callable[[Welcome], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.paths = paths
+        self.session = session
+        self.namespace = namespace
+        self.geometry = geometry
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.start_server = start_server
+        self.on_connected = on_connected
+        self.stats: Counter[str] = Counter()
+        self.welcome: Welcome | None = None
+        self.spawned: Spawned | None = None
+        self._clock = clock
+        self._sock: socket.socket | None = None
+        self._next_attempt = 0.0
+        self._lock_fd = -1
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def server_alive(self) -> bool:
+        """Whether a node process holds the share's server lock (two system calls on a
+        descriptor kept open; the kernel drops a dead process's lock at once)."""
+        if self._lock_fd < 0:
+            try:
+                self._lock_fd = os.open(self.paths.server_lock, os.O_RDONLY)
+            except OSError:
+                return False
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        return False
+
+    def call(self, op: Op, payload: bytes = b"") -> bytes | None:
+        """The reply's payload, or None when the share did not answer in time (or is
+        down); a VIOLATION reply raises :class:`ContractViolation`."""
+        sock = self._sock if self._sock is not None else self._connect()
+        if sock is None:
+            self.stats["unavailable"] += 1
+            return None
+        try:
+            sock.sendall(frame(op, payload))
+            status, reply = read_frame(sock)
+        except TimeoutError:
+            self.stats["timeouts"] += 1
+            self.drop()
+            return None
+        except (OSError, FrameError):
+            self.stats["lost"] += 1
+            self.drop()
+            return None
+        if status == Status.VIOLATION:
+            raise ContractViolation(reply.decode(errors="replace"))
+        if status != Status.OK:
+            self.stats["errors"] += 1
+            return None
+        return reply
+
+    def drop(self) -> None:
+        """Close the connection; the next attempt is ``retry_s`` from now."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._next_attempt = self._clock() + self.retry_s
+
+    def _connect(self) -> socket.socket | None:
+        if self._clock() < self._next_attempt:
+            return None
+        if (
+            self.spawned is not None
+            and self.spawned.ready_fd >= 0
+            and not self.spawned.wait_ready(0)
+        ):
+            return None  # the node process this engine started is still starting
+        opened = connect(self.paths, self.session, Role.DIRECTORY, self.namespace, self.timeout_s)
+        if opened is None:
+            self._next_attempt = self._clock() + self.retry_s
+            if self.start_server:
+                spawned = spawn_server(self.paths, self.geometry)
+                if spawned is not None:
+                    self.stats["server_starts"] += 1
+                    self.spawned = spawned
+            return None
+        self._sock, self.welcome = opened
+        self.stats["connects"] += 1
+        if self.on_connected is not None:
+            self.on_connected(self.welcome)
+        return self._sock
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Connect now, waiting up to ``timeout_s`` for a node process this engine
+        started to listen; whether connected. (Start-up and tests only.)"""
+        if self._sock is not None:
+            return True
+        self._next_attempt = 0.0
+        if self._connect() is not None:
+            return True
+        if self.spawned is not None and self.spawned.ready_fd >= 0:
+            self.spawned.wait_ready(timeout_s)
+        self._next_attempt = 0.0
+        return self._connect() is not None
+
+    def close(self) -> None:
+        self.drop()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        if self.spawned is not None:
+            self.spawned.close()

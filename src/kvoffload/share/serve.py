@@ -1,0 +1,101 @@
+"""``kvoffload share serve NAME``: run a share's node process in the foreground
+(for a systemd unit; engines also start it by themselves, see :mod:`.launch`).
+
+``kvoffload share stop NAME`` sends it SIGTERM; ``kvoffload share remove NAME``
+deletes a stopped share's files (its memory goes back to the system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import struct
+import sys
+from pathlib import Path
+
+from kvoffload.core.errors import UsageError
+from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.launch import server_alive
+from kvoffload.share.paths import DEFAULT_ROOT, SharePaths, remove_share
+from kvoffload.share.server import AlreadyServing, ShareServer, open_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvoffload share", description=__doc__)
+    parser.add_argument("action", choices=("serve", "stop", "remove"))
+    parser.add_argument("name")
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
+    parser.add_argument("--cpu-bytes", type=int, help="size of a new share (all ranks)")
+    parser.add_argument("--slots", type=int, help="slots of a new share (instead of size)")
+    parser.add_argument("--slot-bytes", type=int, help="bytes of one chunk of one rank")
+    parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--policy", default="lru")
+    parser.add_argument("--store-threshold", type=int, default=1)
+    parser.add_argument("--max-admission-counters", type=int, default=65536)
+    parser.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    paths = SharePaths(args.name, args.root)
+    if args.action == "stop":
+        return _stop(paths)
+    if args.action == "remove":
+        if server_alive(paths):
+            raise UsageError(f"share {args.name!r} is served: stop it first")
+        remove_share(paths)
+        return 0
+    return _serve(paths, _geometry(args), args.ready_fd)
+
+
+def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
+    if args.slot_bytes is None:
+        return None
+    if args.slots is not None:
+        return ShareGeometry(
+            args.slots, args.slot_bytes, args.ranks, args.policy,
+            args.store_threshold, args.max_admission_counters,
+        )  # fmt: skip
+    if args.cpu_bytes is None:
+        raise UsageError("a new share needs --cpu-bytes (or --slots) with --slot-bytes")
+    geometry = ShareGeometry.for_budget(
+        args.cpu_bytes, args.slot_bytes, args.ranks,
+        policy=args.policy, store_threshold=args.store_threshold,
+    )  # fmt: skip
+    return geometry
+
+
+def _serve(paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int) -> int:
+    """Serve until SIGTERM/SIGINT. Signal handlers are in place before readiness is
+    reported (closing ``ready_fd``), so a stop right after start-up stops cleanly."""
+    running: list[ShareServer] = []
+
+    def _stop_serving(signum: int, frame: object) -> None:
+        if not running:
+            raise SystemExit(0)  # still starting: nothing to close yet
+        running[0].stop()
+
+    signal.signal(signal.SIGTERM, _stop_serving)
+    signal.signal(signal.SIGINT, _stop_serving)
+    try:
+        running.append(open_server(paths, geometry))
+    except AlreadyServing:
+        return 0
+    finally:
+        if ready_fd >= 0:
+            os.close(ready_fd)  # the starter's wait ends: listening, or not needed
+    running[0].serve_forever()
+    return 0
+
+
+def _stop(paths: SharePaths) -> int:
+    try:
+        data = paths.server_lock.read_bytes()[:4]
+    except FileNotFoundError:
+        return 0
+    if not server_alive(paths) or len(data) < 4:
+        return 0
+    os.kill(struct.unpack("<I", data)[0], signal.SIGTERM)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(["serve", *sys.argv[1:]]))

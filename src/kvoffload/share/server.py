@@ -1,0 +1,233 @@
+"""The node process: one per share, owning its directory; engines call it over a
+Unix socket.
+
+Start-up (:func:`open_server`), in this order:
+
+1. take the share's server lock (flock, exclusive, non-blocking): at most one node
+   process per share; a second one finds it held and exits (:class:`AlreadyServing`);
+2. read the geometry from the meta file, or, for a new share, take the one given
+   (the first engine's, or ``kvoffload share serve``'s arguments); bump the
+   generation and write it back;
+3. create or check the rank slab files (:func:`~.slab_files.create_slab_files`),
+   and clear the index (:mod:`.index`), stamped with the new generation;
+4. listen on the socket (bound beside it, then renamed over it, so a client never
+   connects to a half-set-up socket).
+
+It then serves until stopped (:meth:`ShareServer.stop`, SIGTERM/SIGINT) and stays up
+when its last engine leaves: a restarted engine finds the share warm. It starts with
+an empty directory, whatever the slabs hold (bytes are never trusted without the
+index), and books no slot until older generations are fenced (:mod:`.fence`).
+
+The loop is single-threaded (:mod:`selectors`): in each round, connections that
+closed are released first, then every complete request is served in arrival order.
+A process killed before a client's request was sent is therefore always released
+before that request is served. A client that stops reading its replies for
+``send_timeout_s`` is disconnected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import selectors
+import socket
+import struct
+from dataclasses import dataclass, field
+
+from kvoffload.core.directory import Directory
+from kvoffload.core.errors import ConfigError, KvOffloadError
+from kvoffload.share.book import ShareBook
+from kvoffload.share.dispatch import dispatch
+from kvoffload.share.fence import GenerationFence
+from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.index import IndexWriter
+from kvoffload.share.paths import SharePaths
+from kvoffload.share.protocol import HEADER, HELLO, MAX_FRAME, WELCOME, Op, Role, Status, frame
+from kvoffload.share.slab_files import create_slab_files
+
+
+class AlreadyServing(KvOffloadError):
+    """Another node process holds this share's server lock."""
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    buffer: bytearray = field(default_factory=bytearray)
+    session: bytes | None = None
+
+
+class ShareServer:
+    """A running node process (see the module docstring). Build with :func:`open_server`."""
+
+    def __init__(
+        self,
+        paths: SharePaths,
+        geometry: ShareGeometry,
+        directory: Directory,
+        lock_fd: int,
+        listener: socket.socket,
+    ) -> None:
+        self.paths = paths
+        self.geometry = geometry
+        fence = GenerationFence(paths, geometry.generation)
+        index = IndexWriter(paths.index, geometry.num_slots, geometry.generation)
+        self.book = ShareBook(directory, fence.open, index)
+        self.send_timeout_s = 0.1
+        self._lock_fd = lock_fd
+        self._listener = listener
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._conns: dict[int, _Conn] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._running = True
+
+    def stop(self) -> None:
+        """Make :meth:`serve_forever` return (safe from a signal handler or thread)."""
+        self._running = False
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def serve_forever(self) -> None:
+        try:
+            while self._running:
+                self.serve_round(None)
+        finally:
+            self.close()
+
+    def serve_round(self, timeout: float | None) -> None:
+        """One round: accept, release closed connections, serve complete requests."""
+        ready: list[_Conn] = []
+        for key, _ in self._selector.select(timeout):
+            if key.data == "wake":
+                os.read(self._wake_r, 64)
+            elif key.fileobj is self._listener:
+                self._accept()
+            else:
+                conn = self._conns[key.fd]
+                if self._receive(conn):
+                    ready.append(conn)
+        for conn in ready:
+            self._serve_frames(conn)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except OSError:
+            return
+        sock.settimeout(self.send_timeout_s)
+        self._conns[sock.fileno()] = _Conn(sock)
+        self._selector.register(sock, selectors.EVENT_READ, None)
+
+    def _receive(self, conn: _Conn) -> bool:
+        """Buffer what arrived; False (and the connection released) when it closed."""
+        try:
+            data = conn.sock.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return False
+        conn.buffer += data
+        return True
+
+    def _serve_frames(self, conn: _Conn) -> None:
+        while len(conn.buffer) >= HEADER.size and conn.sock.fileno() in self._conns:
+            length, op = HEADER.unpack_from(conn.buffer)
+            if length > MAX_FRAME:
+                self._drop(conn)
+                return
+            if len(conn.buffer) < HEADER.size + length:
+                return
+            payload = bytes(conn.buffer[HEADER.size : HEADER.size + length])
+            del conn.buffer[: HEADER.size + length]
+            status, reply = self._answer(conn, op, payload)
+            if conn.session is None and status is not Status.OK:
+                self._drop(conn)
+                return
+            try:
+                conn.sock.sendall(frame(status, reply))
+            except OSError:
+                self._drop(conn)
+                return
+
+    def _answer(self, conn: _Conn, op: int, payload: bytes) -> tuple[Status, bytes]:
+        if conn.session is None:
+            if op != Op.HELLO or len(payload) < HELLO.size:
+                return Status.ERROR, b"the first call must be HELLO"
+            sid, role, ns_len = HELLO.unpack_from(payload)
+            namespace = payload[HELLO.size : HELLO.size + ns_len]
+            fresh = self.book.open_session(sid, namespace if role == Role.DIRECTORY else None)
+            conn.session = sid
+            g = self.geometry
+            welcome = WELCOME.pack(
+                g.generation, os.getpid(), g.num_slots, g.slot_bytes, g.ranks, fresh
+            )
+            return Status.OK, welcome
+        session = self.book.sessions[conn.session]
+        return dispatch(self.book, session, op, payload)
+
+    def _drop(self, conn: _Conn) -> None:
+        fd = conn.sock.fileno()
+        if self._conns.pop(fd, None) is None:
+            return
+        self._selector.unregister(conn.sock)
+        conn.sock.close()
+        if conn.session is not None:
+            self.book.close_session(conn.session)
+
+    def close(self) -> None:
+        """Close every connection and the socket; the slabs and meta file stay."""
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        self._selector.close()
+        self._listener.close()
+        self.paths.socket.unlink(missing_ok=True)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        os.close(self._lock_fd)
+
+
+def open_server(paths: SharePaths, geometry: ShareGeometry | None) -> ShareServer:
+    """Start-up steps 1-4 of the module docstring; :class:`AlreadyServing` if another
+    node process runs, :class:`ConfigError` for a new share without a geometry."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(paths.server_lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock_fd)
+        raise AlreadyServing(f"share {paths.name!r} already has a node process") from None
+    try:
+        recorded = ShareGeometry.read(paths.meta)
+        chosen = recorded if recorded is not None else geometry
+        if chosen is None:
+            raise ConfigError("host_share", f"share {paths.name!r} does not exist: give its size")
+        chosen = chosen.next_generation()
+        directory = Directory(  # a bad policy or size fails here, before any file changes
+            chosen.num_slots,
+            policy=chosen.policy,
+            store_threshold=chosen.store_threshold,
+            max_admission_counters=chosen.max_admission_counters,
+        )
+        create_slab_files(paths, chosen)
+        chosen.write(paths.meta)
+        listener = _listen(paths)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+    os.write(lock_fd, struct.pack("<I", os.getpid()))
+    return ShareServer(paths, chosen, directory, lock_fd, listener)
+
+
+def _listen(paths: SharePaths) -> socket.socket:
+    temporary = paths.socket.with_name(f"{paths.socket.name}.{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(temporary))
+    listener.listen(128)
+    os.replace(temporary, paths.socket)
+    return listener

@@ -1,0 +1,77 @@
+"""Helpers of the host-share tests: node processes served from a thread of the test
+process, and engine stand-ins (``agent.py``) in processes of their own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from kvoffload.share.client import ShareDirectory
+from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.paths import SharePaths
+from kvoffload.share.server import ShareServer, open_server
+
+AGENT = Path(__file__).with_name("agent.py")
+
+
+class ThreadShares:
+    """Node processes served from threads of the test process, and their clients."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.servers: list[tuple[ShareServer, threading.Thread]] = []
+        self.clients: list[ShareDirectory] = []
+
+    def serve(self, name: str, geometry: ShareGeometry) -> SharePaths:
+        paths = SharePaths(name, self.root)
+        server = open_server(paths, geometry)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        self.servers.append((server, thread))
+        return paths
+
+    def client(self, paths: SharePaths, **options: object) -> ShareDirectory:
+        options.setdefault("timeout_s", 30.0)
+        options.setdefault("start_server", False)
+        client = ShareDirectory(paths, **options)  # type: ignore[arg-type]
+        self.clients.append(client)
+        assert client.wait_ready(30.0)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for server, thread in self.servers:
+            server.stop()
+            thread.join()
+
+
+class Agent:
+    """``agent.py`` in its own process: one command, one answer line."""
+
+    def __init__(self, paths: SharePaths, session: bytes) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(AGENT), str(paths.root), paths.name, session.hex()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.ask(None) == "ready"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def ask(self, command: str | None) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        if command is not None:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until it is gone (its sockets are closed by then)."""
+        self.process.kill()
+        self.process.wait()

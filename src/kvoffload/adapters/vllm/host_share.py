@@ -15,8 +15,9 @@ halves open it.
   ``host_share_calls_total``.
 
 Whichever half runs first starts the share's node process (in vLLM the workers
-register their KV caches before the scheduler is built); ``started`` says whether
-this process found no node process running before it opened the share.
+register their KV caches before the scheduler is built): :func:`start_node_process`,
+whose answer (``started``: this process's node process is the one serving) goes into
+the start-up lines.
 Ownership: the scheduler half owns its :class:`ShareDirectory` (closed at shutdown);
 each worker owns its :class:`WorkerShare`.
 """
@@ -31,7 +32,7 @@ from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.recorder import MetricsRecorder
-from kvoffload.share.launch import server_alive
+from kvoffload.share.launch import spawn_server
 from kvoffload.share.opening import (
     ShareSettings,
     open_share_directory,
@@ -45,8 +46,27 @@ if TYPE_CHECKING:
     from kvoffload.share.link import Lease
     from kvoffload.share.slab import SharedSlab
 
+START_WAIT_S = 30.0
+"""How long an engine start waits for the node process it started to listen."""
+
 LINK_OUTCOMES = ("connects", "unavailable", "timeouts", "lost", "errors", "server_starts")
 """The link's counters (``share.link.Link.stats``) exported per ``outcome``."""
+
+
+def start_node_process(settings: ShareSettings, chunk_bytes: int, ranks: int) -> bool:
+    """Start the share's node process unless one serves it, and wait until one does
+    (start-up only); whether the one serving is the one this process started (of
+    several engines starting it at once, one serves, the others' exit at once)."""
+    spawned = spawn_server(settings.paths, settings.geometry(chunk_bytes, ranks))
+    if spawned is None:
+        return False
+    try:
+        if not spawned.wait_ready(START_WAIT_S):
+            return False  # opening the share reports what is wrong
+        lock = settings.paths.server_lock.read_bytes()[:4]
+        return len(lock) == 4 and int.from_bytes(lock, "little") == spawned.process.pid
+    finally:
+        spawned.close()
 
 
 def share_settings(config: OffloadConfig) -> ShareSettings | None:
@@ -101,7 +121,7 @@ def open_scheduler_share(
 ) -> SchedulerShare:
     """Open (starting it if need be) the share's directory for the scheduler half;
     ConfigError when the engine's chunks do not fit the share's slots."""
-    started = not server_alive(settings.paths)
+    started = start_node_process(settings, chunk_bytes, ranks)
     directory = open_share_directory(
         settings, chunk_bytes=chunk_bytes, ranks=ranks, namespace=namespace.digest()
     )
@@ -114,7 +134,7 @@ class WorkerShare:
 
     def __init__(self, settings: ShareSettings, *, chunk_bytes: int, rank: int, ranks: int) -> None:
         self.settings = settings
-        self.started = not server_alive(settings.paths)
+        self.started = start_node_process(settings, chunk_bytes, ranks)
         self.slab: SharedSlab = open_share_slab(
             settings, chunk_bytes=chunk_bytes, rank=rank, ranks=ranks
         )

@@ -192,8 +192,8 @@ class WorkerSide:
         if self.share is None:
             return line
         paths = self.share.settings.paths
-        who = "started" if self.share.started else "found running"
-        return f"{line}, slab of host share {paths.name!r} ({who}: {paths.slab(self.rank)})"
+        who = "started its node process" if self.share.started else "found it running"
+        return f"{line}, slab of host share {paths.name!r} ({paths.slab(self.rank)}; {who})"
 
     def _open_tiers(self, worker: TransferWorker) -> TierWorker | None:
         g, config = self.geometry, self.config

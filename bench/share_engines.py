@@ -28,6 +28,7 @@ import json
 import math
 import os
 import select
+import shutil
 import signal
 import statistics
 import subprocess
@@ -193,7 +194,8 @@ def main() -> int:
         f"{args.engines} engines ({args.preset}), {len(requests)} requests "
         f"({args.users} users x {args.turns} turns, system {args.system_tokens} tokens, "
         f"+{args.message_tokens} a turn), S = {chunks} chunks = {share_bytes / 2**20:.1f} MiB "
-        f"(working set {unique} chunks), engine KV {args.kv_blocks} blocks each; logs {scratch}"
+        f"(working set {unique} chunks), engine KV {args.kv_blocks} blocks each; logs {scratch} "
+        "(removed when the outputs are identical)"
     )
     began = time.monotonic()
     run: dict[str, Any] = {"kv_blocks": args.kv_blocks, "logs": scratch}
@@ -221,6 +223,8 @@ def main() -> int:
         f"{'met' if ratio <= 0.7 else 'NOT met'}); outputs identical to no offload: "
         f"{'yes' if same else 'NO'}; {time.monotonic() - began:.0f} s"
     )
+    if same:
+        shutil.rmtree(scratch, ignore_errors=True)  # the model and the logs
     return 0 if same else 1
 
 

@@ -56,6 +56,9 @@ class OffloadConfig:
     store_threshold: int = 1
     copy_threads: int = 1
     tier_threads: int = 4
+    host_share: str | None = None
+    host_share_timeout_ms: float = 5
+    host_share_root: str = "/dev/shm"
     tier_io_timeout_ms: int = 5000
     lower_tier_admission: str | int = "write_through"
     lower_tier_loads: str = "direct"

@@ -8,6 +8,7 @@ drift. Pure data and predicates; nothing here raises.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from kvoffload.core.options import (
@@ -21,6 +22,13 @@ from kvoffload.core.policies import policy_names
 from kvoffload.tiers.registry import TIERS
 
 __all__ = ["OPTIONS", "SECTIONS", "Check", "ConfigSection", "Option"]
+
+
+_SHARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _share_name(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and _SHARE_NAME.match(v) is not None)
 
 
 def _policy(v: Any) -> bool:
@@ -76,6 +84,37 @@ _HEAD: tuple[Option, ...] = (
         "More keep more tier requests (reads, writes, round trips) in flight; on a "
         "small machine sharing cores with a local tier server, fewer can be faster.",
         int_at_least(1),
+    ),
+)
+
+_SHARE: tuple[Option, ...] = (
+    Option(
+        "host_share",
+        "a name: letters, digits, _ . - (up to 64), or unset",
+        None,
+        "Use the node-shared host tier of this name instead of a private one: every engine "
+        "on the node naming it reads and writes one copy of each chunk in shared memory, "
+        "kept when an engine exits or is killed (decision 0016; its node process starts "
+        "with the first engine). cpu_bytes is then the share's size, all ranks together, "
+        "if this engine creates it. No disk or Redis tier with it.",
+        _share_name,
+    ),
+    Option(
+        "host_share_timeout_ms",
+        "number > 0",
+        5,
+        "Deadline of one call to the share's node process; a call past it answers as a "
+        "miss (or no room) and is counted (``kvoffload_host_share_calls_total``): a slow "
+        "share never stalls a step.",
+        positive_number,
+    ),
+    Option(
+        "host_share_root",
+        "a directory path",
+        "/dev/shm",
+        "Where the share's files (slabs, index, socket, meta, log) live: a memory "
+        "file system for the slabs to be memory.",
+        lambda v: isinstance(v, str) and bool(v),
     ),
 )
 
@@ -161,6 +200,7 @@ SECTIONS: tuple[ConfigSection, ...] = tuple(spec.section for spec in TIERS)
 
 OPTIONS: tuple[Option, ...] = (
     *_HEAD,
+    *_SHARE,
     *(option for section in SECTIONS for option in section.options),
     *_TAIL,
 )

@@ -261,6 +261,15 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "pinned_chunks", "gauge", "Chunks pinned by transfers in flight, per tier.", ("tier",)
     ),
+    MetricDef(
+        "host_share_calls_total",
+        "counter",
+        "The node-shared host tier's link (host_share), per outcome: connects (to a node "
+        "process), server_starts (node processes this engine started), and calls that "
+        "answered as a miss: unavailable (no node process), timeouts "
+        "(past host_share_timeout_ms), lost (connection dropped), errors.",
+        ("outcome",),
+    ),
     MetricDef("jobs_in_flight", "gauge", "Transfer jobs not yet reported by every worker.", ()),
     MetricDef(
         "quarantined_chunks",

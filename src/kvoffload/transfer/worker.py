@@ -99,10 +99,18 @@ class TransferWorker:
         threads: int = 1,
         rank: int = 0,
         hook: CopyHook | None = None,
+        open_slab: Callable[[int], HostSlab] | None = None,
     ) -> TransferWorker:
-        """Register ``kv_caches`` and allocate a host slab of ``host_budget_bytes``."""
+        """Register ``kv_caches`` and allocate a host slab of ``host_budget_bytes``, or
+        take the one ``open_slab(chunk_bytes)`` opens (a node-shared host tier's
+        rank slab, ``share.slab.SharedSlab``, which offers the same interface)."""
         layout = register_kv_caches(kv_caches, num_blocks)
-        slab = HostSlab(layout.chunk_bytes(blocks_per_chunk), host_budget_bytes)
+        chunk_bytes = layout.chunk_bytes(blocks_per_chunk)
+        slab = (
+            HostSlab(chunk_bytes, host_budget_bytes)
+            if open_slab is None
+            else open_slab(chunk_bytes)
+        )
         return cls(layout, slab, blocks_per_chunk, threads=threads, rank=rank, hook=hook)
 
     def submit_store(self, job: EngineJob) -> None:

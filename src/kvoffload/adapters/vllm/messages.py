@@ -17,6 +17,9 @@ from kvoffload.core.jobs import StepPlan, WorkerReport
 @dataclass(frozen=True)
 class PlanMetadata(KVConnectorMetadata):
     plan: StepPlan
+    session: bytes | None = None
+    """The engine's session on its node-shared host tier (None: a private one): each
+    worker holds a lease on it before running the plan's jobs (decision 0016)."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import cast
 
 from kvoffload.adapters.prometheus import MetricsEndpoint
 from kvoffload.adapters.vllm.compat import (
@@ -20,6 +21,12 @@ from kvoffload.adapters.vllm.compat import (
 from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
+from kvoffload.adapters.vllm.host_share import (
+    LinkCounters,
+    SchedulerShare,
+    open_scheduler_share,
+    share_settings,
+)
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
@@ -82,6 +89,11 @@ class SchedulerSide:
     :meth:`shutdown`: a tier may hold a lock from then on (the disk tier refuses a
     second engine of the same model on the same ``disk_path`` with a
     ``ConfigError``). A failed construction closes every tier it opened.
+
+    With ``host_share`` its host directory is the share's
+    (:class:`~kvoffload.share.client.ShareDirectory`, ``adapters/vllm/host_share.py``),
+    owned here (``share``) and closed at :meth:`shutdown`; every plan's metadata
+    names its session, for the workers' leases.
     """
 
     def __init__(
@@ -90,6 +102,7 @@ class SchedulerSide:
         self.lock = threading.RLock()
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
         g = self.geometry
+        settings = share_settings(config)  # before any tier or share is opened
         self.lower: LowerTiers = open_lower_tiers(
             config,
             g.namespace,
@@ -98,17 +111,31 @@ class SchedulerSide:
             slots=g.tier_slots,
             groups=len(g.kv_groups),
         )
+        self.share: SchedulerShare | None = None
         try:
+            if settings is not None:
+                self.share = open_scheduler_share(
+                    settings, chunk_bytes=g.chunk_bytes, ranks=g.world_size, namespace=g.namespace
+                )
             self._open(vllm_config, config)
         except BaseException:
+            self._close_share()
             self.lower.close()
             raise
 
     def _open(self, vllm_config: VllmConfig, config: OffloadConfig) -> None:
         g = self.geometry
-        directory = Directory(
-            g.num_slots, tier="host", policy=config.eviction, store_threshold=config.store_threshold
-        )
+        directory: Directory
+        if self.share is not None:  # the share's client offers the Directory interface
+            directory = cast(Directory, self.share.directory)
+        else:
+            directory = Directory(
+                g.num_slots,
+                tier="host",
+                policy=config.eviction,
+                store_threshold=config.store_threshold,
+            )
+        self.session = self.share.directory.session if self.share is not None else None
         self.scheduler = build_scheduler(
             g.scheduler_config(config),
             directory,
@@ -117,6 +144,9 @@ class SchedulerSide:
             spill_after_hits=config.spill_after_hits,
         )
         self.chunk_bytes = g.chunk_bytes * g.world_size  # one chunk, all workers
+        self.link_counters = (
+            LinkCounters(self.scheduler.metrics) if self.share is not None else None
+        )
         self.deltas = DeltaSource(self.read_metrics, self._take_observations)
         self.events: EventTranslator | None = None
         events = vllm_config.kv_events_config
@@ -145,15 +175,16 @@ class SchedulerSide:
     def summary(self, load_failure_policy: str) -> str:
         """The scheduler role's start-up line (``startup.scheduler_summary``)."""
         g = self.geometry
-        return scheduler_summary(
+        line = scheduler_summary(
             self.config,
             chunk_tokens=g.block_size * g.blocks_per_chunk,
             chunk_bytes=self.chunk_bytes,
             world_size=g.world_size,
-            host_chunks=g.num_slots,
+            host_chunks=self.scheduler.directory.num_slots,
             tier_chunks=g.tier_slots,
             load_failure_policy=load_failure_policy,
         )
+        return line if self.share is None else f"{line}, {self.share.describe()}"
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -192,10 +223,10 @@ class SchedulerSide:
                     plan = self.scheduler.build_plan(step_input(output))
                     if self.events is not None:
                         self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
-                    return PlanMetadata(plan)
+                    return PlanMetadata(plan, self.session)
                 except Exception as exc:
                     self.guard.trip("build_connector_meta", exc)
-            return PlanMetadata(self.guard.plan())
+            return PlanMetadata(self.guard.plan(), self.session)
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta
@@ -272,6 +303,8 @@ class SchedulerSide:
 
     def read_metrics(self, with_gauges: bool = True) -> MetricsReading:
         with self.lock:
+            if self.share is not None and self.link_counters is not None:
+                self.link_counters.sync(self.share.directory.link.stats)
             return read_metrics(self.scheduler, self.chunk_bytes, with_gauges=with_gauges)
 
     def _take_observations(self) -> dict[Series, list[float]]:
@@ -305,3 +338,10 @@ class SchedulerSide:
             self.endpoint.close()
             self.endpoint = None
         self.lower.close()
+        self._close_share()
+
+    def _close_share(self) -> None:
+        """Close the share's connections (its node process keeps running)."""
+        if self.share is not None:
+            self.share.directory.close()
+            self.share = None

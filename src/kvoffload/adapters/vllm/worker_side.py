@@ -22,11 +22,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import cast
 
 import torch
 
 from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_parallel_rank
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
+from kvoffload.adapters.vllm.host_share import WorkerShare, share_settings
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.core.config import OffloadConfig
@@ -34,6 +36,7 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobResult, TransferJob, WorkerReport
 from kvoffload.core.step_runner import StepRunner
 from kvoffload.tiers.build import enabled_tiers, open_tier_stores
+from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer import CopyHook, TransferWorker
 from kvoffload.transfer.cpu_kernel import NATIVE
 from kvoffload.transfer.staged_loads import StagedLoadLane, StagedLoads
@@ -49,13 +52,17 @@ class WorkerSide:
     (with their staging slabs: none without a lower tier); ``copy_hook``,
     ``rank_override``, ``clock`` (of the tier I/O deadlines) and ``io_hook`` (called
     before each tier call) are set by tests and harnesses before
-    ``register_kv_caches``."""
+    ``register_kv_caches``. With ``host_share`` its host slab is its rank's slab of
+    the share, and it holds a lease on the session every plan names before running
+    the plan's jobs (``share``: ``adapters/vllm/host_share.py``)."""
 
     def __init__(
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
     ) -> None:
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
         self.config = config
+        self.share_settings = share_settings(config)
+        self.share: WorkerShare | None = None  # from register_kv_caches on, with a share
         self.copy_hook: CopyHook | None = None  # tests: hold or fail copies
         self.rank_override: int | None = None  # harnesses running several ranks in one process
         self.rank = 0
@@ -125,6 +132,17 @@ class WorkerSide:
         self.runner = StepRunner(backend)
         logger.info("%s", self._summary(worker, tiers))
 
+    def _open_slab(self, chunk_bytes: int) -> HostSlab:
+        """This rank's slab of the share (ConfigError: the chunks do not fit it)."""
+        assert self.share_settings is not None
+        self.share = WorkerShare(
+            self.share_settings,
+            chunk_bytes=chunk_bytes,
+            rank=self.rank,
+            ranks=self.geometry.world_size,
+        )
+        return cast(HostSlab, self.share.slab)  # offers HostSlab's interface
+
     def _open_worker(self, kv_caches: Mapping[str, torch.Tensor]) -> TransferWorker:
         g = self.geometry
         worker = TransferWorker.for_kv_caches(
@@ -135,8 +153,9 @@ class WorkerSide:
             threads=self.config.copy_threads,
             rank=self.rank,
             hook=self.copy_hook,
+            open_slab=self._open_slab if self.share_settings is not None else None,
         )
-        if worker.slab.num_slots != g.num_slots:
+        if self.share is None and worker.slab.num_slots != g.num_slots:
             worker.shutdown()
             raise ConfigError(
                 "kv_caches",
@@ -160,7 +179,7 @@ class WorkerSide:
         if tiers is not None:
             for spec in enabled_tiers(self.config):
                 spec.worker_notes(self.config, tiers.stores[spec.name])
-        return worker_summary(
+        line = worker_summary(
             rank=self.rank,
             world_size=self.geometry.world_size,
             layers=layout.num_layers,
@@ -170,6 +189,11 @@ class WorkerSide:
             copy_path=copy_path,
             tiers=sorted(tiers.stores) if tiers is not None else [],
         )
+        if self.share is None:
+            return line
+        paths = self.share.settings.paths
+        who = "started its node process" if self.share.started else "found it running"
+        return f"{line}, slab of host share {paths.name!r} ({paths.slab(self.rank)}; {who})"
 
     def _open_tiers(self, worker: TransferWorker) -> TierWorker | None:
         g, config = self.geometry, self.config
@@ -197,19 +221,27 @@ class WorkerSide:
 
     def handle_preemptions(self, metadata: PlanMetadata) -> None:
         """Before the forward pass: the step's flush (its first call: idempotent)."""
+        self._hold_session(metadata)
         if self.runner is not None:
             self.runner.flush(metadata.plan)
 
     def start_load_kv(self, metadata: PlanMetadata) -> None:
         """Submit the step's loads, spills and promotions (after the flush)."""
+        self._hold_session(metadata)
         if self.runner is not None:
             self.runner.begin_step(metadata.plan)
 
     def wait_for_save(self, metadata: PlanMetadata) -> None:
         """After the forward pass: submit the step's remaining stores."""
+        self._hold_session(metadata)
         if self.runner is not None:
             self.runner.flush(metadata.plan)
             self.runner.end_forward()
+
+    def _hold_session(self, metadata: PlanMetadata) -> None:
+        """With a share: lease the session the plan names before any of its jobs run."""
+        if self.share is not None:
+            self.share.hold(metadata.session)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         """Collect results: (None, ids of the requests whose load finished or failed,
@@ -253,3 +285,6 @@ class WorkerSide:
             self.tiers.shutdown()
         if self.worker is not None:
             self.worker.shutdown(timeout=10.0)
+        if self.share is not None:  # after the copies: the lease covers them
+            self.share.close()
+            self.share = None

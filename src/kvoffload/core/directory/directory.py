@@ -179,6 +179,15 @@ class Directory:
             table.pin(slot)
         return tuple(slots)
 
+    def try_prepare_load(self, keys: Sequence[ChunkKey]) -> tuple[int, ...] | None:
+        """As :meth:`prepare_load`, or None (nothing pinned) when a key is not a hit.
+        The scheduler half pins through this, since a shared directory
+        (:class:`~kvoffload.share.client.ShareDirectory`) may lose a hit to another
+        engine between lookup and load, or not answer: a miss at load time."""
+        if self._slots.hit_slots(keys) is None:
+            return None
+        return self.prepare_load(keys)
+
     def complete_load(self, keys: Sequence[ChunkKey]) -> None:
         """Drop one pin per key (taken by ``prepare_load``). A chunk discarded while
         pinned is freed when its last pin goes."""

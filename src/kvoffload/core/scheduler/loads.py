@@ -349,21 +349,30 @@ def _sources(
     """Where each of ``keys`` is read from: (slots, with :data:`NO_SLOT` for the chunks
     read from ``tier``; that tier (None: host memory only); their tier slots; their KV
     cache groups when ``entries`` name several). Pins the host chunks and books the
-    tier's; None, changing nothing, when a chunk is in neither."""
+    tier's; None, changing nothing, when a chunk is in neither. Host chunks are pinned
+    with ``try_prepare_load``: a shared host tier may lose a chunk to another engine
+    after the lookup, or not answer in time; that is a miss here, never an error."""
     if tier is None:  # a host hit: every chunk readable there, as lookup offered
         if directory.readable_prefix(keys) != len(keys):
             return None
-        return directory.prepare_load(keys), None, (), ()
+        host = directory.try_prepare_load(keys)
+        return None if host is None else (host, None, (), ())
     status = directory.lookup(keys).statuses
     from_tier = [i for i, st in enumerate(status) if st is not LookupStatus.HIT]
     if not from_tier:
-        return directory.prepare_load(keys), None, (), ()
+        host = directory.try_prepare_load(keys)
+        return None if host is None else (host, None, (), ())
+    host_keys = [k for k, st in zip(keys, status, strict=True) if st is LookupStatus.HIT]
+    pinned = directory.try_prepare_load(host_keys)
+    if pinned is None:
+        return None
     tier_keys = [keys[i] for i in from_tier]
     tier_slots = tiers.book_tier_load(tier, tier_keys)
     if tier_slots is None:
+        if host_keys:
+            directory.complete_load(host_keys)
         return None
-    host_keys = [k for k, st in zip(keys, status, strict=True) if st is LookupStatus.HIT]
-    host_slots = iter(directory.prepare_load(host_keys))
+    host_slots = iter(pinned)
     slots = tuple(NO_SLOT if st is not LookupStatus.HIT else next(host_slots) for st in status)
     groups = tuple(entries[i].group for i in from_tier) if tiers.grouped and entries else ()
     return slots, tier, tier_slots, groups

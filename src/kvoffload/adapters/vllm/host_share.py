@@ -1,0 +1,182 @@
+"""The node-shared host tier (``host_share``, decision 0016) as the connector's two
+halves open it.
+
+- :func:`share_settings`: the share named by the configuration, or None; a share
+  with a lower tier (disk, Redis) is a :class:`ConfigError` (not supported: the
+  spill and promotion paths pin and book host chunks with calls a share may not
+  answer, and a disk tier refuses a second engine of one model on one path);
+- :func:`open_scheduler_share`: the scheduler half's directory of the share
+  (:class:`~kvoffload.share.client.ShareDirectory`), whose random ``session`` goes to
+  the workers in every step's metadata;
+- :class:`WorkerShare`: a worker's view: its rank's shared slab, and the lease on
+  its engine's session, opened when a plan first names the session, before any job
+  of that plan runs, and held until the worker shuts down;
+- :class:`LinkCounters`: the link's counters as the metric
+  ``host_share_calls_total``.
+
+Whichever half runs first starts the share's node process (in vLLM the workers
+register their KV caches before the scheduler is built): :func:`start_node_process`,
+whose answer (``started``: this process's node process is the one serving) goes into
+the start-up lines.
+Ownership: the scheduler half owns its :class:`ShareDirectory` (closed at shutdown);
+each worker owns its :class:`WorkerShare`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvoffload.core.config import OffloadConfig
+from kvoffload.core.errors import ConfigError
+from kvoffload.core.keys import Namespace
+from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.share.launch import spawn_server
+from kvoffload.share.opening import (
+    ShareSettings,
+    open_share_directory,
+    open_share_lease,
+    open_share_slab,
+)
+from kvoffload.tiers.build import enabled_tiers
+
+if TYPE_CHECKING:
+    from kvoffload.share.client import ShareDirectory
+    from kvoffload.share.link import Lease
+    from kvoffload.share.slab import SharedSlab
+
+START_WAIT_S = 30.0
+"""How long an engine start waits for the node process it started to listen."""
+
+LINK_OUTCOMES = ("connects", "unavailable", "timeouts", "lost", "errors", "server_starts")
+"""The link's counters (``share.link.Link.stats``) exported per ``outcome``."""
+
+
+def start_node_process(settings: ShareSettings, chunk_bytes: int, ranks: int) -> bool:
+    """Start the share's node process unless one serves it, and wait until one does
+    (start-up only); whether the one serving is the one this process started (of
+    several engines starting it at once, one serves, the others' exit at once)."""
+    spawned = spawn_server(settings.paths, settings.geometry(chunk_bytes, ranks))
+    if spawned is None:
+        return False
+    try:
+        if not spawned.wait_ready(START_WAIT_S):
+            return False  # opening the share reports what is wrong
+        lock = settings.paths.server_lock.read_bytes()[:4]
+        return len(lock) == 4 and int.from_bytes(lock, "little") == spawned.process.pid
+    finally:
+        spawned.close()
+
+
+def share_settings(config: OffloadConfig) -> ShareSettings | None:
+    """The share ``config`` names (None: a private host tier); ConfigError naming
+    ``host_share`` when a lower tier is configured with it."""
+    if config.host_share is None:
+        return None
+    lower = [spec.name for spec in enabled_tiers(config)]
+    if lower:
+        raise ConfigError(
+            "host_share",
+            f"a node-shared host tier takes no tier below it (configured: {', '.join(lower)}); "
+            "unset host_share or the lower tier's options",
+        )
+    settings = ShareSettings.from_config(
+        {
+            "host_share": config.host_share,
+            "cpu_bytes": config.cpu_bytes,
+            "eviction": config.eviction,
+            "store_threshold": config.store_threshold,
+            "host_share_timeout_ms": config.host_share_timeout_ms,
+            "host_share_root": config.host_share_root,
+        }
+    )
+    assert settings is not None  # host_share is set
+    return settings
+
+
+@dataclass
+class SchedulerShare:
+    """The scheduler half's share: its directory, and whether this process started
+    the node process (the start-up line)."""
+
+    settings: ShareSettings
+    directory: ShareDirectory
+    started: bool
+
+    def describe(self) -> str:
+        """The share's part of the start-up line."""
+        welcome = self.directory.link.welcome
+        generation = welcome.generation if welcome is not None else "?"
+        pid = welcome.pid if welcome is not None else "?"
+        who = "started by this engine" if self.started else "found running"
+        return (
+            f"host share {self.settings.paths.name!r} in {self.settings.paths.root} "
+            f"(generation {generation}, node process pid {pid}, {who})"
+        )
+
+
+def open_scheduler_share(
+    settings: ShareSettings, *, chunk_bytes: int, ranks: int, namespace: Namespace
+) -> SchedulerShare:
+    """Open (starting it if need be) the share's directory for the scheduler half;
+    ConfigError when the engine's chunks do not fit the share's slots."""
+    started = start_node_process(settings, chunk_bytes, ranks)
+    directory = open_share_directory(
+        settings, chunk_bytes=chunk_bytes, ranks=ranks, namespace=namespace.digest()
+    )
+    return SchedulerShare(settings, directory, started)
+
+
+class WorkerShare:
+    """One worker's share: its rank's slab and, once known, the lease on its
+    engine's session (see the module docstring)."""
+
+    def __init__(self, settings: ShareSettings, *, chunk_bytes: int, rank: int, ranks: int) -> None:
+        self.settings = settings
+        self.started = start_node_process(settings, chunk_bytes, ranks)
+        self.slab: SharedSlab = open_share_slab(
+            settings, chunk_bytes=chunk_bytes, rank=rank, ranks=ranks
+        )
+        self.lease: Lease | None = None
+        self.session: bytes | None = None
+
+    def hold(self, session: bytes | None) -> None:
+        """Hold a lease on ``session`` (from a plan's metadata) before running its
+        jobs; a later session (the scheduler half restarted) replaces it."""
+        if session is None or session == self.session:
+            return
+        old = self.lease
+        self.lease = open_share_lease(self.settings, session)
+        self.session = session
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        """Close the lease and unmap this worker's view of the slab (never raises)."""
+        if self.lease is not None:
+            self.lease.close()
+            self.lease = None
+        self.slab.close()
+
+
+class LinkCounters:
+    """Moves the link's counters (``Link.stats``, counted by the link itself) into the
+    scheduler half's recorder as ``host_share_calls_total{outcome}``; owned by the
+    scheduler half, called under its lock before each metrics reading."""
+
+    def __init__(self, recorder: MetricsRecorder) -> None:
+        self.recorder = recorder
+        self.seen: dict[str, int] = dict.fromkeys(LINK_OUTCOMES, 0)
+        for outcome in LINK_OUTCOMES:
+            recorder.declare("host_share_calls_total", outcome=outcome)
+
+    def sync(self, stats: Mapping[str, int]) -> None:
+        """Count what the link counted since the last call."""
+        for outcome in LINK_OUTCOMES:
+            now = stats.get(outcome, 0)
+            if now > self.seen[outcome]:
+                self.recorder.count(
+                    "host_share_calls_total", now - self.seen[outcome], outcome=outcome
+                )
+                self.seen[outcome] = now

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -23,10 +22,10 @@ from typing import Any
 
 import pytest
 from llm_support import CHUNK_BYTES, PROMPTS
+from share_support import share_config, stop_node_process
 
 import kvoffload
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import HEADER_BYTES
 
@@ -91,23 +90,11 @@ class Child:
 def share(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A share's configuration under a private root; its node process is stopped by
     pid at the end."""
-    root = tmp_path / "shm"
-    root.mkdir()
-    name = f"wire-{os.getpid()}"
-    extra = {"cpu_bytes": SHARE_CHUNKS * CHUNK_BYTES, "host_share": name}
-    extra["host_share_root"] = str(root)
-    extra["host_share_timeout_ms"] = 2000  # the test's 2 cores are busy: no timed-out call
-    yield extra
-    paths = SharePaths(name, root)
-    if server_alive(paths):  # started by an engine, detached: not our child
-        pid = int.from_bytes(paths.server_lock.read_bytes()[:4], "little")
-        exited = os.pidfd_open(pid)
-        try:
-            os.kill(pid, signal.SIGTERM)
-            ready, _, _ = select.select([exited], [], [], 30.0)  # until it exits
-            assert ready, f"the share's node process {pid} did not stop"
-        finally:
-            os.close(exited)
+    extra = share_config(tmp_path / "shm", f"wire-{os.getpid()}", SHARE_CHUNKS * CHUNK_BYTES)
+    try:
+        yield extra
+    finally:
+        stop_node_process(extra)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ Measures, per call (median and p99 over ``--reps``, each engine process timing i
   (the share's client answers ``readable_prefix`` from the shared-memory index, and
   ``lookup`` with one round trip; "prefix 1k, round trip" asks the node process),
 - ``prepare_store`` + ``complete_store`` of 16 new chunks (steady state: each evicts),
+- ``touch`` of the 1,000 chunks (the share's client sends it one way: no reply),
 - the first prototype of decision 0016's design (b), kept for reference: a lookup of
   1,000 keys in a bare numpy hash table (one probe, no locking).
 
@@ -71,6 +72,7 @@ def measure(
         "readable_prefix 1k": timed(lambda: d.readable_prefix(prefix), reps),
         "lookup 1k": timed(lambda: d.lookup(prefix), reps),
         "store+complete 16": timed(store_pair(d), reps),
+        "touch 1k": timed(lambda: d.touch(prefix), reps),
     }
     if isinstance(d, ShareDirectory):  # the same question as one round trip (no index)
         packed = pack_keys(prefix)

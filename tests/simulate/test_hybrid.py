@@ -164,7 +164,7 @@ def test_stores_read_live_blocks_of_their_group_and_fences_hold(
     class CheckedWorker(SimWorker):
         def submit(self, job: object) -> None:
             sim = state["sim"]
-            assert isinstance(sim, runner._Simulation) and sim.tables is not None
+            assert isinstance(sim, runner.Simulation) and sim.tables is not None
             if isinstance(job, EngineJob):
                 req = sim.engine.requests.get(job.request_id)
                 if req is not None and req.groups is not None:
@@ -198,7 +198,7 @@ def test_stores_read_live_blocks_of_their_group_and_fences_hold(
     settings = config(engine_tokens=640, cpu_bytes=48 * CHUNK * 1024, kv_groups=groups,
                       token_budget=96, decode_stride=4, prefix_caching=False,
                       cost=CostModel(bytes_per_token=1024, host_gbps=0.002))  # fmt: skip
-    sim = runner._Simulation(settings)
+    sim = runner.Simulation(settings)
     state["sim"] = sim
     allocate = sim.pool.allocate
 

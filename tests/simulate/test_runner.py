@@ -20,7 +20,7 @@ from kvoffload.simulate.content import ContentHasher
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.report import SimResult, format_report
 from kvoffload.simulate.request import SimRequest
-from kvoffload.simulate.runner import SimConfig, _Simulation, run_simulation
+from kvoffload.simulate.runner import SimConfig, Simulation, run_simulation
 from kvoffload.simulate.trace import TraceRequest
 from kvoffload.workload.chat import ChatWorkload
 
@@ -174,7 +174,7 @@ def test_the_fast_batch_former_decides_exactly_like_the_reference() -> None:
     workload = chat(users=30, concurrent=30, rate=500.0)
 
     def run(plain: bool) -> tuple[object, ...]:
-        sim = _Simulation(settings)
+        sim = Simulation(settings)
         if plain:  # the reference engine's batch former and strategies
             e = sim.engine
             e.batcher = Batcher(e.config, e.pool, sim.scheduler)
@@ -236,7 +236,7 @@ def test_fast_paths_agree_with_the_reference_on_every_call() -> None:
     )
     shape = ChatWorkload(users=40, turns=3, system_tokens=80, output_tokens=24)
     workload = ChatTrace(dataclasses.replace(shape, user_tokens=(8, 60)), 40, 2000.0, 2)
-    sim = _Simulation(settings)
+    sim = Simulation(settings)
     batcher = sim.engine.batcher
     batcher.holders = CheckedHolders()
     batcher.registration = CheckedRegistration(batcher.pool, settings.block_size)

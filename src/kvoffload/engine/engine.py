@@ -55,7 +55,11 @@ class EngineWorker(Protocol):
 
 
 @dataclass
-class _Batch:
+class StepBatch:
+    """One step's results between its two phases: the tokens its forward sampled and
+    the workers' reports collected after it, not yet applied (see
+    :meth:`ReferenceEngine.run_step`)."""
+
     step: int
     sampled: list[Sampled] = field(default_factory=list)
     reports: list[WorkerReport] = field(default_factory=list)
@@ -98,7 +102,7 @@ class ReferenceEngine:
         self.keep_finished = keep_finished
         self.requests: dict[str, Request] = {}
         self.steps = 0
-        self._in_flight: _Batch | None = None
+        self._in_flight: StepBatch | None = None
         self._load_jobs: dict[int, str] = {}
 
     # ------------------------------------------------------------------ requests
@@ -161,13 +165,13 @@ class ReferenceEngine:
     # ------------------------------------------------------------------ stepping
 
     def step(self) -> None:
-        batch = self._schedule_and_run()
+        batch = self.run_step()
         if self.config.mode is StepMode.SYNC:
-            self._apply(batch)
+            self.apply_step(batch)
             return
         previous, self._in_flight = self._in_flight, batch
         if previous is not None:
-            self._apply(previous)
+            self.apply_step(previous)
 
     def run_until_idle(self, max_steps: int) -> bool:
         """Step until the engine is idle (at most ``max_steps`` steps), then apply the
@@ -183,12 +187,18 @@ class ReferenceEngine:
         """Apply the batch still in the queue (batch-queue mode)."""
         if self._in_flight is not None:
             batch, self._in_flight = self._in_flight, None
-            self._apply(batch)
+            self.apply_step(batch)
 
-    def _schedule_and_run(self) -> _Batch:
+    def run_step(self) -> StepBatch:
+        """First phase of a step: schedule, plan and hand the plan to the worker, run
+        the forward, collect the workers' reports and cache the computed blocks. The
+        sampled tokens and the reports are returned unapplied; the caller applies each
+        batch exactly once, in order, with :meth:`apply_step` (``step`` does both, a
+        batch late in batch-queue mode; a driver of several engines interleaves the
+        phases in its own time order)."""
         self.steps += 1
         scheduled, preempted = self.batcher.schedule()
-        batch = _Batch(self.steps)
+        batch = StepBatch(self.steps)
         if self.scheduler is not None and self.worker is not None:
             plan = self.scheduler.build_plan(StepInput(tuple(s for s, _ in scheduled), preempted))
             for job in plan.loads:
@@ -205,7 +215,9 @@ class ReferenceEngine:
 
     # ---------------------------------------------------------------- outputs
 
-    def _apply(self, batch: _Batch) -> None:
+    def apply_step(self, batch: StepBatch) -> None:
+        """Second phase: the sampled tokens reach their requests (finishing some) and
+        the reports reach the scheduler half (completions, load outcomes)."""
         self.model.apply(batch.sampled, self._finish)
         if self.scheduler is None:
             return

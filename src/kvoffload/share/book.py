@@ -110,7 +110,7 @@ class ShareBook:
     # ------------------------------------------------------------------ queries
 
     def lookup(self, keys: Sequence[ChunkKey]) -> bytes:
-        return bytes(_STATUS_CODES[s] for s in self.directory.lookup(keys).statuses)
+        return bytes(map(_STATUS_CODES.__getitem__, self.directory.lookup(keys).statuses))
 
     def states(self, keys: Sequence[ChunkKey]) -> list[tuple[int, int, int]]:
         d = self.directory

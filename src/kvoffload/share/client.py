@@ -135,12 +135,12 @@ class ShareDirectory(ShareQueries):
 
     def touch(self, keys: Sequence[ChunkKey]) -> None:
         if keys:
-            self.link.call(Op.TOUCH, pack_keys(keys))
+            self.link.send(Op.TOUCH, pack_keys(keys))
 
     def record_lookups(self, keys: Iterable[ChunkKey]) -> None:
         listed = list(keys)
         if listed:
-            self.link.call(Op.RECORD, pack_keys(listed))
+            self.link.send(Op.RECORD, pack_keys(listed))
 
     # ------------------------------------------------------------ loads
 

@@ -33,6 +33,7 @@ from kvoffload.share.launch import Spawned, spawn_server
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import (
     HELLO,
+    ONE_WAY,
     WELCOME,
     FrameError,
     Op,
@@ -213,6 +214,25 @@ class Link:
             self.stats["errors"] += 1
             return None
         return reply
+
+    def send(self, op: Op, payload: bytes = b"") -> bool:
+        """Send a one-way call (no reply: see :data:`~.protocol.ONE_WAY`); whether it
+        was sent within ``timeout_s``."""
+        sock = self._sock if self._sock is not None else self._connect()
+        if sock is None:
+            self.stats["unavailable"] += 1
+            return False
+        try:
+            sock.sendall(frame(op | ONE_WAY, payload))
+        except TimeoutError:
+            self.stats["timeouts"] += 1
+            self.drop()
+            return False
+        except OSError:
+            self.stats["lost"] += 1
+            self.drop()
+            return False
+        return True
 
     def drop(self) -> None:
         """Close the connection; the next attempt is ``retry_s`` from now."""

@@ -6,7 +6,10 @@ batch of keys per frame (one round trip per directory call)::
     request:  u32 payload length | u8 op     | payload
     reply:    u32 payload length | u8 status | payload
 
-All integers little-endian. Keys are :data:`~kvoffload.core.keys.KEY_BYTES` bytes
+An op with :data:`ONE_WAY` set gets no reply (``touch`` and ``record_lookups``, which
+answer nothing and cannot fail): the caller only sends it, and the node process
+serves it before anything sent after it on that connection. All integers
+little-endian. Keys are :data:`~kvoffload.core.keys.KEY_BYTES` bytes
 each, packed back to back (no length prefix: the frame length gives their number).
 Slot and index arrays are u32. A connection carries one call at a time; a caller that
 stops waiting for a reply (timeout) must close the connection, since a late reply
@@ -64,6 +67,7 @@ class Status(enum.IntEnum):
     ERROR = 2  # the node process failed to serve the call (the text follows)
 
 
+ONE_WAY = 0x80
 FLAG_ADMIT_ALL = 1
 FLAG_GROUPS = 2
 STATES = np.dtype([("state", "u1"), ("pins", "<u4"), ("slot", "<i8")])

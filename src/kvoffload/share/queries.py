@@ -58,9 +58,8 @@ class ShareQueries:
         reply = self.link.call(Op.LOOKUP, pack_keys(keys)) if keys else b""
         if reply is None:
             return LookupResult((LookupStatus.MISS,) * len(keys), 0)
-        statuses = tuple(_STATUSES[code] for code in reply)
-        prefix = next((i for i, s in enumerate(statuses) if s is not LookupStatus.HIT), len(keys))
-        return LookupResult(statuses, prefix)
+        statuses = tuple(map(_STATUSES.__getitem__, reply))
+        return LookupResult(statuses, len(reply) - len(reply.lstrip(b"\x01")))
 
     def readable_prefix(self, keys: Sequence[ChunkKey]) -> int:
         """From the share's index when it is of the node process this engine is

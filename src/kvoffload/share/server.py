@@ -43,7 +43,17 @@ from kvoffload.share.fence import GenerationFence
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexWriter
 from kvoffload.share.paths import SharePaths
-from kvoffload.share.protocol import HEADER, HELLO, MAX_FRAME, WELCOME, Op, Role, Status, frame
+from kvoffload.share.protocol import (
+    HEADER,
+    HELLO,
+    MAX_FRAME,
+    ONE_WAY,
+    WELCOME,
+    Op,
+    Role,
+    Status,
+    frame,
+)
 from kvoffload.share.slab_files import create_slab_files
 
 
@@ -144,10 +154,12 @@ class ShareServer:
                 return
             payload = bytes(conn.buffer[HEADER.size : HEADER.size + length])
             del conn.buffer[: HEADER.size + length]
-            status, reply = self._answer(conn, op, payload)
+            status, reply = self._answer(conn, op & ~ONE_WAY, payload)
             if conn.session is None and status is not Status.OK:
                 self._drop(conn)
                 return
+            if op & ONE_WAY:
+                continue  # the caller does not wait for an answer
             try:
                 conn.sock.sendall(frame(status, reply))
             except OSError:

@@ -29,17 +29,16 @@ from __future__ import annotations
 import mmap
 import os
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
-from kvoffload.core.errors import ConfigError, ContractViolation
+from kvoffload.core.errors import ConfigError
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import HEADER_BYTES, file_bytes, header
+from kvoffload.tiers.slot_rows import SlotRows
 
 
-class SharedSlab:
+class SharedSlab(SlotRows):
     """Rank ``rank``'s slots of a share, mapped into this process (see module doc).
 
     ``chunk_bytes`` is this engine's chunk size for the rank; it must equal the
@@ -72,13 +71,10 @@ class SharedSlab:
         if hasattr(mmap, "MADV_HUGEPAGE"):
             self._map.madvise(mmap.MADV_HUGEPAGE)
         whole = torch.frombuffer(self._map, dtype=torch.uint8)
-        self._flat = whole[HEADER_BYTES:]
+        self._attach(whole[HEADER_BYTES:], self.num_slots, self.chunk_bytes)
         if prefault:
             # Read each page (never write: another engine may be writing that byte).
             int(self._flat[:: mmap.PAGESIZE].sum())
-        self._rows: npt.NDArray[np.uint8] = self._flat.numpy().reshape(
-            self.num_slots, self.chunk_bytes
-        )
         self.pinned = False
         if pin_memory if pin_memory is not None else torch.cuda.is_available():
             self._register()
@@ -90,34 +86,6 @@ class SharedSlab:
         if int(error) != 0:
             raise ConfigError("host_share", f"cudaHostRegister failed ({error})")
         self.pinned = True
-
-    @property
-    def nbytes(self) -> int:
-        return self.num_slots * self.chunk_bytes
-
-    @property
-    def data(self) -> torch.Tensor:
-        """Every slot as a ``[num_slots, chunk_bytes]`` uint8 tensor (a view)."""
-        return self._flat.view(self.num_slots, self.chunk_bytes)
-
-    def view(self, dtype: torch.dtype) -> torch.Tensor:
-        """The slots as ``[num_slots, chunk_bytes // itemsize]`` of ``dtype`` (a view)."""
-        if self.chunk_bytes % dtype.itemsize:
-            raise ContractViolation(f"chunk_bytes {self.chunk_bytes} is not a multiple of {dtype}")
-        return self._flat.view(dtype).view(self.num_slots, -1)
-
-    def slot_tensor(self, slot: int) -> torch.Tensor:
-        self._check(slot)
-        return self.data[slot]
-
-    def slot_bytes(self, slot: int) -> memoryview:
-        """Slot ``slot`` as a writable, zero-copy ``memoryview``."""
-        self._check(slot)
-        return memoryview(self._rows[slot])
-
-    def _check(self, slot: int) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise ContractViolation(f"slot {slot} out of range [0, {self.num_slots})")
 
     def close(self) -> None:
         """Unregister (CUDA) and drop this process's views; the mapping itself goes

@@ -21,6 +21,7 @@ from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import parse_kv_groups
 from kvoffload.simulate.mooncake import DEFAULT_BLOCK_TOKENS, MOONCAKE
 from kvoffload.simulate.optimum import References
+from kvoffload.simulate.routing import ROUTES, ReplicaSetup
 from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.sweep import Workload
 from kvoffload.simulate.trace import TraceFile
@@ -51,6 +52,7 @@ examples:
   kvoffload simulate --users 20 --turns 3 --write-trace example.jsonl
   kvoffload simulate --cpu-bytes 1GiB --{_LOWER}-bytes 1TiB --tier-bandwidth 0.05,0.2,1,4
   kvoffload simulate --kv-groups full,5xwindow=1024     # a Gemma-3-style hybrid model
+  kvoffload simulate --replicas 4 --host-share          # 4 engines, one shared host tier
 
 --kv-groups lists a hybrid model's KV cache groups (full, window=TOKENS, NxGROUP);
 --engine-tokens and --bytes-per-token stay the whole model's: with G groups each
@@ -122,6 +124,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-groups",
         metavar="GROUPS",
         help="KV cache groups of a hybrid model, e.g. full,5xwindow=1024 (default: full)",
+    )
+    r = p.add_argument_group("replicas")
+    r.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N engine replicas, each its own engine, KV blocks, batching and GPU (default 1)",
+    )
+    r.add_argument(
+        "--host-share",
+        action="store_true",
+        help="one host tier of --cpu-bytes shared by the replicas (default: each replica "
+        "its own of --cpu-bytes / N: the same memory in all); host memory only",
+    )
+    r.add_argument(
+        "--route",
+        default="round-robin",
+        choices=ROUTES,
+        help="requests to replicas: round-robin (default) | sticky (a conversation stays "
+        "on one replica)",
     )
     k = p.add_argument_group("kvoffload")
     k.add_argument(
@@ -216,6 +239,11 @@ def workload_of(args: argparse.Namespace) -> Workload:
         seed=args.seed,
     )
     return ChatTrace(workload, args.concurrent_users, args.rate, args.system_prompts)
+
+
+def setup_of(args: argparse.Namespace) -> ReplicaSetup:
+    """The replicas asked for (``--replicas``, ``--host-share``, ``--route``)."""
+    return ReplicaSetup(args.replicas, args.host_share, args.route)
 
 
 def chunk_tokens_of(args: argparse.Namespace, workload: Workload) -> int:

@@ -22,6 +22,7 @@ from kvoffload.simulate.arguments import (
     capacity_chunks,
     chunk_tokens_of,
     config_of,
+    setup_of,
     sized,
     workload_of,
 )
@@ -32,6 +33,8 @@ from kvoffload.simulate.bandwidth_sweep import (
     run_bandwidth_sweep,
 )
 from kvoffload.simulate.optimum import bounds, chunk_references, infinite_hit_tokens
+from kvoffload.simulate.replica_report import format_replicas
+from kvoffload.simulate.replicas import run_replicas
 from kvoffload.simulate.report import format_report
 from kvoffload.simulate.report_limits import behind_warning
 from kvoffload.simulate.runner import run_simulation
@@ -74,6 +77,7 @@ def _emit(text: str, data: Any, json_to: str | None) -> None:
 def main(argv: list[str]) -> int:
     """Run ``kvoffload simulate`` with ``argv`` (the arguments after ``simulate``)."""
     args = build_parser().parse_args(argv)
+    setup = setup_of(args)
     workload = workload_of(args)
     if args.write_trace:
         try:
@@ -100,8 +104,21 @@ def main(argv: list[str]) -> int:
     _check_host(config)
     show = not args.no_progress and sys.stderr.isatty()
     if args.tier_bandwidth is not None:
+        if setup.replicas > 1:
+            raise UsageError("--replicas and --tier-bandwidth: one replica per sweep only")
         return _bandwidth_sweep(args, config, workload, show)
     infinite = infinite_hit_tokens(refs) if refs is not None and not args.no_limits else None
+    if setup.replicas > 1:
+        if args.sweep is not None:
+            raise UsageError("--replicas and --sweep: one replica per sweep point only")
+        update, bar = _progress(summary.requests, "req", show)
+        with bar:
+            replicas = run_replicas(config, setup, workload.requests(), update)
+        if refs is not None and infinite is not None:
+            replicas.total.bounds = bounds(refs, capacity_chunks(config), infinite)
+        header = f"Workload: {workload.describe()}\n"
+        _emit(header + format_replicas(replicas), replicas.as_json(), args.json)
+        return 0
     if args.sweep is None:
         update, bar = _progress(summary.requests, "req", show)
         with bar:

@@ -41,18 +41,29 @@ from kvoffload.simulate.trace import TraceRequest
 from kvoffload.simulate.worker import SimClock, SimWorker
 from kvoffload.tiers.build import build_scheduler, directory_tiers
 
-__all__ = ["SimConfig", "run_simulation"]  # SimConfig lives in kvoffload.simulate.settings
+# SimConfig lives in kvoffload.simulate.settings
+__all__ = ["STUCK_STEPS", "SimConfig", "Simulation", "run_simulation"]
 
-_STUCK_STEPS = 10000
+STUCK_STEPS = 10000
 
 
-class _Simulation:
-    """The objects of one run and their wiring (see the module docstring)."""
+class Simulation:
+    """The objects of one run and their wiring (see the module docstring).
 
-    def __init__(self, config: SimConfig) -> None:
+    ``host``: a host directory given by the caller (the one tier several replicas
+    share, :mod:`kvoffload.simulate.replicas`) instead of one of ``cpu_bytes``;
+    ``hasher``: block hashes shared with other replicas (the same content hashes
+    alike in every engine). Both None for a run of one engine."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        host: Directory | None = None,
+        hasher: ContentHasher | None = None,
+    ) -> None:
         self.config = c = config
         self.clock = SimClock()
-        self.hasher = ContentHasher(c.block_size)
+        self.hasher = hasher if hasher is not None else ContentHasher(c.block_size)
         self.pool = BlockPool(c.num_blocks, c.block_size)
         self.pool.data = bytearray()  # the null model never reads or writes KV bytes
         # Several KV cache groups (or a window): per-group tables in the shared pool.
@@ -68,9 +79,11 @@ class _Simulation:
         self.lower: list[DirectoryTier] = []
         self.scheduler: OffloadScheduler | None = None
         self.worker: SimWorker | None = None
-        if c.host_slots:
-            self.host = Directory(
-                c.host_slots, policy=c.eviction, store_threshold=c.store_threshold
+        if host is not None or c.host_slots:
+            self.host = (
+                host
+                if host is not None
+                else Directory(c.host_slots, policy=c.eviction, store_threshold=c.store_threshold)
             )
             self.lower = directory_tiers(c.tier_slots, c.eviction)
             admission = c.lower_tier_admission
@@ -111,7 +124,6 @@ class _Simulation:
         if self.tables is not None:
             kinds = c.kv_groups.describe().split(",")
             self.result.groups = GroupResult(kinds, c.num_blocks, c.request_capacity)
-        self.ttfts: list[float] = []
         self.arrived: list[tuple[int, float]] = []  # (request index, TTFT)
         self.first_arrival: float | None = None
         self.last_arrival = 0.0
@@ -167,7 +179,7 @@ class _Simulation:
             if later:
                 clock.now = min(later)
             stuck += 1
-            if stuck > _STUCK_STEPS:
+            if stuck > STUCK_STEPS:
                 raise RuntimeError(f"simulation stuck at t={clock.now:.3f}s: {self._state()}")
         self._finish()
         self.result.wall_s = time.perf_counter() - started
@@ -186,7 +198,6 @@ class _Simulation:
             r.engine_hit_tokens += req.first_local
             r.kvoffload_hit_tokens += req.first_external
             if req.first_token_at is not None:
-                self.ttfts.append(req.first_token_at - req.arrival)
                 self.arrived.append((req.index, req.first_token_at - req.arrival))
         if progress is not None and meter.finished:
             progress(len(meter.finished))
@@ -212,14 +223,7 @@ class _Simulation:
         r.engine_steps = e.steps
         r.simulated_s = self.clock.now
         r.flush_stall_s = self.clock.stalled_total_s
-        if self.ttfts:
-            ordered = sorted(self.ttfts)
-            r.ttft_mean_s = sum(ordered) / len(ordered)
-            r.ttft_p50_s = ordered[len(ordered) // 2]
-            r.ttft_p95_s = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-            last = sorted(self.arrived)[-max(1, len(self.arrived) // 10) :]
-            late = sorted(ttft for _, ttft in last)
-            r.late_ttft_p50_s = late[len(late) // 2]
+        fill_ttfts(r, self.arrived)
         r.trace_span_s = self.last_arrival - (self.first_arrival or 0.0)
         if self.scheduler is None or self.host is None or self.worker is None:
             return
@@ -260,6 +264,25 @@ class _Simulation:
             )
 
 
+def percentile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``ordered`` (sorted, not empty), by rank."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def fill_ttfts(r: SimResult, arrived: list[tuple[int, float]]) -> None:
+    """Set ``r``'s time-to-first-token figures from (request index, TTFT) pairs
+    (none: left at 0)."""
+    if not arrived:
+        return
+    ordered = sorted(ttft for _, ttft in arrived)
+    r.ttft_mean_s = sum(ordered) / len(ordered)
+    r.ttft_p50_s = ordered[len(ordered) // 2]
+    r.ttft_p95_s = percentile(ordered, 0.95)
+    last = sorted(arrived)[-max(1, len(arrived) // 10) :]
+    late = sorted(ttft for _, ttft in last)
+    r.late_ttft_p50_s = late[len(late) // 2]
+
+
 def run_simulation(
     config: SimConfig,
     requests: Iterable[TraceRequest],
@@ -268,4 +291,4 @@ def run_simulation(
     """Simulate ``requests`` (in timestamp order) under ``config``; ``progress`` is
     called with the number of requests finished since its last call. Raises
     UsageError for a request larger than the engine's KV capacity."""
-    return _Simulation(config).run(requests, progress)
+    return Simulation(config).run(requests, progress)

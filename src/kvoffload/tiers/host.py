@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import mmap
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
-from kvoffload.core.errors import ConfigError, ContractViolation
+from kvoffload.core.errors import ConfigError
+from kvoffload.tiers.slot_rows import SlotRows
 
 _PAGE = 4096
 
 
-class HostSlab:
+class HostSlab(SlotRows):
     """``num_slots`` chunk slots of ``chunk_bytes`` bytes each, in one buffer.
 
     ``num_slots = budget_bytes // chunk_bytes``; a budget smaller than one chunk is a
@@ -58,44 +57,7 @@ class HostSlab:
         self.num_slots = num_slots
         self.pinned = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._buffer: mmap.mmap | None = None
-        self._flat = self._allocate(num_slots * chunk_bytes, prefault)
-        self._rows: npt.NDArray[np.uint8] = self._flat.numpy().reshape(num_slots, chunk_bytes)
-
-    @property
-    def nbytes(self) -> int:
-        return self.num_slots * self.chunk_bytes
-
-    @property
-    def data(self) -> torch.Tensor:
-        """The whole slab as a ``[num_slots, chunk_bytes]`` uint8 tensor (a view)."""
-        return self._flat.view(self.num_slots, self.chunk_bytes)
-
-    def view(self, dtype: torch.dtype) -> torch.Tensor:
-        """The slab as ``[num_slots, chunk_bytes // itemsize]`` of ``dtype`` (a view).
-
-        ``chunk_bytes`` must be a multiple of the dtype's size (ContractViolation).
-        """
-        if self.chunk_bytes % dtype.itemsize:
-            raise ContractViolation(f"chunk_bytes {self.chunk_bytes} is not a multiple of {dtype}")
-        return self._flat.view(dtype).view(self.num_slots, -1)
-
-    def slot_tensor(self, slot: int) -> torch.Tensor:
-        """Slot ``slot`` as a writable uint8 tensor view of ``chunk_bytes`` bytes."""
-        self._check(slot)
-        return self.data[slot]
-
-    def slot_bytes(self, slot: int) -> memoryview:
-        """Slot ``slot`` as a writable, zero-copy ``memoryview`` (format ``'B'``).
-
-        For tiers that persist chunks (disk, Redis): write a chunk's bytes into it
-        with ``slot_bytes(s)[:] = data`` or ``readinto``; read them with ``bytes(...)``.
-        """
-        self._check(slot)
-        return memoryview(self._rows[slot])
-
-    def _check(self, slot: int) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise ContractViolation(f"slot {slot} out of range [0, {self.num_slots})")
+        self._attach(self._allocate(num_slots * chunk_bytes, prefault), num_slots, chunk_bytes)
 
     def _allocate(self, nbytes: int, prefault: bool) -> torch.Tensor:
         if self.pinned:

@@ -111,3 +111,20 @@ def test_a_killed_node_process_means_misses_then_a_new_one_serves(fleet: SharedF
     assert a.loaded_tokens("c") == len(OTHER)
     assert fleet.stats["cross_engine_loads"] == 1
     fleet.quiescent()
+
+
+def test_stale_bookings_of_a_killed_node_process_settle_and_kills_still_check(
+    fleet: SharedFleet,
+) -> None:
+    b = fleet.engine(1)
+    b.add_request("b", [*PREFIX, 1], 3)
+    fleet.step(1, complete=False)  # stores booked at the first node process, in flight
+    fleet.kill_node()
+    for n in range(4):  # engine 0 starts a new node process and attaches to it
+        serve(fleet, 0, f"a{n}", [*OTHER, n])
+    assert fleet.stats["recoveries"] == 1
+    fleet.kill(0)  # the share's bookings: engine 1's current ones (none), not its stale
+    while b.busy():  # its stale stores complete into a dead generation: never readable
+        fleet.step(1)
+    assert b.output_tokens("b") == b.model.reference_output("b", [*PREFIX, 1], 3)
+    fleet.quiescent()

@@ -145,10 +145,10 @@ def test_the_shared_host_shape_shares_kills_and_recovers(tiny_model: Path) -> No
             totals.update(outcome.stats)
     assert totals["shared_host_schedules"] == 2 * SHARED_SEEDS
     assert totals["cross_engine_loads"] > 0
-    assert totals["loads_checked"] >= totals["cross_engine_loads"]
+    assert totals["shared_loads_checked"] >= totals["cross_engine_loads"]
     assert totals["engine_kills"] > 0 and totals["engine_restarts"] > 0
     assert totals["node_kills"] > 0 and totals["recoveries"] > 0
-    assert totals["requests_checked"] > 0
+    assert totals["shared_requests_checked"] > 0
 
 
 def test_a_shared_host_seed_runs_the_same_twice(tiny_model: Path) -> None:

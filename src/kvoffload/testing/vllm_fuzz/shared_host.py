@@ -146,7 +146,7 @@ def run_shared(scenario: SharedScenario, model_path: Path) -> SharedOutcome:
     finally:
         if fleet is not None:
             outcome.stats.update(fleet.stats)
-            outcome.stats["loads_checked"] += fleet.loads_checked
+            outcome.stats["shared_loads_checked"] += fleet.loads_checked
             outcome.stats["shared_host_schedules"] += 1
             fleet.close()
     return outcome
@@ -194,10 +194,10 @@ def _drive(scenario: SharedScenario, fleet: SharedFleet, outcome: SharedOutcome)
             raise HarnessViolation(
                 f"request {req.request_id!r} produced {got[:8]}..., reference {want[:8]}..."
             )
-        outcome.stats["requests_checked"] += 1
+        outcome.stats["shared_requests_checked"] += 1
     fleet.quiescent()
     for h in fleet.live():
         half = h.scheduler_half
-        outcome.stats["loads"] += half.stats.loads
-        outcome.stats["stores"] += half.stats.stores
-        outcome.stats["load_failures"] += half.stats.load_failures
+        outcome.stats["shared_loads"] += half.stats.loads
+        outcome.stats["shared_stores"] += half.stats.stores
+        outcome.stats["shared_load_failures"] += half.stats.load_failures

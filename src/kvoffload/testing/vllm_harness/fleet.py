@@ -197,13 +197,15 @@ class SharedFleet:
             self.pids.add(welcome.pid)
 
     def own_bookings(self) -> tuple[int, int]:
-        """(storing, pinned) the live engines account for themselves."""
+        """(storing, pinned) the live engines booked at the node process now running
+        (bookings left from a killed one are stale: they settle on completion)."""
         storing = pinned = 0
         for h in self.live():
             share = h.side.share
             assert share is not None
-            storing += share.directory.storing_count
-            pinned += share.directory.pinned_count
+            current = share.directory.attachment.bookings.current
+            storing += len(current.storing)
+            pinned += current.pin_count
         return storing, pinned
 
     def check_bookings(self) -> None:

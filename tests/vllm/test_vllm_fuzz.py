@@ -64,7 +64,10 @@ def test_seeds_draw_windows_alone_with_full_attention_and_of_different_sizes() -
 def test_the_command_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--seeds", "2", "--start", "1000", "-q"]) == 0
     out = capsys.readouterr().out
-    assert "4 schedules (2 sync, 2 async) from seeds 1000..1001" in out and "0 failed" in out
+    shared = sum(draws_shared_host(seed) for seed in (1000, 1001))  # the shape drawn besides
+    assert shared == 1
+    assert "6 schedules (3 sync, 3 async) from seeds 1000..1001" in out and "0 failed" in out
+    assert "shared_host_schedules 2" in out
 
 
 def test_a_schedule_that_does_not_end_is_reported_as_a_hang() -> None:

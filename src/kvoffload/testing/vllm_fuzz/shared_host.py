@@ -53,11 +53,13 @@ class SharedScenario:
     order: tuple[tuple[int, bool], ...]  # (engine stepped, its copies complete) per step
     kills: tuple[tuple[int, int, bool], ...]  # (step, engine, restarted at once)
     node_kills: tuple[int, ...]  # steps the node process is SIGKILLed at
+    world_size: int = 1  # tensor-parallel ranks of each engine (a slab per rank)
 
     def describe(self) -> str:
         return (
             f"seed {self.seed} ({'async' if self.async_scheduling else 'sync'}) shared-host: "
-            f"{self.engines} engines, {self.host_chunks} chunks shared, {self.num_blocks} "
+            f"{self.engines} engines of {self.world_size} ranks, {self.host_chunks} chunks "
+            f"shared, {self.num_blocks} "
             f"blocks each, {len(self.requests)} requests over {len(self.order)} steps, "
             f"engine kills {list(self.kills)}, node kills {list(self.node_kills)}"
         )
@@ -92,9 +94,11 @@ def shared_scenario(seed: int, async_scheduling: bool) -> SharedScenario:
         )
     )
     node_kills = (rng.randrange(1, horizon),) if rng.random() < 0.4 else ()
+    host_chunks, num_blocks = rng.randint(6, 40), rng.choice((24, 32, 48))
     return SharedScenario(
-        seed, async_scheduling, engines, rng.randint(6, 40), rng.choice((24, 32, 48)),
+        seed, async_scheduling, engines, host_chunks, num_blocks,
         tuple(sorted(requests, key=lambda r: r.arrival)), order, kills, node_kills,
+        world_size=rng.choice((1, 1, 2)),
     )  # fmt: skip
 
 
@@ -124,7 +128,8 @@ def shared_spec(scenario: SharedScenario) -> HarnessSpec:
         num_blocks=scenario.num_blocks,
         block_size=BLOCK_SIZE,
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
-        cpu_bytes=scenario.host_chunks * BLOCK_BYTES,
+        world_size=scenario.world_size,
+        cpu_bytes=scenario.host_chunks * BLOCK_BYTES * scenario.world_size,
         extra={"chunk_tokens": BLOCK_SIZE},
     )
 

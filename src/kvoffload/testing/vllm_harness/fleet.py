@@ -43,7 +43,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvoffload.core.directory import LookupStatus
-from kvoffload.core.jobs import JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.launch import server_alive
@@ -52,6 +51,7 @@ from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.harness import VllmHarness
 from kvoffload.testing.vllm_harness.records import StepRecord
+from kvoffload.testing.vllm_harness.sigkill import sigkill
 from kvoffload.testing.vllm_harness.spec import HarnessSpec
 
 CALL_TIMEOUT_MS = 10_000
@@ -223,28 +223,12 @@ class SharedFleet:
     # ------------------------------------------------------------ kills
 
     def kill(self, index: int) -> list[ChunkKey]:
-        """Engine ``index`` SIGKILLed, as one process can do it: its copies stop where
-        they are, every connection of its session (scheduler half, lease, workers'
-        leases) closes with nothing sent, and it is never called again. Returns the
-        keys of the stores it had in flight (checked never readable)."""
+        """Engine ``index`` SIGKILLed, as one process can do it (``sigkill.py``), then
+        checked once the node process dropped its session: none of its in-flight
+        stores is readable and the share's bookings are the live engines'. Returns
+        the keys of those stores."""
         h = self.engine(index)
-        half = h.scheduler_half
-        keys = [k for j in half.jobs_in_flight() if j.kind is JobKind.STORE for k in j.keys]
-        for entry in h.ranks:  # a dead process copies nothing more
-            for child in entry.children:
-                open_ids = set(child.open_copies)
-                child.gate.fail(open_ids)
-                child.copier.wait(open_ids)
-        share = h.side.share
-        assert share is not None
-        share.directory.close()  # sockets and generation locks, as the kernel closes them
-        h.side.share = None
-        for entry in h.ranks:
-            for child in entry.children:
-                if child.side.share is not None:
-                    child.side.share.close()
-                    child.side.share = None
-                child.connector.shutdown()
+        keys = sigkill(h)
         self.engines[index] = None
         self.retired.append(h)
         self._generations.pop(index, None)

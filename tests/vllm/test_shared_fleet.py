@@ -128,3 +128,18 @@ def test_stale_bookings_of_a_killed_node_process_settle_and_kills_still_check(
         fleet.step(1)
     assert b.output_tokens("b") == b.model.reference_output("b", [*PREFIX, 1], 3)
     fleet.quiescent()
+
+
+def test_an_engine_killed_while_no_node_process_runs(fleet: SharedFleet) -> None:
+    """Regression (fuzz seed 474, async): the fleet's kill checked readability
+    through a node process that was not running."""
+    a = fleet.engine(0)
+    a.add_request("a", [*PREFIX, 1], 3)
+    fleet.step(0, complete=False)  # stores in flight
+    fleet.kill_node()
+    assert fleet.counts() is None
+    assert len(fleet.kill(0)) == 3  # nothing readable: no node process, none started
+    for n in range(4):  # engine 1 starts a new one, empty
+        b = serve(fleet, 1, f"b{n}", [*PREFIX, 2, n])
+    assert b.loaded_tokens("b0") == 0
+    fleet.quiescent()

@@ -236,8 +236,10 @@ class SharedFleet:
         self.stats["engine_kills"] += 1
         self._await_sessions()  # (the observer is connected now)
         assert self.observer is not None
-        status = self.observer.lookup(keys).statuses if keys and self.counts() else ()
-        readable = [k for k, s in zip(keys, status, strict=True) if s is not LookupStatus.MISS]
+        readable: list[ChunkKey] = []
+        if keys and self.counts() is not None:  # (none runs: nothing is readable)
+            status = self.observer.lookup(keys).statuses
+            readable = [k for k, s in zip(keys, status, strict=True) if s is not LookupStatus.MISS]
         if readable:
             raise HarnessViolation(
                 f"{len(readable)} chunks a killed engine was storing are readable"

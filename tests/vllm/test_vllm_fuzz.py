@@ -6,6 +6,7 @@ groups (full attention and sliding windows), none of them refused any more."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -14,10 +15,12 @@ import pytest
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.kv_groups import KVGroups
 from kvoffload.core.scheduler import stores
+from kvoffload.share.client import ShareDirectory
 from kvoffload.testing.vllm_fuzz.__main__ import main, report
 from kvoffload.testing.vllm_fuzz.groups import draw_groups
 from kvoffload.testing.vllm_fuzz.runner import Environment, Outcome, run_scenario
 from kvoffload.testing.vllm_fuzz.scenario import random_scenario
+from kvoffload.testing.vllm_fuzz.shared_host import draws_shared_host, run_shared, shared_scenario
 from kvoffload.testing.vllm_fuzz.shrink import shrink
 
 CI_SEEDS = 200
@@ -61,7 +64,10 @@ def test_seeds_draw_windows_alone_with_full_attention_and_of_different_sizes() -
 def test_the_command_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--seeds", "2", "--start", "1000", "-q"]) == 0
     out = capsys.readouterr().out
-    assert "4 schedules (2 sync, 2 async) from seeds 1000..1001" in out and "0 failed" in out
+    shared = sum(draws_shared_host(seed) for seed in (1000, 1001))  # the shape drawn besides
+    assert shared == 1
+    assert "6 schedules (3 sync, 3 async) from seeds 1000..1001" in out and "0 failed" in out
+    assert "shared_host_schedules 2" in out
 
 
 def test_a_schedule_that_does_not_end_is_reported_as_a_hang() -> None:
@@ -125,3 +131,61 @@ def test_a_chunk_of_one_group_loaded_into_another_is_found(
     failure = first_failure(env, seeds[:20])
     assert failure is not None and "does not hold its own KV" in failure.message
     assert len(failure.scenario.groups) > 1
+
+
+SHARED_SEEDS = 6
+
+
+def test_the_shared_host_shape_shares_kills_and_recovers(tiny_model: Path) -> None:
+    """Several engines over one node-shared host tier, engines and the node process
+    killed: nothing breaks, and what the shape claims happened (cross-engine loads,
+    kills, restarts, recoveries from a new node process)."""
+    totals: Counter[str] = Counter()
+    for seed in range(SHARED_SEEDS):
+        for is_async in (False, True):
+            outcome = run_shared(shared_scenario(seed, is_async), tiny_model)
+            assert not outcome.failed, outcome.report()
+            totals.update(outcome.stats)
+    assert totals["shared_host_schedules"] == 2 * SHARED_SEEDS
+    assert totals["cross_engine_loads"] > 0
+    assert totals["shared_loads_checked"] >= totals["cross_engine_loads"]
+    assert totals["engine_kills"] > 0 and totals["engine_restarts"] > 0
+    assert totals["node_kills"] > 0 and totals["recoveries"] > 0
+    assert totals["shared_requests_checked"] > 0
+
+
+def test_a_shared_host_seed_runs_the_same_twice(tiny_model: Path) -> None:
+    scenario = shared_scenario(3, False)  # a node-process kill, engines stored meanwhile
+    assert scenario.node_kills
+    first, second = (run_shared(scenario, tiny_model) for _ in range(2))
+    assert not first.failed, first.report()
+    assert first.stats == second.stats
+
+
+def test_the_shared_host_shape_is_drawn_for_some_seeds_and_can_be_forced() -> None:
+    drawn = sum(draws_shared_host(seed) for seed in range(CI_SEEDS))
+    assert CI_SEEDS // 20 < drawn < CI_SEEDS // 4
+    assert main(["--shape", "shared-host", "--seeds", "1", "--start", "4", "-q"]) == 0
+
+
+def test_a_killed_engine_whose_stores_are_published_is_found(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A planted bug: closing a share's client completes the stores it booked (as if
+    a killed engine's half-copied chunks were published)."""
+    close = ShareDirectory.close
+
+    def publishing_close(self: ShareDirectory) -> None:
+        storing = list(self.attachment.bookings.current.storing)
+        if storing:
+            self.complete_store(storing, True)
+        close(self)
+
+    monkeypatch.setattr(ShareDirectory, "close", publishing_close)
+    failure = next(
+        outcome
+        for seed in range(20)
+        for is_async in (False, True)
+        if (outcome := run_shared(shared_scenario(seed, is_async), tiny_model)).failed
+    )
+    assert "chunks a killed engine was storing are readable" in failure.message

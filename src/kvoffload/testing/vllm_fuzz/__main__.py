@@ -28,6 +28,11 @@ from kvoffload.testing.vllm_fuzz.shards import (
     run_shards,
     shard_seeds,
 )
+from kvoffload.testing.vllm_fuzz.shared_host import (
+    draws_shared_host,
+    run_shared,
+    shared_scenario,
+)
 from kvoffload.testing.vllm_fuzz.shrink import shrink
 
 
@@ -47,6 +52,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         choices=("sync", "async", "both"),
         default="both",
         help="which vLLM scheduler each seed runs on (both: every seed on each)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=("all", "shared-host"),
+        default="all",
+        help="all: every seed's drawn engine, plus, for an eighth of the seeds, several "
+        "engines over one node-shared host tier with engines and its node process killed "
+        "(shared-host); shared-host: that shape alone, for every seed",
     )
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     parser.add_argument(
@@ -162,6 +175,22 @@ def main(argv: list[str] | None = None) -> int:
                 break
             last = seed
             for is_async in kinds(args.scheduler):
+                if args.shape == "shared-host" or draws_shared_host(seed):
+                    watchdog = hang_watchdog(seed, is_async, args.schedule_timeout)
+                    try:
+                        shared = run_shared(shared_scenario(seed, is_async), env.model_path)
+                    finally:
+                        watchdog.cancel()
+                    counts[shared.status] += 1
+                    counts["async" if is_async else "sync"] += 1
+                    totals.update(shared.stats)
+                    if shared.failed:  # (not shrunk: a fleet's run is not shrunk yet)
+                        failures += 1
+                        print(shared.report(), flush=True)
+                        if not args.keep_going:
+                            raise StopIteration
+                if args.shape == "shared-host":
+                    continue
                 scenario = random_scenario(seed, is_async, redis=env.redis_available)
                 watchdog = hang_watchdog(seed, is_async, args.schedule_timeout)
                 try:

@@ -1,7 +1,8 @@
 """A step-by-step harness over vLLM's real scheduler with kvoffload's real connectors
 (``harness.py``: the engine loop; ``ranks.py``: each worker's share of a step;
 ``model_runner.py`` and ``kv_model.py``: the fake model; ``checks.py``: what is
-checked; ``gates.py``, ``completions.py``: when transfers finish); the vLLM fuzzer
+checked; ``gates.py``, ``completions.py``: when transfers finish; ``fleet.py``: several engines
+over one node-shared host tier, killed at will); the vLLM fuzzer
 (``kvoffload.testing.vllm_fuzz``) drives it."""
 
 from kvoffload.testing.vllm_harness.checks import HarnessViolation

@@ -47,6 +47,12 @@ class Checks:
         self._stored: set[ChunkKey] = set()  # stored or promoted since the last reset
         self._spilled: set[ChunkKey] = set()  # spilled since the last reset
 
+    def share_stored(self, stored: set[ChunkKey]) -> None:
+        """Judge loads against ``stored`` from now on: the chunks every engine over one
+        node-shared host tier stored (``fleet.py`` owns it and hands the same set to
+        every engine's checks)."""
+        self._stored = stored
+
     def connector_reset(self) -> None:
         self._stored.clear()
         self._spilled.clear()

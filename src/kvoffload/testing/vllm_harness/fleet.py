@@ -1,0 +1,332 @@
+"""Several harness engines over one node-shared host tier (``host_share``, decision 0016).
+
+A :class:`SharedFleet` runs N :class:`VllmHarness` engines (each its own vLLM
+scheduler, kvoffload connector halves and KV model) naming one share: a unique share
+name in a directory of the fleet's own (``host_share_root``). The node process is
+started by the first engine, as in production, and every node process the fleet saw
+is stopped by pid at :meth:`SharedFleet.close`, whatever happened.
+
+What is checked, beyond each engine's own checks at every step:
+
+- cross-engine loads: the KV model is a function of the token content (and the
+  weights version, equal everywhere), so an engine loading a chunk another engine
+  stored is checked to get exactly the KV that engine computed for that prefix;
+- provenance is fleet-wide: a load names only chunks some engine planned to store
+  since the last node-process start, never a store a killed engine had in flight;
+- :meth:`kill` (an engine SIGKILLed): its copies stop, its connections close
+  without any completion, and once the node process has dropped its session the
+  share's stores and pins are exactly the live engines' own, and none of its
+  in-flight stores is readable;
+- :meth:`kill_node` (the node process SIGKILLed by pid): engines see misses, never
+  wrong KV nor an exception, and recover with a node process one of them starts;
+- :meth:`quiescent`: nothing is stored or pinned anywhere in the share.
+
+Determinism: the share's call deadline is generous (:data:`CALL_TIMEOUT_MS`, so a
+loaded machine never turns a call into a miss), each engine's link retries on its
+harness's logical clock, and the fleet waits (bounded) at step boundaries for what
+the node process and the lease threads do on their own: a new node process
+listening, a dead session dropped, a death noticed. Owns its engines, its share's
+directory and an observer client of the share (its own session, booking nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from kvoffload.core.directory import LookupStatus
+from kvoffload.core.keys import ChunkKey
+from kvoffload.share.client import ShareDirectory
+from kvoffload.share.launch import server_alive
+from kvoffload.share.paths import SharePaths, remove_share
+from kvoffload.share.queries import ShareCounts
+from kvoffload.testing.vllm_harness.checks import HarnessViolation
+from kvoffload.testing.vllm_harness.harness import VllmHarness
+from kvoffload.testing.vllm_harness.records import StepRecord
+from kvoffload.testing.vllm_harness.sigkill import sigkill
+from kvoffload.testing.vllm_harness.spec import HarnessSpec
+
+CALL_TIMEOUT_MS = 10_000
+"""``host_share_timeout_ms`` of every engine: far past any call on a loaded machine,
+so no deadline decides an outcome (a dead node process fails calls at once)."""
+
+WAIT_S = 30.0
+"""The longest the fleet waits for the node process or a lease thread (a bug past it)."""
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    """Wait (bounded) for something another process or thread does on its own."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise HarnessViolation(f"shared host tier: {what} not seen in {WAIT_S:.0f} s")
+        time.sleep(0.002)
+
+
+def _sessions(counts: ShareCounts | None) -> int | None:
+    return None if counts is None else counts.sessions
+
+
+class SharedFleet:
+    def __init__(self, model_path: Path, spec: HarnessSpec, engines: int) -> None:
+        """``engines`` engines of ``spec`` (whose ``extra`` names no lower tier) over one
+        new share of ``spec.cpu_bytes``."""
+        self.model_path = model_path
+        self.root = Path(tempfile.mkdtemp(prefix="kvoffload-fleet-"))
+        self.paths = SharePaths(f"fleet{os.getpid()}x{id(self) % 100000}", self.root)
+        extra = {
+            **spec.extra,
+            "host_share": self.paths.name,
+            "host_share_root": str(self.root),
+            "host_share_timeout_ms": CALL_TIMEOUT_MS,
+        }
+        self.spec = replace(spec, extra=extra)
+        self.stored: set[ChunkKey] = set()  # planned stores since the node process started
+        self.stored_by: dict[ChunkKey, str] = {}  # the engine incarnation that stored it
+        self.stats: Counter[str] = Counter()
+        self.pids: set[int] = set()  # every node process seen (stopped at close)
+        self.engines: list[VllmHarness | None] = []
+        self.names: list[str] = []  # each engine's incarnation ("e1", "e1'", ...)
+        self.retired: list[VllmHarness] = []  # killed engines (their loads checked count)
+        self.observer: ShareDirectory | None = None
+        self._generations: dict[int, int] = {}
+        try:
+            for i in range(engines):
+                self.engines.append(self._start(i))
+                self.names.append(f"e{i}")
+            self.observer = ShareDirectory(
+                self.paths, timeout_s=CALL_TIMEOUT_MS / 1000, retry_s=0.0,
+                start_server=False, lease=False,
+            )  # fmt: skip
+            self._note_node()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ engines
+
+    def _start(self, index: int) -> VllmHarness:
+        h = VllmHarness(self.model_path, self.spec)
+        for unit in h.units:
+            unit.checks.share_stored(self.stored)
+        share = h.side.share
+        if share is None:
+            raise HarnessViolation("an engine of the fleet opened no host share")
+        link = share.directory.link
+        link._clock = lambda: h.clock  # retries in logical time (test support)
+        link._next_attempt = 0.0
+        return h
+
+    def engine(self, index: int) -> VllmHarness:
+        h = self.engines[index]
+        if h is None:
+            raise HarnessViolation(f"engine {index} is dead")
+        return h
+
+    def alive(self, index: int) -> bool:
+        return self.engines[index] is not None
+
+    def live(self) -> list[VllmHarness]:
+        return [h for h in self.engines if h is not None]
+
+    def step(self, index: int, complete: bool = True) -> StepRecord | None:
+        """One engine-loop call of engine ``index``; cross-engine loads counted."""
+        h = self.engine(index)
+        record = h.step(complete=complete)
+        if record is not None:
+            me = self.names[index]
+            for load in record.plan.loads:
+                owners = {self.stored_by.get(k) for k in load.keys}
+                if any(o is not None and o.split("'")[0] != me.split("'")[0] for o in owners):
+                    self.stats["cross_engine_loads"] += 1
+                elif any(o is not None and o != me for o in owners):
+                    self.stats["restart_loads"] += 1  # stored by its killed incarnation
+            for store in record.plan.stores:
+                self.stored_by.update(dict.fromkeys(store.keys, me))
+        share = h.side.share
+        spawned = share.directory.link.spawned if share is not None else None
+        if spawned is not None and spawned.ready_fd >= 0:  # it started a node process
+            spawned.wait_ready(WAIT_S)
+            self._note_node()
+        self._note_generation(index)
+        return record
+
+    def _note_generation(self, index: int) -> None:
+        h = self.engines[index]
+        share = h.side.share if h is not None else None
+        welcome = share.directory.link.welcome if share is not None else None
+        if welcome is None:
+            return
+        before = self._generations.get(index)
+        if before is not None and welcome.generation != before:
+            self.stats["recoveries"] += 1  # attached to a node process started since
+        self._generations[index] = welcome.generation
+
+    # ------------------------------------------------------------ the share
+
+    def counts(self) -> ShareCounts | None:
+        """The whole share's counts (the observer's call; its session included), or
+        None while no node process runs (killed, not restarted yet: nothing is
+        readable, stored or pinned)."""
+        assert self.observer is not None
+        if not server_alive(self.paths):
+            return None
+        found = self.observer.share_counts()
+        if found is None:  # its connection was to a node process since killed
+            found = self.observer.share_counts()
+        if found is None:
+            raise HarnessViolation("the share's node process does not answer")
+        return found
+
+    def _note_node(self) -> None:
+        """Wait until every live engine's session is open at the node process now
+        listening (its leases reconnect on their own); remember its pid."""
+        assert self.observer is not None
+        want = len(self.live()) + 1  # and the observer's
+        _wait(lambda: (_sessions(self.counts()) or 0) >= want, f"{want} sessions")
+        welcome = self.observer.link.welcome
+        if welcome is not None:
+            self.pids.add(welcome.pid)
+
+    def own_bookings(self) -> tuple[int, int]:
+        """(storing, pinned) the live engines booked at the node process now running
+        (bookings left from a killed one are stale: they settle on completion)."""
+        storing = pinned = 0
+        for h in self.live():
+            share = h.side.share
+            assert share is not None
+            current = share.directory.attachment.bookings.current
+            storing += len(current.storing)
+            pinned += current.pin_count
+        return storing, pinned
+
+    def check_bookings(self) -> None:
+        """The share stores and pins exactly what the live engines booked."""
+        counts = self.counts()
+        if counts is None:
+            return
+        storing, pinned = self.own_bookings()
+        if (counts.storing, counts.pinned) != (storing, pinned):
+            raise HarnessViolation(
+                f"the share has {counts.storing} slots storing and {counts.pinned} pins; "
+                f"the live engines booked {storing} and {pinned}"
+            )
+
+    # ------------------------------------------------------------ kills
+
+    def kill(self, index: int) -> list[ChunkKey]:
+        """Engine ``index`` SIGKILLed, as one process can do it (``sigkill.py``), then
+        checked once the node process dropped its session: none of its in-flight
+        stores is readable and the share's bookings are the live engines'. Returns
+        the keys of those stores."""
+        h = self.engine(index)
+        keys = sigkill(h)
+        self.engines[index] = None
+        self.retired.append(h)
+        self._generations.pop(index, None)
+        self.stored.difference_update(keys)
+        self.stats["engine_kills"] += 1
+        self._await_sessions()  # (the observer is connected now)
+        assert self.observer is not None
+        readable: list[ChunkKey] = []
+        if keys and self.counts() is not None:  # (none runs: nothing is readable)
+            status = self.observer.lookup(keys).statuses
+            readable = [k for k, s in zip(keys, status, strict=True) if s is not LookupStatus.MISS]
+        if readable:
+            raise HarnessViolation(
+                f"{len(readable)} chunks a killed engine was storing are readable"
+            )
+        self.check_bookings()
+        return keys
+
+    def restart(self, index: int) -> VllmHarness:
+        """A new engine in place of killed engine ``index`` (a new session, the same
+        namespace)."""
+        if self.engines[index] is not None:
+            raise HarnessViolation(f"engine {index} is alive")
+        self.engines[index] = h = self._start(index)
+        self.names[index] += "'"
+        self.stats["engine_restarts"] += 1
+        self._note_node()
+        return h
+
+    def _await_sessions(self) -> None:
+        """Wait until the node process dropped every dead engine's session."""
+        want = len(self.live()) + 1
+        _wait(lambda: _sessions(self.counts()) in (want, None), f"{want} sessions")
+
+    def kill_node(self) -> None:
+        """SIGKILL the node process by pid and wait until it is gone and every live
+        engine's lease noticed; it restarts when an engine calls next."""
+        assert self.observer is not None
+        if self.counts() is None:  # the observer is connected to the one listening
+            return  # none runs
+        welcome = self.observer.link.welcome
+        assert welcome is not None
+        if self._serves(welcome.pid):
+            os.kill(welcome.pid, signal.SIGKILL)
+        self.pids.discard(welcome.pid)
+        _wait(lambda: not server_alive(self.paths), "the node process's death")
+        dead = welcome.generation
+
+        def noticed() -> bool:
+            shares = [h.side.share for h in self.live()]
+            return all(s is None or s.directory.attachment.generation != dead for s in shares)
+
+        _wait(noticed, "the engines' leases noticing")
+        self.stored.clear()  # a new node process starts empty
+        self.stats["node_kills"] += 1
+
+    def _serves(self, pid: int) -> bool:
+        """Whether ``pid`` is this fleet's node process still (never another's)."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return b"kvoffload.share.serve" in cmdline and self.paths.name.encode() in cmdline
+
+    # ------------------------------------------------------------ the end
+
+    def quiescent(self) -> None:
+        """Every live engine quiescent, nothing stored or pinned in the share."""
+        for h in self.live():
+            h.quiescent()
+        counts = self.counts()
+        if counts is not None and (counts.storing or counts.pinned):
+            raise HarnessViolation(
+                f"not quiescent: the share has {counts.storing} slots storing and "
+                f"{counts.pinned} pins"
+            )
+
+    @property
+    def loads_checked(self) -> int:
+        return sum(h.loads_checked for h in (*self.live(), *self.retired))
+
+    def close(self) -> None:
+        """Close the live engines, stop every node process seen by pid, remove the
+        share's files (never raises past a failed engine)."""
+        for h in self.live():
+            with contextlib.suppress(Exception):  # the share must still be stopped
+                h.close()
+        self.engines = [None] * len(self.engines)
+        if self.observer is not None:
+            welcome = self.observer.link.welcome
+            if welcome is not None:
+                self.pids.add(welcome.pid)
+            self.observer.close()
+        for pid in self.pids:
+            if self._serves(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if self.pids:
+            _wait(lambda: not server_alive(self.paths), "the node process's death")
+        remove_share(self.paths)
+        shutil.rmtree(self.root, ignore_errors=True)

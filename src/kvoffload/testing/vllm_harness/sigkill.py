@@ -1,0 +1,39 @@
+"""What a SIGKILL leaves of a harness engine over a node-shared host tier.
+
+The harness runs every engine in one process, so a kill is simulated (test
+support): the engine's copies stop where they are (each copy not yet past its gate
+fails without copying, as a dead process copies nothing more), every connection of
+its session to the share's node process (the scheduler half's link and lease, each
+worker's lease) and its generation locks close as the kernel closes them, with
+nothing sent (no completion, no release), and its transfer threads end. The engine
+is never called again; the node process alone must release what it booked.
+"""
+
+from __future__ import annotations
+
+from kvoffload.core.jobs import JobKind
+from kvoffload.core.keys import ChunkKey
+from kvoffload.testing.vllm_harness.harness import VllmHarness
+
+
+def sigkill(h: VllmHarness) -> list[ChunkKey]:
+    """Kill engine ``h`` (see the module docstring); the keys of the stores it had
+    in flight (booked at the share, never completed)."""
+    half = h.scheduler_half
+    keys = [k for j in half.jobs_in_flight() if j.kind is JobKind.STORE for k in j.keys]
+    for entry in h.ranks:
+        for child in entry.children:
+            open_ids = set(child.open_copies)
+            child.gate.fail(open_ids)  # (their lane predecessors are open ones too)
+            child.copier.wait(open_ids)
+    share = h.side.share
+    assert share is not None
+    share.directory.close()  # its sockets and generation locks: nothing is sent
+    h.side.share = None
+    for entry in h.ranks:
+        for child in entry.children:
+            if child.side.share is not None:
+                child.side.share.close()  # its lease's socket, its view of the slab
+                child.side.share = None
+            child.connector.shutdown()  # the transfer threads (the share is gone)
+    return keys

@@ -166,7 +166,8 @@ class Link:
         self.stats: Counter[str] = Counter()
         self.welcome: Welcome | None = None
         self.spawned: Spawned | None = None
-        self._clock = clock
+        # What retries are timed by; replaceable (a test driver steps it in logical time).
+        self.clock = clock
         self._sock: socket.socket | None = None
         self._next_attempt = 0.0
         self._lock_fd = -1
@@ -239,10 +240,10 @@ class Link:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._next_attempt = self._clock() + self.retry_s
+        self._next_attempt = self.clock() + self.retry_s
 
     def _connect(self) -> socket.socket | None:
-        if self._clock() < self._next_attempt:
+        if self.clock() < self._next_attempt:
             return None
         if (
             self.spawned is not None
@@ -252,7 +253,7 @@ class Link:
             return None  # the node process this engine started is still starting
         opened = connect(self.paths, self.session, Role.DIRECTORY, self.namespace, self.timeout_s)
         if opened is None:
-            self._next_attempt = self._clock() + self.retry_s
+            self._next_attempt = self.clock() + self.retry_s
             if self.start_server:
                 spawned = spawn_server(self.paths, self.geometry)
                 if spawned is not None:

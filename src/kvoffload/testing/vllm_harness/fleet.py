@@ -121,7 +121,7 @@ class SharedFleet:
         if share is None:
             raise HarnessViolation("an engine of the fleet opened no host share")
         link = share.directory.link
-        link._clock = lambda: h.clock  # retries in logical time (test support)
+        link.clock = lambda: h.clock  # retries in logical time
         link._next_attempt = 0.0
         return h
 

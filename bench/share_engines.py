@@ -29,9 +29,7 @@ import contextlib
 import json
 import math
 import os
-import select
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -141,19 +139,9 @@ def serve(
 
 def stop_share(root: Path, name: str) -> None:
     """Stop the share's node process by its pid, waiting for it to exit."""
-    from kvoffload.share.launch import server_alive
-    from kvoffload.share.paths import SharePaths
+    from kvoffload.testing.share_process import stop_node_process
 
-    paths = SharePaths(name, root)
-    if not server_alive(paths):
-        return
-    pid = int.from_bytes(paths.server_lock.read_bytes()[:4], "little")
-    exited = os.pidfd_open(pid)
-    try:
-        os.kill(pid, signal.SIGTERM)
-        select.select([exited], [], [], 30.0)
-    finally:
-        os.close(exited)
+    stop_node_process(name, root)
 
 
 def main() -> int:

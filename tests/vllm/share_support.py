@@ -1,17 +1,13 @@
 """Test support for engines on a node-shared host tier (``host_share``): a share's
 configuration under a private root, and stopping the node process an engine started
-(detached, so not the test's child) by its pid."""
+(:mod:`kvoffload.testing.share_process`)."""
 
 from __future__ import annotations
 
-import os
-import select
-import signal
 from pathlib import Path
 from typing import Any
 
-from kvoffload.share.launch import server_alive
-from kvoffload.share.paths import SharePaths
+from kvoffload.testing.share_process import stop_node_process as stop_node_process_of
 
 
 def share_config(root: Path, name: str, cpu_bytes: int) -> dict[str, Any]:
@@ -28,16 +24,8 @@ def share_config(root: Path, name: str, cpu_bytes: int) -> dict[str, Any]:
 
 
 def stop_node_process(extra: dict[str, Any], timeout_s: float = 30.0) -> None:
-    """SIGTERM the share's node process, if one is serving, and wait until it exited
-    (its pid from the server lock file; waited on through a pidfd, not polled)."""
-    paths = SharePaths(extra["host_share"], Path(extra["host_share_root"]))
-    if not server_alive(paths):
-        return
-    pid = int.from_bytes(paths.server_lock.read_bytes()[:4], "little")
-    exited = os.pidfd_open(pid)
-    try:
-        os.kill(pid, signal.SIGTERM)
-        ready, _, _ = select.select([exited], [], [], timeout_s)
-        assert ready, f"the share's node process {pid} did not stop"
-    finally:
-        os.close(exited)
+    """Stop the node process of the share ``extra`` names, and wait until it exited."""
+    name, root = extra["host_share"], Path(extra["host_share_root"])
+    assert stop_node_process_of(name, root, timeout_s), (
+        f"the share {name!r}'s node process did not stop"
+    )

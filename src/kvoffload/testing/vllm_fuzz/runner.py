@@ -13,7 +13,6 @@ import json
 import re
 import shutil
 import tempfile
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from kvoffload.testing.vllm_fuzz.scenario import (
     Tiers,
 )
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation, TornWrites, VllmHarness
+from kvoffload.testing.vllm_harness.checks import failure_message
 from kvoffload.testing.vllm_harness.harness import SECONDS_PER_STEP
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes
@@ -151,12 +151,7 @@ def run_scenario(scenario: Scenario, env: Environment) -> Outcome:
         _drive(scenario, harness, env, outcome)
     except Exception as exc:
         outcome.status = "failed"
-        if isinstance(exc, HarnessViolation):
-            outcome.message = str(exc)
-        else:
-            outcome.message = f"{type(exc).__name__}: {exc}\n" + "".join(
-                traceback.format_exception(exc)[-6:]
-            )
+        outcome.message = failure_message(exc)
     finally:
         if harness is not None:
             outcome.trace = harness.trace

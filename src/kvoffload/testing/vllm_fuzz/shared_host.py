@@ -17,13 +17,13 @@ seeds (drawn apart, so every other schedule of a seed is unchanged);
 from __future__ import annotations
 
 import random
-import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvoffload.testing.vllm_fuzz.groups import BLOCK_SIZE, MAX_BATCHED_TOKENS
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation
+from kvoffload.testing.vllm_harness.checks import failure_message
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 
@@ -142,12 +142,7 @@ def run_shared(scenario: SharedScenario, model_path: Path) -> SharedOutcome:
         _drive(scenario, fleet, outcome)
     except Exception as exc:
         outcome.status = "failed"
-        if isinstance(exc, HarnessViolation):
-            outcome.message = str(exc)
-        else:
-            outcome.message = f"{type(exc).__name__}: {exc}\n" + "".join(
-                traceback.format_exception(exc)[-6:]
-            )
+        outcome.message = failure_message(exc)
     finally:
         if fleet is not None:
             outcome.stats.update(fleet.stats)

@@ -8,6 +8,7 @@ kvoffload's scheduler side and the KV model. Every failed check raises
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,14 @@ if TYPE_CHECKING:
 
 class HarnessViolation(AssertionError):
     """A check of the harness failed."""
+
+
+def failure_message(exc: BaseException) -> str:
+    """What a failed run reports: a harness check's own message, or any other
+    exception's type and message with the last frames of its traceback."""
+    if isinstance(exc, HarnessViolation):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-6:])
 
 
 class Checks:

@@ -32,3 +32,10 @@ class ContractViolation(KvOffloadError, RuntimeError):
 
 class IllegalTransition(ContractViolation):
     """A state machine was asked for a transition its table does not allow."""
+
+
+class DirectoryUnavailable(KvOffloadError):
+    """A directory kept by another process (a node-shared tier) did not answer a call
+    whose contract has no miss (``prepare_load``, ``slots_of``, ``groups_of``). The
+    caller books nothing and treats what it asked for as a miss; a private
+    :class:`~kvoffload.core.directory.Directory` never raises it."""

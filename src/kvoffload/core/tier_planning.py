@@ -54,8 +54,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
+from kvoffload.core.errors import ContractViolation, DirectoryUnavailable
 from kvoffload.core.failures import ChunkFailure, FailureKind, error_failure
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
@@ -169,18 +169,20 @@ class TierPlanner:
         self._queue(ripe)
 
     def _queue(self, keys: Sequence[ChunkKey]) -> None:
-        """Queue the readable ``keys`` for every tier, one host pin per tier queue."""
-        host = self.host
-        readable = [
-            k
-            for k in dict.fromkeys(keys)
-            if host.state_of(k) in (ChunkState.READY, ChunkState.PINNED)
-        ]
+        """Queue the readable ``keys`` for every tier, one host pin per tier queue
+        (pinned in one call, or key by key when one of them is no longer readable;
+        a key the host directory does not pin is not queued)."""
+        unique = list(dict.fromkeys(keys))
         for queue in self._queues.values():
-            new = [k for k in readable if k not in queue]
-            if new:
-                host.prepare_load(new)
+            new = [k for k in unique if k not in queue]
+            if not new:
+                continue
+            if self.host.try_prepare_load(new) is not None:
                 queue.update(dict.fromkeys(new))
+                continue
+            for key in new:
+                if self.host.try_prepare_load((key,)) is not None:
+                    queue[key] = None
 
     def has_queued(self) -> bool:
         return any(self._queues.values())
@@ -208,14 +210,19 @@ class TierPlanner:
         for name, queue in self._queues.items():
             if not queue:
                 continue
-            keys: list[ChunkKey] = []
-            gone: list[ChunkKey] = []
-            for k in queue:
-                (keys if host.slot_of(k) is not None else gone).append(k)
+            present = self._present_slots(list(queue))
+            if present is None:
+                continue  # the host directory did not answer: the queue waits
+            gone = [k for k in queue if k not in present]
             if gone:
                 host.complete_load(gone)  # discarded while queued: its pin frees the slot
             queue.clear()
+            keys = list(present)
             if not keys:
+                continue
+            groups = self._groups(present)
+            if groups is None:
+                queue.update(dict.fromkeys(keys))  # not answered: retry next plan
                 continue
             tier = self.tiers[name]
             booking = tier.book_spill(keys)
@@ -228,19 +235,47 @@ class TierPlanner:
                 host.complete_load([k for k in keys if k not in booked])  # held already
             if not booking.keys:
                 continue
-            slots = host.slots_of(booking.keys)  # pinned by the queue: the job's pins now
             jobs.append(
                 TierJob(
                     job_id=new_id(),
                     kind=JobKind.SPILL,
                     keys=booking.keys,
-                    slots=slots,
+                    slots=tuple(present[k] for k in booking.keys),  # the queue's pins
                     tier=name,
                     tier_slots=booking.slots,
-                    groups=self.host.groups_of(slots) if self.grouped else (),
+                    groups=tuple(groups[k] for k in booking.keys) if groups else (),
                 )
             )
         return jobs
+
+    def _present_slots(self, keys: list[ChunkKey]) -> dict[ChunkKey, int] | None:
+        """The host slot of each of ``keys`` still present (pinned by a spill queue,
+        so only a discard removes one), in order: one call, or key by key when one is
+        gone; None when the host directory does not answer."""
+        host = self.host
+        try:
+            return dict(zip(keys, host.slots_of(keys), strict=True))
+        except DirectoryUnavailable:
+            return None
+        except ContractViolation:
+            pass  # one of them was discarded
+        present = {}
+        for key in keys:
+            slot = host.slot_of(key)
+            if slot is not None:
+                present[key] = slot
+        return present
+
+    def _groups(self, slots: dict[ChunkKey, int]) -> dict[ChunkKey, int] | None:
+        """Each chunk's KV cache group (grouped layouts; ``{}`` otherwise), or None
+        when the host directory does not answer."""
+        if not self.grouped or not slots:
+            return {}
+        try:
+            groups = self.host.groups_of(tuple(slots.values()))
+        except DirectoryUnavailable:
+            return None
+        return dict(zip(slots, groups, strict=True))
 
     def plan_promotion(
         self,
@@ -256,10 +291,15 @@ class TierPlanner:
         tier = self.tiers[tier_name]
         if tier.present_run(keys) != len(keys):
             return None  # changed since the lookup
-        prepared = self.host.prepare_store(keys, admit_all=True, groups=groups or None)
+        host = self.host
+        prepared = host.prepare_store(keys, admit_all=True, groups=groups or None)
         if prepared.no_room or not prepared.keys:
             return None
-        tier_slots = tier.book_promotion(prepared.keys)
+        booked = self._groups(dict(zip(prepared.keys, prepared.slots, strict=True)))
+        tier_slots = tier.book_promotion(prepared.keys) if booked is not None else None
+        if booked is None or tier_slots is None:
+            host.complete_store(prepared.keys, success=False)  # not answered, or gone below
+            return None
         return TierJob(
             job_id=new_id(),
             kind=JobKind.PROMOTE,
@@ -268,14 +308,15 @@ class TierPlanner:
             tier=tier_name,
             tier_slots=tier_slots,
             request_id=request_id,
-            groups=self.host.groups_of(prepared.slots) if self.grouped else (),
+            groups=tuple(booked.values()) if booked else (),
         )
 
     def book_tier_load(self, tier_name: str, keys: Sequence[ChunkKey]) -> tuple[int, ...] | None:
         """Book ``keys`` of tier ``tier_name`` for a tier load (kept until
         :meth:`complete_tier_load`): their tier slots (slotted tier) or ``()``; None,
         booking nothing, when the tier is known to lack one of them (a tier that cannot
-        tell now is booked: a chunk gone by read time fails the load, a miss)."""
+        tell now is booked: a chunk gone by read time fails the load, a miss), or when
+        the tier could not book them (a shared tier lost one, or did not answer)."""
         tier = self.tiers.get(tier_name)
         if tier is None:
             return None

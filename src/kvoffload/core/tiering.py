@@ -66,9 +66,11 @@ class LowerTier(Protocol):
         """Whether the tier is known to hold ``key`` now (no I/O, no side effect; a
         non-authoritative tier answers from what it saw)."""
 
-    def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
-        """``keys`` (all present) are about to be read: keep them until released.
-        Their slots in a slotted tier, else ``()``."""
+    def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...] | None:
+        """``keys`` (all present at the lookup) are about to be read: keep them until
+        released. Their slots in a slotted tier, else ``()``; None, keeping nothing,
+        when the tier cannot keep them now (a tier shared by several engines may have
+        lost one to another engine's eviction, or not answer): a miss."""
 
     def release_promotion(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey]) -> None:
         """The read of ``keys`` ended; ``bad`` ones were missing or corrupt: forget them."""
@@ -92,7 +94,10 @@ class LowerTier(Protocol):
 
 class DirectoryTier:
     """A bounded, authoritative, slotted lower tier (the disk), booked in its own
-    directory."""
+    directory: a private :class:`Directory`, or the client of a directory that a node
+    process keeps for every engine of the node
+    (:class:`~kvoffload.share.client.ShareDirectory`, duck-typed: it offers the same
+    calls, and answers a call it cannot make as a miss or ``no_room``)."""
 
     def __init__(self, directory: Directory) -> None:
         self.directory = directory
@@ -106,8 +111,8 @@ class DirectoryTier:
     def holds(self, key: ChunkKey) -> bool:
         return self.directory.readable_prefix((key,)) == 1
 
-    def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
-        return self.directory.prepare_load(keys)
+    def book_promotion(self, keys: Sequence[ChunkKey]) -> tuple[int, ...] | None:
+        return self.directory.try_prepare_load(keys)
 
     def release_promotion(self, keys: Sequence[ChunkKey], bad: Sequence[ChunkKey]) -> None:
         self.directory.complete_load(keys)

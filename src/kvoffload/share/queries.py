@@ -18,7 +18,7 @@ import numpy as np
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import LookupResult, LookupStatus
-from kvoffload.core.errors import ContractViolation, KvOffloadError
+from kvoffload.core.errors import ContractViolation, DirectoryUnavailable
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.attachment import Attachment
 from kvoffload.share.link import Link
@@ -41,7 +41,7 @@ class ShareCounts:
     fenced_stores: int  # prepare_store calls refused until older generations drained
 
 
-class ShareUnavailable(KvOffloadError):
+class ShareUnavailable(DirectoryUnavailable):
     """The share did not answer a call whose contract has no miss (prepare_load,
     slots_of, groups_of). The engine should treat the load as failed (recompute)."""
 

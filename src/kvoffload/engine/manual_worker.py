@@ -64,6 +64,7 @@ from kvoffload.core.routes import (
     TO_HOST,
     Leg,
     Route,
+    leg_on,
     legs,
     merge,
 )
@@ -99,7 +100,9 @@ def complete_everything(step: int, jobs: Sequence[PendingJob]) -> dict[int, bool
 
 def first_chunk_torn(job: EngineJob) -> Failures:
     """The default failure of a tier load: its first tier chunk is found corrupt."""
-    return ((job.tier_chunks()[0], TORN),)
+    leg = leg_on(job, FROM_TIER)
+    assert leg is not None, "a tier load has a leg from its tier"
+    return ((leg.chunks[0], TORN),)
 
 
 class ManualWorker:
@@ -294,7 +297,9 @@ class ManualWorker:
                     f"step {self.step}: spill job {job.job_id} reads slot {slot}, which does "
                     "not hold the chunk's bytes"
                 )
-            self.tiers.write(job.tier, tier_slot, key, held if success else TORN_BYTES, group)
+            self.tiers.write(
+                leg.destination.name, tier_slot, key, held if success else TORN_BYTES, group
+            )
         return JobResult(job.job_id, success, len(leg.chunks), 0.0)
 
     def _promote(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
@@ -314,7 +319,7 @@ class ManualWorker:
                 self.host[slot], self.host_key[slot] = TORN_BYTES, None  # a torn copy
                 continue
             stored = self.tiers.read(
-                self._what(job), job.tier, tier_slot, key, group, job_id=job.job_id
+                self._what(job), leg.source.name, tier_slot, key, group, job_id=job.job_id
             )
             if stored is None:
                 failed.append((i, TORN))

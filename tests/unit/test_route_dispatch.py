@@ -114,3 +114,16 @@ def test_a_tier_load_on_a_worker_without_staged_loads_fails_with_no_leg_started(
     failed = ((0, error_failure(error)), (2, error_failure(error)))
     assert report.results == (JobResult(5, False, error=error, failed_chunks=failed),)
     assert lanes.take_invalid_blocks() == set(range(20, 26)) and lanes.take_loaded() == {"r"}
+
+
+def test_a_repeated_result_passes_as_it_is_for_the_scheduler_half_to_count() -> None:
+    lanes, copies = backend(None)
+    keys = (ChunkKey(b"\x01" * 16),)
+    job = EngineJob(6, JobKind.LOAD, "r", keys, (2,), (30, 31), 2)
+    lanes.begin(StepPlan(1, loads=(job,)))
+    lanes.submit(job)
+    assert copies.submitted == [job]  # a leg of every chunk: the job itself
+    copies.results = [JobResult(6, True, 10), JobResult(6, False, error="again")]
+    (report,) = lanes.poll()
+    assert report.results == (JobResult(6, True, 10), JobResult(6, False, error="again"))
+    assert lanes.take_loaded() == {"r"} and lanes.take_invalid_blocks() == set()

@@ -174,11 +174,15 @@ class TransferBackend:
     def _arrived(self, results: Iterable[JobResult], lane: Collection[Route]) -> list[JobResult]:
         """The jobs ``results`` (of a lane serving ``lane``'s routes) end: each result
         recorded as its job's leg there, a job's merged result once its last leg's
-        came; a result of no job open here passes as it is."""
+        came; a result for no leg open here (an unknown job, a repeated result)
+        passes as it is (the scheduler half counts it stale)."""
         ended = []
         for result in results:
             opened = self._open.get(result.job_id)
-            merged = result if opened is None else opened.legs.add(result, lane)
+            if opened is None or not opened.legs.waiting(lane):
+                ended.append(result)
+                continue
+            merged = opened.legs.add(result, lane)
             if merged is not None:
                 ended.append(merged)
         return ended

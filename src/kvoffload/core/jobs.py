@@ -35,6 +35,11 @@ A load may also name ``invalid_blocks``: engine blocks the engine expects this l
 to fill that kvoffload cannot supply (an anomaly, or offloading turned off after an
 internal error). The worker reports them as failed loads when the job ends, so the
 engine recomputes them; such a load may have no chunk at all.
+
+Which media a job's chunks move between (its *legs*: host -> engine, engine -> host,
+host -> a tier, a tier -> host, a tier -> engine; none for a load of invalid blocks
+only) is said in one place, :func:`kvoffload.core.routes.legs`; the worker backends
+dispatch by leg, not by these fields.
 """
 
 from __future__ import annotations

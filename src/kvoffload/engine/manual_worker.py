@@ -26,8 +26,10 @@ While it works it checks what the scheduler half promised, raising
   bytes a store captured (the lower tiers are slot-addressed like the disk tier and
   authoritative: this catches a tier slot reused while still needed).
 
-Tier loads (a load whose ``NO_SLOT`` chunks come from ``job.tier``): the host chunks
-are read as any load's, the tier chunks from the in-memory tier. A tier slot marked
+Each job runs as its legs (:func:`kvoffload.core.routes.legs`), each by its route
+(one table, ``_LEGS``), the legs' results merged
+(:func:`kvoffload.core.routes.merge`). A tier load's leg from host memory is read as
+any load's, its leg from a lower tier from the in-memory tier. A tier slot marked
 by :meth:`ManualWorker.damage` is found corrupt when read (as the disk tier's checksum
 finds a torn write): the chunk fails as ``integrity:checksum`` and the tier drops it,
 in a promotion or in a tier load. A tier load the policy fails fails with the chunks
@@ -39,13 +41,12 @@ engine block).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from kvoffload.core.failures import ChunkFailure, integrity_failure
 from kvoffload.core.jobs import (
     NO_BLOCK,
-    NO_SLOT,
     EngineJob,
     JobKind,
     JobResult,
@@ -55,6 +56,18 @@ from kvoffload.core.jobs import (
     WorkerReport,
 )
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.routes import (
+    FROM_HOST,
+    FROM_TIER,
+    PROMOTE,
+    SPILL,
+    TO_HOST,
+    Leg,
+    Route,
+    leg_on,
+    legs,
+    merge,
+)
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.memory_tiers import TORN_BYTES, InvariantViolation, MemoryTiers
 
@@ -87,7 +100,9 @@ def complete_everything(step: int, jobs: Sequence[PendingJob]) -> dict[int, bool
 
 def first_chunk_torn(job: EngineJob) -> Failures:
     """The default failure of a tier load: its first tier chunk is found corrupt."""
-    return ((job.tier_chunks()[0], TORN),)
+    leg = leg_on(job, FROM_TIER)
+    assert leg is not None, "a tier load has a leg from its tier"
+    return ((leg.chunks[0], TORN),)
 
 
 class ManualWorker:
@@ -176,19 +191,9 @@ class ManualWorker:
         """Run ``pending`` (unless a flush ran it) with the policy's ``success``; its
         result (a promotion succeeds when some chunk made it, a tier load when all did)."""
         job = pending.job
-        failed: Failures = ()
-        if isinstance(job, TierJob):
-            failed = self._run_tier(job, success)
-            done = success and len(failed) < len(job.keys)
-        elif job.tier is not None:
-            failed = self._run_tier_load(job, success)
-            done = success and not failed
-        else:
-            if not pending.ran:
-                self._run(pending, success)
-            done = success
-        error: str | ChunkFailure = failed[0][1] if failed and not done else ""
-        return JobResult(job.job_id, done, len(job.keys), 0.0, error, failed)
+        if pending.ran:  # a flushed store: its copy ran already
+            return JobResult(job.job_id, success, len(job.keys), 0.0)
+        return self._run(pending, success)
 
     def damage(self, tier: str, tier_slot: int) -> None:
         """Tear the chunk in ``tier_slot`` of ``tier``: the next promotion or tier load
@@ -206,25 +211,40 @@ class ManualWorker:
 
     # ------------------------------------------------------------ copies
 
-    def _run(self, pending: PendingJob, success: bool) -> None:
+    def _run(self, pending: PendingJob, success: bool) -> JobResult:
+        """Run every leg of the job by its route (``_LEGS``) with ``success``; the
+        legs' results merged (:func:`~kvoffload.core.routes.merge`). A job with no
+        leg (a load of invalid blocks only) moves nothing and ends as ``success``."""
         job = pending.job
-        assert isinstance(job, EngineJob)
         pending.ran = True
         self.copies += 1
+        job_legs = legs(job)
+        if not job_legs:
+            return JobResult(job.job_id, success, 0, 0.0)
+        return merge(job.job_id, [_LEGS[leg.route](self, job, leg, success) for leg in job_legs])
+
+    def _store(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
+        """Engine blocks -> host slots (a failed store leaves garbage in its slots)."""
+        assert isinstance(job, EngineJob)
         k = job.blocks_per_chunk
-        if job.kind is JobKind.STORE:
-            for i, slot in enumerate(job.slots):
-                blocks = job.block_ids[i * k : (i + 1) * k]
-                data = b"".join(self.pool.read(b) for b in blocks)
-                if not success:
-                    self.host[slot], self.host_key[slot] = b"\xee" * len(data), None
-                    continue
-                self._verify(job, i, data, "store captured")
-                self.host[slot], self.host_key[slot] = data, job.keys[i]
-                self.known[job.keys[i]] = data
-            return
-        chunks = {c: self._host_chunk(job, c) for c in range(len(job.keys)) if success}
-        self._write_blocks(job, chunks, garbage=not success)
+        for i in leg.chunks:
+            slot = job.slots[i]
+            blocks = job.block_ids[i * k : (i + 1) * k]
+            data = b"".join(self.pool.read(b) for b in blocks)
+            if not success:
+                self.host[slot], self.host_key[slot] = b"\xee" * len(data), None
+                continue
+            self._verify(job, i, data, "store captured")
+            self.host[slot], self.host_key[slot] = data, job.keys[i]
+            self.known[job.keys[i]] = data
+        return JobResult(job.job_id, success, len(leg.chunks), 0.0)
+
+    def _load_from_host(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
+        """Host slots -> engine blocks (a failed load leaves garbage in its blocks)."""
+        assert isinstance(job, EngineJob)
+        chunks = {c: self._host_chunk(job, c) for c in leg.chunks if success}
+        self._write_blocks(job, chunks, garbage=() if success else leg.chunks)
+        return JobResult(job.job_id, success, len(leg.chunks), 0.0)
 
     def _host_chunk(self, job: EngineJob, chunk: int) -> bytes:
         """The bytes a load reads for its chunk ``chunk`` from its host slot, checked."""
@@ -238,10 +258,12 @@ class ManualWorker:
         self._verify(job, chunk, held, "load read")
         return held
 
-    def _write_blocks(self, job: EngineJob, chunks: dict[int, bytes], *, garbage: bool) -> None:
+    def _write_blocks(
+        self, job: EngineJob, chunks: dict[int, bytes], *, garbage: Collection[int]
+    ) -> None:
         """Write the load's blocks of the chunks in ``chunks`` (index in the job ->
-        bytes); with ``garbage``, the blocks of every other chunk a host slot feeds
-        get garbage (a torn copy). Other blocks are not written."""
+        bytes), and garbage into the blocks of the chunks in ``garbage`` (a torn
+        copy). Other blocks are not written."""
         k, skip, block_bytes = job.blocks_per_chunk, job.skip_blocks, self.pool.block_bytes
         for m, block in enumerate(job.block_ids):
             chunk, index = divmod(m + skip, k)
@@ -250,61 +272,73 @@ class ManualWorker:
             data = chunks.get(chunk)
             if data is not None:
                 self.pool.write(block, 0, data[index * block_bytes : (index + 1) * block_bytes])
-            elif garbage and job.slots[chunk] != NO_SLOT:
+            elif chunk in garbage:
                 self.pool.write(block, 0, b"\xdd" * block_bytes)
 
-    def _run_tier(self, job: TierJob, success: bool) -> Failures:
-        """Run a spill or a promotion against the in-memory tier, slot-addressed like
-        the disk tier (authoritative: a promotion whose tier slot does not hold its
-        chunk, or holds it as another KV cache group than the job expects, is a
-        violation, which catches a slot reused while still needed); return the chunks
-        that did not make it (a promotion's damaged chunks; otherwise none: a job the
-        policy fails fails whole)."""
-        self.copies += 1
-        if len(job.tier_slots) != len(job.keys):
-            raise InvariantViolation(f"step {self.step}: tier job {job.job_id} without tier slots")
+    def _tier_slots(self, job: TransferJob, leg: Leg) -> tuple[int, ...]:
+        """The tier slots of ``leg``'s chunks, one each (the in-memory tiers are
+        slotted: a job without them is a violation)."""
+        if len(job.tier_slots) != len(leg.chunks):
+            raise InvariantViolation(f"{self._what(job)} without tier slots")
+        return job.tier_slots
+
+    def _spill(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
+        """Host slots -> the in-memory tier (a failed spill writes torn chunks); every
+        host slot must hold its chunk's bytes."""
+        assert isinstance(job, TierJob)
+        tier_slots = self._tier_slots(job, leg)
         groups = job.groups or (0,) * len(job.keys)
-        if job.kind is JobKind.SPILL:
-            each = zip(job.keys, job.slots, job.tier_slots, groups, strict=True)
-            for key, slot, tier_slot, group in each:
-                held = self.host[slot]
-                if held is None or self.host_key[slot] != key or held != self.known.get(key):
-                    raise InvariantViolation(
-                        f"step {self.step}: spill job {job.job_id} reads slot {slot}, which does "
-                        "not hold the chunk's bytes"
-                    )
-                self.tiers.write(job.tier, tier_slot, key, held if success else TORN_BYTES, group)
-            return ()
-        failed: list[tuple[int, ChunkFailure]] = []
-        for i, (key, slot, tier_slot, group) in enumerate(
-            zip(job.keys, job.slots, job.tier_slots, groups, strict=True)
+        for key, slot, tier_slot, group in zip(
+            job.keys, job.slots, tier_slots, groups, strict=True
         ):
+            held = self.host[slot]
+            if held is None or self.host_key[slot] != key or held != self.known.get(key):
+                raise InvariantViolation(
+                    f"step {self.step}: spill job {job.job_id} reads slot {slot}, which does "
+                    "not hold the chunk's bytes"
+                )
+            self.tiers.write(
+                leg.destination.name, tier_slot, key, held if success else TORN_BYTES, group
+            )
+        return JobResult(job.job_id, success, len(leg.chunks), 0.0)
+
+    def _promote(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
+        """The in-memory tier -> host slots, slot-addressed like the disk tier
+        (authoritative: a tier slot that does not hold its chunk, or holds it as
+        another KV cache group than the job expects, is a violation, which catches a
+        slot reused while still needed). A damaged chunk fails (its host slot torn);
+        the promotion succeeds when some chunk made it; a promotion the policy fails
+        fails whole (every host slot torn)."""
+        assert isinstance(job, TierJob)
+        tier_slots = self._tier_slots(job, leg)
+        groups = job.groups or (0,) * len(job.keys)
+        failed: list[tuple[int, ChunkFailure]] = []
+        each = zip(job.keys, job.slots, tier_slots, groups, strict=True)
+        for i, (key, slot, tier_slot, group) in enumerate(each):
             if not success:
                 self.host[slot], self.host_key[slot] = TORN_BYTES, None  # a torn copy
                 continue
             stored = self.tiers.read(
-                self._what(job), job.tier, tier_slot, key, group, job_id=job.job_id
+                self._what(job), leg.source.name, tier_slot, key, group, job_id=job.job_id
             )
             if stored is None:
                 failed.append((i, TORN))
                 self.host[slot], self.host_key[slot] = TORN_BYTES, None
                 continue
             self.host[slot], self.host_key[slot] = stored, key
-        return tuple(failed)
+        return _result(job.job_id, success and len(failed) < len(job.keys), leg, tuple(failed))
 
-    def _run_tier_load(self, job: EngineJob, success: bool) -> Failures:
-        """Run a tier load (see the module docstring): the host chunks from their host
-        slots, the tier chunks from the in-memory tier (each checked as a promotion's);
-        return the chunks that did not make it (the job failed if any)."""
-        self.copies += 1
-        tier = job.tier or ""
-        chunks = job.tier_chunks()
-        if len(job.tier_slots) != len(chunks):
-            raise InvariantViolation(f"step {self.step}: tier load {job.job_id} without tier slots")
-        groups = job.groups or (0,) * len(chunks)
+    def _load_from_tier(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
+        """A tier load's chunks from the in-memory tier (see the module docstring),
+        each checked as a promotion's: their blocks are written only when every one
+        was verified and the policy did not fail the job; the leg succeeds then."""
+        assert isinstance(job, EngineJob)
+        tier = leg.source.name
+        tier_slots = self._tier_slots(job, leg)
+        groups = job.groups or (0,) * len(leg.chunks)
         data: dict[int, bytes] = {}
         failed: dict[int, ChunkFailure] = {}
-        for c, tier_slot, group in zip(chunks, job.tier_slots, groups, strict=True):
+        for c, tier_slot, group in zip(leg.chunks, tier_slots, groups, strict=True):
             stored = self.tiers.read(
                 self._what(job), tier, tier_slot, job.keys[c], group, job_id=job.job_id
             )
@@ -314,17 +348,14 @@ class ManualWorker:
                 self._verify(job, c, stored, "tier load read")
                 data[c] = stored
         if not success:
-            slots = dict(zip(chunks, job.tier_slots, strict=True))
+            slots = dict(zip(leg.chunks, tier_slots, strict=True))
             for c, failure in self.fail_tier_load(job):
                 failed.setdefault(c, failure)
                 if failure.copy_gone:  # the tier found its copy bad or gone: dropped
                     self.tiers.drop(tier, slots[c], by=job.job_id)
-        if failed:
-            data.clear()  # a bad tier chunk: the tier chunks never reach their blocks
-        if success:
-            data.update((c, self._host_chunk(job, c)) for c in job.host_chunks())
-        self._write_blocks(job, data, garbage=not success)
-        return tuple(sorted(failed.items()))
+        if not failed:  # a bad tier chunk: the tier chunks never reach their blocks
+            self._write_blocks(job, data, garbage=())
+        return _result(job.job_id, success and not failed, leg, tuple(sorted(failed.items())))
 
     def _what(self, job: TransferJob) -> str:
         return f"step {self.step}: {job.kind.value} job {job.job_id}"
@@ -351,3 +382,19 @@ class ManualWorker:
                     f"step {self.step}: block {hit[0]} written while store job {job.job_id} "
                     f"of {job.request_id!r}, which reads it, has not run"
                 )
+
+
+def _result(job_id: int, done: bool, leg: Leg, failed: Failures) -> JobResult:
+    """A leg's result: ``error`` its first failed chunk's failure when it failed."""
+    error: str | ChunkFailure = failed[0][1] if failed and not done else ""
+    return JobResult(job_id, done, len(leg.chunks), 0.0, error, failed)
+
+
+_LEGS: dict[Route, Callable[[ManualWorker, TransferJob, Leg, bool], JobResult]] = {
+    FROM_HOST: ManualWorker._load_from_host,
+    TO_HOST: ManualWorker._store,
+    SPILL: ManualWorker._spill,
+    PROMOTE: ManualWorker._promote,
+    FROM_TIER: ManualWorker._load_from_tier,
+}
+"""How each leg runs, by its route."""

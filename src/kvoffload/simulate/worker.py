@@ -1,19 +1,23 @@
 """The simulated worker half: transfer jobs take the cost model's time on lanes.
 
-Each job occupies one lane, first come first served: loads the host -> engine lane,
-stores the engine -> host lane, spills and promotions the lane of their lower tier.
-A tier load (a load reading some chunks straight from a lower tier) occupies three:
-its host chunks the host -> engine lane, its tier chunks the tier's lane for the read
-(at the tier's bandwidth, as a promotion's) and then the tier's staging lane
+Each leg of a job (:func:`kvoffload.core.routes.legs`) occupies the lanes of its
+route (one table, ``_LANES``), first come first served, one after the other, from
+when every one of them is free: a load's leg from host memory the host -> engine
+lane, a store the engine -> host lane, spills and promotions the lane of their lower
+tier; a leg from a lower tier into the engine (a tier load's) the tier's lane for the
+read (at the tier's bandwidth, as a promotion's) and then the tier's staging lane
 (``<tier>->engine``, at the host bandwidth) for the copy into the engine, as the
 real worker reads and copies them on one lane per tier: the read waits for the
-tier's previous tier load's copy. The job finishes when both halves did.
+tier's previous tier load's copy. A job finishes when its last leg did; its result
+merges its legs' (:func:`kvoffload.core.routes.merge`: bytes summed, the longest
+leg's seconds).
 
 A job starts when it is planned (a store: after the forward pass of its step, whose
 KV it captures; a store the plan flushes: before the forward pass, which waits for
 it) and is reported at the end of the first step that ends after it finished. No
 bytes move and no job fails. The worker also keeps the traffic counters (chunks per
-job kind and tier, a tier load's host and tier chunks apart; lane busy seconds;
+job kind and the tier each leg reads or writes, a tier load's host and tier chunks
+apart; lane busy seconds;
 with several KV cache groups, loads' and stores' chunks per group, read from the
 engine's block owners when submitted).
 
@@ -25,18 +29,27 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvoffload.core.jobs import (
     NO_BLOCK,
     EngineJob,
-    JobKind,
     JobResult,
     StepPlan,
-    TierJob,
     TransferJob,
     WorkerReport,
+)
+from kvoffload.core.routes import (
+    FROM_HOST,
+    FROM_TIER,
+    PROMOTE,
+    SPILL,
+    TO_HOST,
+    Leg,
+    Route,
+    legs,
+    merge,
 )
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.request import StepMeter
@@ -66,7 +79,8 @@ class SimClock:
 @dataclass
 class Traffic:
     """Chunks moved by completed jobs: ``chunks[(kind, tier)]``; kind is a JobKind
-    value, tier ``"host"`` for loads and stores (a tier load's tier chunks: its tier)."""
+    value, tier the lower tier a leg reads or writes, else ``"host"`` (a tier load's
+    tier chunks count under its tier, its host chunks under ``"host"``)."""
 
     chunks: Counter[tuple[str, str]] = field(default_factory=Counter)
     busy_s: dict[str, float] = field(default_factory=dict)  # per lane
@@ -103,54 +117,39 @@ class SimWorker:
         self.group_of = group_of
         self._job_groups: dict[int, list[int]] = {}  # engine job -> group of each chunk
 
-    @staticmethod
-    def _lane(job: TransferJob) -> tuple[str, str]:
-        """(lane name, cost lane) of a job."""
-        if isinstance(job, TierJob):
-            return job.tier, job.tier  # the tier's own lane
-        if job.kind is JobKind.LOAD:
-            return "host->engine", "host"
-        return "engine->host", "host"
-
-    def _start(self, job: TransferJob, at: float) -> float:
-        if isinstance(job, EngineJob) and job.tier is not None:
-            finish = self._start_tier_load(job, at)
-        else:
-            lane, cost_lane = self._lane(job)
-            seconds = self.cost.copy_seconds(len(job.keys) * self.chunk_bytes, cost_lane)
-            finish = self._occupy(lane, max(at, self.free_at.get(lane, 0.0)), seconds)
+    def _start(self, job: TransferJob, at: float) -> None:
+        """Occupy the lanes of every leg of ``job`` from ``at``; note when it finishes
+        (its last leg; a job with no leg: at once)."""
+        finish = max((self._run_leg(leg, at) for leg in legs(job)), default=at)
         self.finish_of[job.job_id] = finish
         heapq.heappush(self._heap, (finish, job.job_id, job))
-        return finish
+
+    def _run_leg(self, leg: Leg, at: float) -> float:
+        """Occupy ``leg``'s lanes one after the other, from when all are free; its end."""
+        stages = _LANES[leg.route](leg)
+        end = max(at, *(self.free_at.get(lane, 0.0) for lane, _ in stages))
+        for lane, seconds in self._stage_seconds(leg, stages):
+            end = self._occupy(lane, end, seconds)
+        return end
+
+    def _stage_seconds(
+        self, leg: Leg, stages: tuple[tuple[str, str], ...]
+    ) -> list[tuple[str, float]]:
+        """(lane, seconds) of each stage of ``leg``: its bytes at the stage's cost lane."""
+        nbytes = len(leg.chunks) * self.chunk_bytes
+        return [(lane, self.cost.copy_seconds(nbytes, cost_lane)) for lane, cost_lane in stages]
+
+    def _leg_result(self, job_id: int, leg: Leg) -> JobResult:
+        """A finished leg's result: its bytes and its stages' seconds."""
+        stages = self._stage_seconds(leg, _LANES[leg.route](leg))
+        seconds = sum(s for _, s in stages)
+        return JobResult(job_id, True, len(leg.chunks) * self.chunk_bytes, seconds)
 
     def _occupy(self, lane: str, start: float, seconds: float) -> float:
         """``lane`` busy from ``start`` for ``seconds``; returns the end."""
         self.free_at[lane] = start + seconds
         self.traffic.busy_s[lane] = self.traffic.busy_s.get(lane, 0.0) + seconds
         return start + seconds
-
-    def _tier_load_costs(self, job: EngineJob) -> tuple[float, float, float]:
-        """(host chunks' copy, tier chunks' read, their staging copy) in seconds."""
-        tier_chunks = len(job.tier_chunks())
-        host_bytes = (len(job.keys) - tier_chunks) * self.chunk_bytes
-        tier_bytes = tier_chunks * self.chunk_bytes
-        read_lane = job.tier or "host"  # a tier load always names its tier
-        return (
-            self.cost.copy_seconds(host_bytes, "host"),
-            self.cost.copy_seconds(tier_bytes, read_lane),
-            self.cost.copy_seconds(tier_bytes, "host"),
-        )
-
-    def _start_tier_load(self, job: EngineJob, at: float) -> float:
-        """Occupy a tier load's lanes (module docstring); returns when it finishes."""
-        host_s, read_s, copy_s = self._tier_load_costs(job)
-        tier, stage, host = job.tier or "", f"{job.tier}->engine", "host->engine"
-        finish = at
-        if host_s:
-            finish = self._occupy(host, max(at, self.free_at.get(host, 0.0)), host_s)
-        read_at = max(at, self.free_at.get(tier, 0.0), self.free_at.get(stage, 0.0))
-        copied = self._occupy(stage, self._occupy(tier, read_at, read_s), copy_s)
-        return max(finish, copied)
 
     # ------------------------------------------------------------ backend calls
 
@@ -197,29 +196,17 @@ class SimWorker:
         while self._heap and self._heap[0][0] <= end:
             _, job_id, job = heapq.heappop(self._heap)
             del self.finish_of[job_id]
-            self._count(job)
-            nbytes = len(job.keys) * self.chunk_bytes
-            if isinstance(job, EngineJob) and job.tier is not None:
-                host_s, read_s, copy_s = self._tier_load_costs(job)
-                seconds = max(host_s, read_s + copy_s)
-            else:
-                seconds = self.cost.copy_seconds(nbytes, self._lane(job)[1])
-            results.append(JobResult(job_id, True, nbytes, seconds))
+            job_legs = legs(job)
+            self._count(job, job_legs)
+            results.append(merge(job_id, [self._leg_result(job_id, leg) for leg in job_legs]))
         self.completed_last_step = len(results)
         return [WorkerReport(0, tuple(results))]
 
-    def _count(self, job: TransferJob) -> None:
-        """A finished job's traffic: its chunks per (kind, tier), a tier load's tier
-        chunks under its tier and its host chunks under ``host``."""
+    def _count(self, job: TransferJob, job_legs: Sequence[Leg]) -> None:
+        """A finished job's traffic: each leg's chunks per (kind, the leg's tier)."""
         kind = job.kind.value
-        if isinstance(job, TierJob):
-            self.traffic.chunks[(kind, job.tier)] += len(job.keys)
-        elif job.tier is not None:
-            tier_chunks = len(job.tier_chunks())
-            self.traffic.chunks[(kind, job.tier)] += tier_chunks
-            self.traffic.chunks[(kind, "host")] += len(job.keys) - tier_chunks
-        else:
-            self.traffic.chunks[(kind, "host")] += len(job.keys)
+        for leg in job_legs:
+            self.traffic.chunks[(kind, leg.tier or "host")] += len(leg.chunks)
         self.traffic.jobs[kind] += 1
         if self._job_groups:
             for group in self._job_groups.pop(job.job_id, ()):
@@ -231,3 +218,16 @@ class SimWorker:
     def next_finish(self) -> float | None:
         """When the next job in flight finishes (None: nothing in flight)."""
         return self._heap[0][0] if self._heap else None
+
+
+_LANES: dict[Route, Callable[[Leg], tuple[tuple[str, str], ...]]] = {
+    # a leg's route -> its stages, in order: (lane, cost lane it is costed at)
+    FROM_HOST: lambda leg: (("host->engine", "host"),),
+    TO_HOST: lambda leg: (("engine->host", "host"),),
+    SPILL: lambda leg: ((leg.destination.name, leg.destination.name),),
+    PROMOTE: lambda leg: ((leg.source.name, leg.source.name),),
+    FROM_TIER: lambda leg: (
+        (leg.source.name, leg.source.name),
+        (f"{leg.source.name}->engine", "host"),
+    ),
+}

@@ -1,12 +1,12 @@
 """Tier loads: a load's chunks read from a lower tier into engine blocks, through a
 bounded staging area.
 
-A *tier load* (:mod:`kvoffload.core.jobs`) names some of its chunks with slot
-:data:`~kvoffload.core.jobs.NO_SLOT`: they come from ``job.tier`` instead of host
-slots. :class:`StagedLoads` moves those chunks; the job's host chunks run on the main
-:class:`~kvoffload.transfer.worker.TransferWorker` as any load's, and
-:class:`~kvoffload.transfer.step_backend.TransferBackend` merges both halves into the
-job's one result.
+A *tier load* (:mod:`kvoffload.core.jobs`) has a leg from a lower tier straight
+into engine blocks (route :data:`~kvoffload.core.routes.FROM_TIER`, see
+:func:`kvoffload.core.routes.legs`). :class:`StagedLoads` moves that leg's chunks; the
+job's host leg runs on the main :class:`~kvoffload.transfer.worker.TransferWorker` as
+any load's, and :class:`~kvoffload.transfer.step_backend.TransferBackend` merges the
+legs' results into the job's one result.
 
 Staging: each tier has a staging area of its own, a :class:`HostSlab` of ``S`` chunk
 slots (pinned when the main slab is, so CUDA copies from it are asynchronous), and a
@@ -68,6 +68,7 @@ import torch
 
 from kvoffload.core.failures import ChunkFailure, error_failure, timeout_failure
 from kvoffload.core.jobs import EngineJob, JobResult
+from kvoffload.core.routes import FROM_TIER, Leg, leg_on
 from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer.io_deadlines import DeadlineBook
 from kvoffload.transfer.lanes import Lane
@@ -105,6 +106,7 @@ class StagedLoadLane(Protocol):
 @dataclass(frozen=True)
 class _Queued:
     job: EngineJob
+    leg: Leg  # the job's leg from its tier into the engine
     stream: torch.cuda.Stream | None  # the engine's stream at submission (CUDA)
 
 
@@ -147,7 +149,7 @@ class StagedLoads:
         self.io_hook = io_hook
         self._stages = {stage.tier: stage for stage in stages}
         self._book = ResultBook()
-        self._deadlines: DeadlineBook[EngineJob] = DeadlineBook(timeout_s, clock)
+        self._deadlines: DeadlineBook[_Queued] = DeadlineBook(timeout_s, clock)
         self._closed = False
         for stage in stages:
             stage.lane = Lane(f"kvoffload-load-{stage.tier}", self._batch_runner(stage))
@@ -186,29 +188,33 @@ class StagedLoads:
         return {tier: stage.slots for tier, stage in self._stages.items()}
 
     def submit(self, job: EngineJob) -> None:
-        """Queue the tier chunks of ``job`` on its tier's lane; a job naming a tier
-        without a store here, or submitted after :meth:`shutdown`, fails at once."""
+        """Queue the chunks of ``job``'s leg from a tier on that tier's lane; a job
+        without such a leg, naming a tier without a store here, or submitted after
+        :meth:`shutdown`, fails at once."""
         self._book.begin(job.job_id)
-        stage = self._stages.get(job.tier or "")
-        if stage is None or stage.lane is None or job.tier not in self.stores:
-            self._fail_all(job, f"no tier {job.tier!r} on this worker")
+        leg = leg_on(job, FROM_TIER)
+        tier = leg.tier if leg is not None else None
+        stage = self._stages.get(tier or "")
+        if leg is None or stage is None or stage.lane is None or tier not in self.stores:
+            self._fail_all(job, leg, f"no tier {tier!r} on this worker")
             return
         if self._closed:
-            self._fail_all(job, "worker is shut down")
+            self._fail_all(job, leg, "worker is shut down")
             return
         cuda = stage.worker.layout.device
         stream = torch.cuda.current_stream(cuda) if cuda.type == "cuda" else None
-        self._deadlines.add(job.job_id, job)
-        if not stage.lane.put(_Queued(job, stream)):
+        queued = _Queued(job, leg, stream)
+        self._deadlines.add(job.job_id, queued)
+        if not stage.lane.put(queued):
             self._deadlines.finish(job.job_id)
-            self._fail_all(job, "worker is shut down")
+            self._fail_all(job, leg, "worker is shut down")
 
     def poll(self) -> list[JobResult]:
         """Results of the jobs finished since the previous poll, in finishing order;
         first, every job past its deadline is reported failed (see the module
         docstring)."""
-        for job in self._deadlines.expire():
-            self._time_out(job)
+        for queued in self._deadlines.expire():
+            self._time_out(queued)
         self._deadlines.take_returned()  # nothing to tell: the staging slots are the lane's
         return self._book.take()
 
@@ -266,7 +272,7 @@ class StagedLoads:
         """Lane thread: read, verify and copy the job's tier chunks part by part, then
         report the job, unless it timed out meanwhile (never raises)."""
         job, begin = queued.job, time.perf_counter()
-        chunks = job.tier_chunks()
+        chunks = queued.leg.chunks
         outcome = _Outcome()
         if not self._deadlines.begin_io(job.job_id):  # timed out while queued
             self._deadlines.finish(job.job_id)
@@ -305,7 +311,7 @@ class StagedLoads:
         batch = chunks[lo : lo + stage.slots]
         hi = lo + len(batch)
         try:
-            store = self.stores[job.tier or ""]
+            store = self.stores[queued.leg.source.name]
             views = [stage.worker.slab.slot_bytes(s) for s in range(len(batch))]
             keys = [job.keys[c] for c in batch]
             if self.io_hook is not None:
@@ -347,18 +353,19 @@ class StagedLoads:
         outcome.nbytes += copied[0].nbytes
         return True
 
-    def _time_out(self, job: EngineJob) -> None:
-        """Report ``job`` failed at its deadline: every tier chunk TIMEOUT."""
+    def _time_out(self, queued: _Queued) -> None:
+        """Report a job failed at its deadline: every chunk of its leg TIMEOUT."""
+        job = queued.job
         failure = timeout_failure(f"tier read past {self._deadlines.timeout_s:g} s")
-        failed = tuple((c, failure) for c in job.tier_chunks())
+        failed = tuple((c, failure) for c in queued.leg.chunks)
         timeout_s = self._deadlines.timeout_s  # it ran at least that long
         self._book.finish(
             JobResult(job.job_id, False, seconds=timeout_s, error=failure, failed_chunks=failed)
         )
 
-    def _fail_all(self, job: EngineJob, error: str) -> None:
+    def _fail_all(self, job: EngineJob, leg: Leg | None, error: str) -> None:
         failure = error_failure(error)
-        failed = tuple((c, failure) for c in job.tier_chunks())
+        failed = tuple((c, failure) for c in (leg.chunks if leg is not None else ()))
         self._book.finish(JobResult(job.job_id, False, error=error, failed_chunks=failed))
 
 

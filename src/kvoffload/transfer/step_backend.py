@@ -1,20 +1,24 @@
 """The real worker's :class:`~kvoffload.core.step_runner.StepBackend`.
 
-Loads and stores run on a :class:`~kvoffload.transfer.worker.TransferWorker`, spills
-and promotions on a :class:`~kvoffload.transfer.tier_worker.TierLane`, the tier
-chunks of tier loads on a :class:`~kvoffload.transfer.staged_loads.StagedLoadLane`
-(their host chunks, as a part of the same job id, on the transfer worker). A tier
-job on a worker without a tier lane fails at once (``"no such tier"``), as does a
-tier load on a worker without staged loads (every tier chunk with
-``error_failure``); a load with no chunk (it only names invalid blocks) succeeds at
-once. Nothing here raises for a failed job. Besides the results,
+Each job runs as its legs (:func:`kvoffload.core.routes.legs`), each on the lane of
+its route (one table, ``_WAYS``): host -> engine and engine -> host on a
+:class:`~kvoffload.transfer.worker.TransferWorker` (a leg of only some of a load's
+chunks as a :meth:`~kvoffload.core.jobs.EngineJob.part` of the same job id), spills
+and promotions on a :class:`~kvoffload.transfer.tier_worker.TierLane`, tier ->
+engine on a :class:`~kvoffload.transfer.staged_loads.StagedLoadLane`. A job with a
+leg whose lane this worker lacks fails at once, none of its legs started: a tier job
+without a tier lane (``"no such tier"``), a tier load without staged loads (every
+chunk of that leg with ``error_failure``); a load with no leg (it only names invalid
+blocks) succeeds at once. Nothing here raises for a failed job. Besides the results,
 :meth:`TransferBackend.poll` notes which requests' loads finished and which engine
 blocks are invalid (a failed load's blocks and the invalid blocks a load names), for
 the engine to recompute.
 
-A tier load is reported once, when both halves finished: successful only when both
-were, ``nbytes`` summed, ``seconds`` the longer half (they run at once), ``error``
-the host half's else the tier half's, ``failed_chunks`` the tier half's.
+A job of several legs (a tier load with host chunks) is reported once, when every
+leg finished, its legs' results merged by :class:`~kvoffload.core.routes.LegResults`:
+successful only when every leg was, ``nbytes`` summed, ``seconds`` the longest leg
+(they run at once), ``error`` the first leg's that has one (the host leg's before
+the tier's), ``failed_chunks`` every leg's (the transfer worker lists none).
 
 A report's ``released`` are the tier lane's jobs whose I/O returned after their
 deadline (:meth:`~kvoffload.transfer.tier_worker.TierWorker.take_returned`).
@@ -22,7 +26,7 @@ deadline (:meth:`~kvoffload.transfer.tier_worker.TierWorker.take_returned`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvoffload.core.failures import error_failure
@@ -35,17 +39,32 @@ from kvoffload.core.jobs import (
     TransferJob,
     WorkerReport,
 )
+from kvoffload.core.routes import (
+    FROM_HOST,
+    FROM_TIER,
+    PROMOTE,
+    SPILL,
+    TO_HOST,
+    Leg,
+    LegResults,
+    Route,
+    legs,
+)
 from kvoffload.transfer.staged_loads import StagedLoadLane
 from kvoffload.transfer.tier_worker import TierLane
 from kvoffload.transfer.worker import TransferWorker
 
+_COPIES: frozenset[Route] = frozenset({FROM_HOST, TO_HOST})  # the transfer worker's routes
+_TIER_LANE: frozenset[Route] = frozenset({SPILL, PROMOTE})
+_STAGED: frozenset[Route] = frozenset({FROM_TIER})
 
-@dataclass
-class _Halves:
-    """A tier load's two results until both came (None: not yet)."""
 
-    host: JobResult | None
-    tier: JobResult | None = None
+@dataclass(frozen=True)
+class _Open:
+    """A job submitted and not polled yet, with its legs' results so far."""
+
+    job: TransferJob
+    legs: LegResults
 
 
 class TransferBackend:
@@ -78,12 +97,11 @@ class TransferBackend:
         self.worker = worker
         self.tiers = tiers
         self.staged = staged
-        self._halves: dict[int, _Halves] = {}  # tier loads with a half still running
         self.wait_for_loads = wait_for_loads
         self._step_loads: tuple[int, ...] = ()
-        self._jobs: dict[int, EngineJob] = {}  # loads and stores until polled
-        self._early: list[JobResult] = []  # tier jobs with no tier lane: failed at once
-        self._instant: list[JobResult] = []  # loads of invalid blocks only: done at once
+        self._open: dict[int, _Open] = {}  # every job submitted, until polled
+        self._early: list[JobResult] = []  # tier jobs refused (no lane here): failed at once
+        self._instant: list[JobResult] = []  # engine jobs refused or with no leg: done at once
         self._loaded: set[str] = set()
         self._invalid_blocks: set[int] = set()
         self._failed: set[str] = set()
@@ -93,62 +111,55 @@ class TransferBackend:
         self._step_loads = tuple(job.job_id for job in plan.loads)
 
     def submit(self, job: TransferJob) -> None:
-        if isinstance(job, TierJob):
-            if self.tiers is not None:
-                self.tiers.submit(job)
-            else:  # no tier configured on this worker: report the job failed
-                self._early.append(JobResult(job.job_id, False, error="no such tier"))
+        """Run each leg of ``job`` on its route's lane, or fail the job at once (see
+        the module docstring)."""
+        job_legs = legs(job)
+        self._open[job.job_id] = _Open(job, LegResults(job.job_id, job_legs))
+        done = self._instant if isinstance(job, EngineJob) else self._early
+        if not job_legs:  # a load of invalid blocks only: nothing to copy
+            done.append(JobResult(job.job_id, True))
             return
-        self._jobs[job.job_id] = job
-        if not job.slots:  # a load of invalid blocks only: nothing to copy
-            self._instant.append(JobResult(job.job_id, True))
-        elif job.tier is not None:
-            self._submit_tier_load(job)
-        elif job.kind is JobKind.STORE:
-            self.worker.submit_store(job)
-        else:
-            self.worker.submit_load(job)
-
-    def _submit_tier_load(self, job: EngineJob) -> None:
-        """The host chunks on the transfer worker, the tier chunks on the staged
-        loads, both under the job's id (merged in :meth:`poll`)."""
-        if self.staged is None:  # no lower tier on this worker
-            error = f"no tier {job.tier!r} on this worker"
-            failed = tuple((c, error_failure(error)) for c in job.tier_chunks())
-            self._instant.append(JobResult(job.job_id, False, error=error, failed_chunks=failed))
-            return
-        host = job.host_chunks()
-        self._halves[job.job_id] = _Halves(None if host else JobResult(job.job_id, True))
-        if host:
-            self.worker.submit_load(job.part(host, [job.slots[c] for c in host]))
-        self.staged.submit(job)
+        for leg in job_legs:
+            way = _WAYS[leg.route]
+            if way.lane(self) is None:
+                done.append(way.refuse(job, leg))
+                return
+        for leg in job_legs:
+            _WAYS[leg.route].run(self, job, leg)
 
     def wait(self, job_ids: frozenset[int]) -> None:
         self.worker.wait(job_ids)
-        if self.staged is not None and self._halves.keys() & job_ids:
+        if self.staged is not None and self._on(_STAGED, job_ids):
             self.staged.wait(job_ids)
+
+    def _on(self, lane: Collection[Route], job_ids: Iterable[int] | None = None) -> bool:
+        """Whether a job open here (of ``job_ids``; default: any) has a leg on one of
+        ``lane``'s routes whose result has not come."""
+        ids = self._open.keys() if job_ids is None else job_ids
+        return any(o.legs.waiting(lane) for i in ids if (o := self._open.get(i)) is not None)
 
     def end_forward(self) -> None:
         """Nothing to do: the stores submitted next read what the pass computed."""
 
     def poll(self) -> list[WorkerReport]:
-        """Tier results first, then the copies' (in finishing order), as one report
-        of this worker's rank; finished loads are noted for :meth:`take_loaded`."""
+        """Refused jobs first, then the tier lane's results, then the copies' (in
+        finishing order), jobs done at once, and the staged loads', each job once all
+        its legs came, as one report of this worker's rank; finished loads are noted
+        for :meth:`take_loaded`."""
         if self._step_loads and self.wait_for_loads:
             self.worker.wait(self._step_loads)
-        results, self._early = self._early, []
-        if self.tiers is not None:
-            results.extend(self.tiers.poll())
+        early, self._early = self._early, []
+        tier = self._arrived(self.tiers.poll(), _TIER_LANE) if self.tiers is not None else []
+        copies = self._arrived(self.worker.poll(), _COPIES)
         instant, self._instant = self._instant, []
-        copies = [r for r in self.worker.poll() if self._complete(r, host=True)]
-        staged = self.staged.poll() if self.staged is not None and self._halves else []
-        merged = [r for r in staged if self._complete(r, host=False)]
-        for done in (*copies, *instant, *merged):
-            halves = self._halves.pop(done.job_id, None)
-            result = done if halves is None else _merge(halves)
+        staged = self.staged
+        polled = self._arrived(staged.poll(), _STAGED) if staged and self._on(_STAGED) else []
+        results: list[JobResult] = []
+        for result in (*early, *tier, *copies, *instant, *polled):
             results.append(result)
-            job = self._jobs.pop(result.job_id, None)
-            if job is not None and job.kind is JobKind.LOAD:
+            opened = self._open.pop(result.job_id, None)
+            job = opened.job if opened is not None else None
+            if isinstance(job, EngineJob) and job.kind is JobKind.LOAD:
                 self._loaded.add(job.request_id)
                 failed = set(job.invalid_blocks)
                 if not result.success:
@@ -160,17 +171,21 @@ class TransferBackend:
         released = tuple(self.tiers.take_returned()) if self.tiers is not None else ()
         return [WorkerReport(self.worker.rank, tuple(results), released)]
 
-    def _complete(self, result: JobResult, *, host: bool) -> bool:
-        """Whether ``result`` ends its job: any job's but a tier load's, whose other
-        half must have come too (recorded here)."""
-        halves = self._halves.get(result.job_id)
-        if halves is None:
-            return True
-        if host:
-            halves.host = result
-        else:
-            halves.tier = result
-        return halves.host is not None and halves.tier is not None
+    def _arrived(self, results: Iterable[JobResult], lane: Collection[Route]) -> list[JobResult]:
+        """The jobs ``results`` (of a lane serving ``lane``'s routes) end: each result
+        recorded as its job's leg there, a job's merged result once its last leg's
+        came; a result for no leg open here (an unknown job, a repeated result)
+        passes as it is (the scheduler half counts it stale)."""
+        ended = []
+        for result in results:
+            opened = self._open.get(result.job_id)
+            if opened is None or not opened.legs.waiting(lane):
+                ended.append(result)
+                continue
+            merged = opened.legs.add(result, lane)
+            if merged is not None:
+                ended.append(merged)
+        return ended
 
     def applied(self, reports: Sequence[WorkerReport]) -> None:
         """Nothing to do: a job is forgotten once its result was polled."""
@@ -191,15 +206,56 @@ class TransferBackend:
         return invalid
 
 
-def _merge(halves: _Halves) -> JobResult:
-    """A tier load's result from its two halves' (see the module docstring)."""
-    host, tier = halves.host, halves.tier
-    assert host is not None and tier is not None
-    return JobResult(
-        host.job_id,
-        success=host.success and tier.success,
-        nbytes=host.nbytes + tier.nbytes,
-        seconds=max(host.seconds, tier.seconds),
-        error=host.error or tier.error,
-        failed_chunks=tier.failed_chunks,
+# ---------------------------------------------------------------- the route table
+
+
+def _from_host(backend: TransferBackend, job: TransferJob, leg: Leg) -> None:
+    """A load's chunks from host slots: the whole job, or the part of the leg's."""
+    assert isinstance(job, EngineJob)
+    whole = len(leg.chunks) == len(job.keys)
+    backend.worker.submit_load(
+        job if whole else job.part(leg.chunks, [job.slots[c] for c in leg.chunks])
     )
+
+
+def _to_host(backend: TransferBackend, job: TransferJob, leg: Leg) -> None:
+    assert isinstance(job, EngineJob)
+    backend.worker.submit_store(job)
+
+
+def _tier_lane(backend: TransferBackend, job: TransferJob, leg: Leg) -> None:
+    assert isinstance(job, TierJob) and backend.tiers is not None
+    backend.tiers.submit(job)
+
+
+def _from_tier(backend: TransferBackend, job: TransferJob, leg: Leg) -> None:
+    """A load's chunks straight from a tier: the staged loads read the job's leg."""
+    assert isinstance(job, EngineJob) and backend.staged is not None
+    backend.staged.submit(job)
+
+
+@dataclass(frozen=True)
+class _Way:
+    """How the backend runs a leg of one route: ``lane`` (None: not on this worker),
+    ``run`` submits the leg there. A leg with no lane fails its job with ``absent``
+    (``{tier}``: the leg's tier), listing the leg's chunks when ``lists_chunks`` (a
+    load names the chunks it could not fill; a tier job that failed moved none)."""
+
+    lane: Callable[[TransferBackend], object | None]
+    run: Callable[[TransferBackend, TransferJob, Leg], None]
+    absent: str = ""
+    lists_chunks: bool = False
+
+    def refuse(self, job: TransferJob, leg: Leg) -> JobResult:
+        error = self.absent.format(tier=leg.tier)
+        failed = tuple((c, error_failure(error)) for c in leg.chunks) if self.lists_chunks else ()
+        return JobResult(job.job_id, False, error=error, failed_chunks=failed)
+
+
+_WAYS: dict[Route, _Way] = {
+    FROM_HOST: _Way(lambda b: b.worker, _from_host),
+    TO_HOST: _Way(lambda b: b.worker, _to_host),
+    SPILL: _Way(lambda b: b.tiers, _tier_lane, "no such tier"),
+    PROMOTE: _Way(lambda b: b.tiers, _tier_lane, "no such tier"),
+    FROM_TIER: _Way(lambda b: b.staged, _from_tier, "no tier {tier!r} on this worker", True),
+}

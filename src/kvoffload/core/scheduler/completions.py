@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kvoffload.core.jobs import JobKind, TierJob, WorkerReport
 from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.core.routes import tier_label
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
 from kvoffload.core.scheduler.loads import LoadPlanner
@@ -43,7 +44,7 @@ class Completions:
         for result in report.results:
             job = tracker.job(result.job_id)
             if job is not None:
-                tier = job.tier or "host"  # a tier load: its lower tier's
+                tier = tier_label(job)  # the lower tier a leg reads or writes, else host
                 self.metrics.observe_transfer(job.kind.value, tier, result.nbytes, result.seconds)
                 self.cost.observe(job, result)
                 if isinstance(job, TierJob) and tracker.counts(report.rank, job.job_id):

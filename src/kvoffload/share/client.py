@@ -48,6 +48,7 @@ from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.recorder import CounterScope
 from kvoffload.share.attachment import Attachment
+from kvoffload.share.disk_backing import DiskBacking
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.link import Lease, Link, Welcome
 from kvoffload.share.paths import SharePaths
@@ -74,7 +75,8 @@ class ShareDirectory(ShareQueries):
     its workers' leases (default: random); ``namespace``: the engine's namespace
     label (scopes ``reset``); ``lease``: hold the session open from a thread of its
     own (turn it off in tests only: without a lease or a worker's, a timed-out call
-    can end the session while transfers it booked are in flight).
+    can end the session while transfers it booked are in flight); ``backing``: a disk
+    share's (:mod:`.disk_backing`), so that a node process this engine starts serves it.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class ShareDirectory(ShareQueries):
         retry_s: float = 0.05,
         start_server: bool = True,
         lease: bool = True,
+        backing: DiskBacking | None = None,
     ) -> None:
         self.paths = paths
         self.tier = tier
@@ -100,7 +103,7 @@ class ShareDirectory(ShareQueries):
         self._events: list[CacheEvent] = []
         self.link = Link(
             paths, self.session, namespace, geometry, timeout_s=timeout_s, retry_s=retry_s,
-            start_server=start_server, on_connected=self._connected,
+            start_server=start_server, on_connected=self._connected, backing=backing,
         )  # fmt: skip
         self.lease = (
             Lease(paths, self.session, retry_s=retry_s, on_lost=self._lost) if lease else None

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvoffload.core.errors import ContractViolation
+from kvoffload.share.disk_backing import DiskBacking
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
 from kvoffload.share.paths import SharePaths
@@ -154,8 +155,10 @@ class Link:
         start_server: bool = True,
         on_connected: Callable[[Welcome], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        backing: DiskBacking | None = None,
     ) -> None:
         self.paths = paths
+        self.backing = backing  # a disk share's: the node process it starts serves it
         self.session = session
         self.namespace = namespace
         self.geometry = geometry
@@ -255,7 +258,7 @@ class Link:
         if opened is None:
             self._next_attempt = self.clock() + self.retry_s
             if self.start_server:
-                spawned = spawn_server(self.paths, self.geometry)
+                spawned = spawn_server(self.paths, self.geometry, self.backing)
                 if spawned is not None:
                     self.stats["server_starts"] += 1
                     self.spawned = spawned

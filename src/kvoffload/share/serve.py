@@ -3,6 +3,11 @@
 
 ``kvoffload share stop NAME`` sends it SIGTERM; ``kvoffload share remove NAME``
 deletes a stopped share's files (its memory goes back to the system).
+
+A disk share (the disk tier shared by the engines of a node, :mod:`.disk_backing`) is
+named by ``--disk-root PATH --namespace HEX`` (the ``disk_path`` and the namespace
+digest); its NAME, derived from them, may then be left out (given, it must match).
+``remove`` deletes its runtime files under ``--root``, never the disk slabs.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import struct
 import sys
 from pathlib import Path
 
-from kvoffload.core.errors import UsageError
+from kvoffload.core.errors import KvOffloadError, UsageError
+from kvoffload.share.disk_backing import DiskBacking
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths, remove_share
@@ -24,8 +30,10 @@ from kvoffload.share.server import AlreadyServing, ShareServer, open_server
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvoffload share", description=__doc__)
     parser.add_argument("action", choices=("serve", "stop", "remove"))
-    parser.add_argument("name")
+    parser.add_argument("name", nargs="?", help="the share (derived for a disk share)")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
+    parser.add_argument("--disk-root", type=Path, help="a disk share's disk_path")
+    parser.add_argument("--namespace", help="a disk share's namespace digest (hex)")
     parser.add_argument("--cpu-bytes", type=int, help="size of a new share (all ranks)")
     parser.add_argument("--slots", type=int, help="slots of a new share (instead of size)")
     parser.add_argument("--slot-bytes", type=int, help="bytes of one chunk of one rank")
@@ -35,7 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-admission-counters", type=int, default=65536)
     parser.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    paths = SharePaths(args.name, args.root)
+    backing = _backing(args)
+    name = args.name if backing is None else backing.share_name()
+    if args.name is not None and args.name != name:
+        raise UsageError(f"the disk share of {args.disk_root} is named {name}, not {args.name}")
+    if name is None:
+        raise UsageError("name the share (or a disk share's --disk-root and --namespace)")
+    paths = SharePaths(name, args.root)
     if args.action == "stop":
         return _stop(paths)
     if args.action == "remove":
@@ -43,7 +57,19 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"share {args.name!r} is served: stop it first")
         remove_share(paths)
         return 0
-    return _serve(paths, _geometry(args), args.ready_fd)
+    return _serve(paths, _geometry(args), args.ready_fd, backing)
+
+
+def _backing(args: argparse.Namespace) -> DiskBacking | None:
+    if args.disk_root is None and args.namespace is None:
+        return None
+    if args.disk_root is None or args.namespace is None:
+        raise UsageError("a disk share needs both --disk-root and --namespace")
+    try:
+        namespace = bytes.fromhex(args.namespace)
+    except ValueError:
+        raise UsageError(f"--namespace: not hex: {args.namespace!r}") from None
+    return DiskBacking(args.disk_root, namespace)
 
 
 def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
@@ -63,9 +89,13 @@ def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
     return geometry
 
 
-def _serve(paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int) -> int:
+def _serve(
+    paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int, backing: DiskBacking | None
+) -> int:
     """Serve until SIGTERM/SIGINT. Signal handlers are in place before readiness is
-    reported (closing ``ready_fd``), so a stop right after start-up stops cleanly."""
+    reported (closing ``ready_fd``), so a stop right after start-up stops cleanly. A
+    share that cannot be served (e.g. a private engine holds a disk share's namespace)
+    raises (``kvoffload share`` and :func:`_main_of_node_process` print it as one line)."""
     running: list[ShareServer] = []
 
     def _stop_serving(signum: int, frame: object) -> None:
@@ -76,7 +106,7 @@ def _serve(paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int) -> 
     signal.signal(signal.SIGTERM, _stop_serving)
     signal.signal(signal.SIGINT, _stop_serving)
     try:
-        running.append(open_server(paths, geometry))
+        running.append(open_server(paths, geometry, backing))
     except AlreadyServing:
         return 0
     finally:
@@ -97,5 +127,19 @@ def _stop(paths: SharePaths) -> int:
     return 0
 
 
+def _main_of_node_process(argv: list[str]) -> int:
+    """``python -m kvoffload.share.serve`` (how an engine starts a node process): a
+    share that cannot be served is one line in the share's log and exit status 2."""
+    try:
+        return main(["serve", *argv])
+    except KvOffloadError as exc:
+        print(
+            f"kvoffload share: cannot serve: {' '.join(str(exc).split())}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main(["serve", *sys.argv[1:]]))
+    sys.exit(_main_of_node_process(sys.argv[1:]))

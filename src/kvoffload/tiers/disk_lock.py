@@ -25,6 +25,12 @@ holder.
   which the engine's own workers never conflict on, and accepts a holder that is its
   own process or its parent on this host (its own engine's scheduler half, in process
   or as the engine core that started it; no other topology re-opens a slab).
+- A disk tier shared by every engine of a node (``host_share`` set with ``disk_path``)
+  is owned by that share's node process (:mod:`kvoffload.share.disk_backing`): it holds
+  this lock for its whole life, recording itself as the holder with the share's name
+  (:attr:`Holder.share`), so a private engine and a disk share never use one namespace
+  at once; the workers of an engine of that share accept it as holder
+  (:func:`check_workers_engine` with ``share``).
 - Readers (``kvoffload inspect``) take no lock and skip the lock file.
 - On NFS, Linux emulates ``flock`` with byte-range locks (NFSv4): the lock also holds
   between nodes that share the directory.
@@ -59,12 +65,15 @@ class Holder:
     pid: int
     host: str
     since: str  # UTC, ISO 8601, seconds
+    share: str | None = None  # the disk share whose node process holds it; None: an engine
 
     def describe(self) -> str:
         return f"pid {self.pid} on host {self.host} since {self.since}"
 
     def encode(self) -> bytes:
-        record = {"pid": self.pid, "host": self.host, "since": self.since}
+        record: dict[str, object] = {"pid": self.pid, "host": self.host, "since": self.since}
+        if self.share is not None:
+            record["share"] = self.share
         return (json.dumps(record) + "\n").encode()
 
     @classmethod
@@ -72,15 +81,21 @@ class Holder:
         """The record in ``raw``; None when it is empty or not a holder record."""
         try:
             doc = json.loads(raw.decode())
-            holder = cls(int(doc["pid"]), str(doc["host"]), str(doc["since"]))
+            share = doc.get("share")
+            holder = cls(
+                int(doc["pid"]),
+                str(doc["host"]),
+                str(doc["since"]),
+                None if share is None else str(share),
+            )
         except (ValueError, KeyError, TypeError):
             return None
         return holder
 
     @classmethod
-    def this_process(cls) -> Holder:
+    def this_process(cls, share: str | None = None) -> Holder:
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        return cls(os.getpid(), socket.gethostname(), since)
+        return cls(os.getpid(), socket.gethostname(), since, share)
 
 
 def lock_path(root: Path, namespace_digest: bytes) -> Path:
@@ -98,9 +113,10 @@ class DiskLock:
         self._fd = fd
 
     @classmethod
-    def acquire(cls, root: Path, namespace_digest: bytes) -> DiskLock:
+    def acquire(cls, root: Path, namespace_digest: bytes, *, share: str | None = None) -> DiskLock:
         """Take the namespace directory's lock (creating the directories owner-only and
-        the lock file 0600 if missing) and record this process as its holder.
+        the lock file 0600 if missing) and record this process as its holder (the node
+        process of disk share ``share`` when given, else an engine).
 
         Raises :class:`ConfigError` naming ``disk_path`` when another engine holds it
         (nothing is changed then); ``OSError`` when the file cannot be opened.
@@ -111,7 +127,7 @@ class DiskLock:
         try:
             if not try_flock(fd, fcntl.LOCK_EX):
                 raise in_use(root, read_holder(fd))
-            holder = Holder.this_process()
+            holder = Holder.this_process(share)
             os.ftruncate(fd, 0)
             os.pwrite(fd, holder.encode(), 0)
         except BaseException:
@@ -131,10 +147,12 @@ class DiskLock:
                 os.close(fd)  # closing the only descriptor releases the flock
 
 
-def check_workers_engine(root: Path, namespace_digest: bytes) -> None:
+def check_workers_engine(root: Path, namespace_digest: bytes, *, share: str | None = None) -> None:
     """A worker's check before it opens its slab: raises :class:`ConfigError` naming
     ``disk_path`` when an engine other than the worker's own holds the namespace's
-    lock. Takes no lock that outlives the call and creates nothing."""
+    lock. The worker of an engine of disk share ``share`` accepts that share's node
+    process as holder (and nothing else); a private engine's worker refuses any share.
+    Takes no lock that outlives the call and creates nothing."""
     try:
         fd = os.open(lock_path(root, namespace_digest), os.O_RDONLY | _CLOEXEC)
     except FileNotFoundError:
@@ -144,7 +162,13 @@ def check_workers_engine(root: Path, namespace_digest: bytes) -> None:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return
         holder = read_holder(fd)
-        if holder is None or not _is_own_engine(holder):
+        if holder is None:
+            raise in_use(root, holder)
+        if share is not None:
+            if holder.share != share:
+                raise in_use(root, holder)
+            return  # the node process of this engine's disk share
+        if holder.share is not None or not _is_own_engine(holder):
             raise in_use(root, holder)
     finally:
         os.close(fd)
@@ -170,13 +194,35 @@ def read_holder(fd: int) -> Holder | None:
         return None
 
 
+def holder_of(root: Path, namespace_digest: bytes) -> Holder | None:
+    """Who holds the namespace's lock now, as recorded; None when nobody holds it (or
+    the holder is not recorded yet). Takes no lock that outlives the call."""
+    try:
+        fd = os.open(lock_path(root, namespace_digest), os.O_RDONLY | _CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        if try_flock(fd, fcntl.LOCK_SH):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return read_holder(fd)
+    finally:
+        os.close(fd)
+
+
 def in_use(root: Path, holder: Holder | None) -> ConfigError:
-    """The one-line refusal of a second engine on ``root``."""
+    """The one-line refusal of a second engine (or disk share) on ``root``."""
+    if holder is not None and holder.share is not None:
+        return ConfigError(
+            "disk_path",
+            f"{root} is in use by the node process of disk share {holder.share} "
+            f"({holder.describe()}); set host_share on every engine to share one disk tier",
+        )
     who = holder.describe() if holder is not None else "holder not recorded"
     return ConfigError(
         "disk_path",
-        f"{root} is in use by another engine ({who}); give each engine its own disk_path "
-        "(sharing one disk tier between engines is not supported yet)",
+        f"{root} is in use by another engine ({who}); give each engine its own disk_path, "
+        "or set host_share on every engine to share one disk tier",
     )
 
 

@@ -1,0 +1,82 @@
+"""A share whose slots are the disk tier's slab files: the disk tier shared by every
+engine of a node.
+
+A disk share is a share like the host one (the same node process, directory,
+sessions, fencing and index; :mod:`.server`) whose slots live in the disk tier's
+slab files, ``ROOT/kvoffload-v1/<namespace hex>/slab.rR`` (:mod:`kvoffload.tiers.disk`,
+format unchanged: ``kvoffload inspect disk`` and a later private engine read them),
+instead of shared-memory slabs. There is one per (``disk_path``, namespace): its name
+is derived from both (:meth:`DiskBacking.share_name`); its runtime files (socket,
+meta, locks, index, log) live under the share root (``/dev/shm`` by default), so
+``kvoffload share remove`` never touches the slabs.
+
+Its node process:
+
+- holds the namespace directory's :class:`~kvoffload.tiers.disk_lock.DiskLock` for
+  its whole life, recorded as this share's (a private engine and a disk share never
+  use one namespace at once);
+- prepares every rank's slab with the share's geometry (:func:`prepare_slabs`;
+  ``slot_bytes`` is the per-rank chunk payload, ``num_slots`` the disk tier's slots):
+  created, resized, preallocated, its superblock written, as a private engine does;
+- once its generation fence is open, and before it books or answers any load,
+  restores into its directory every complete chunk found in the slabs
+  (:func:`recover`), since disk bytes carry their own headers and checksums (a host
+  share's shared memory does not, so it starts empty).
+
+Engines' workers open their rank's slab with ``DiskStore(..., attach=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvoffload.core.keys import ChunkKey
+from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
+from kvoffload.tiers.disk import DiskStore
+from kvoffload.tiers.disk_index import Recovery, recover_chunks
+
+
+@dataclass(frozen=True)
+class DiskBacking:
+    """The disk tier a share keeps its slots in: ``root`` is the ``disk_path``,
+    ``namespace`` the namespace digest (16 bytes)."""
+
+    root: Path
+    namespace: bytes
+
+    def share_name(self) -> str:
+        """The share's name: ``disk-`` and 16 hex digits of the hash of the real path
+        of ``root`` and the namespace (so two spellings of one directory agree)."""
+        digest = hashlib.sha256(os.fsencode(os.path.realpath(self.root)) + b"\0" + self.namespace)
+        return "disk-" + digest.hexdigest()[:16]
+
+    def paths(self, share_root: Path = DEFAULT_ROOT) -> SharePaths:
+        """The share's runtime files under ``share_root`` (the slabs stay on disk)."""
+        return SharePaths(self.share_name(), share_root)
+
+    def arguments(self) -> list[str]:
+        """The node process's command-line options naming this backing."""
+        return ["--disk-root", str(self.root), "--namespace", self.namespace.hex()]
+
+
+def prepare_slabs(backing: DiskBacking, geometry: ShareGeometry) -> None:
+    """Create (or resize) every rank's slab with the share's geometry: preallocated,
+    superblock written; chunks already there are kept (a full disk is a
+    :class:`~kvoffload.core.errors.ConfigError` naming ``disk_bytes``)."""
+    for rank in range(geometry.ranks):
+        DiskStore(
+            backing.root, backing.namespace, rank, geometry.slot_bytes, geometry.num_slots
+        ).close()
+
+
+def recover(
+    backing: DiskBacking, geometry: ShareGeometry
+) -> tuple[list[tuple[ChunkKey, int]], Recovery]:
+    """The complete chunks in the share's slabs, oldest first, and the counts."""
+    return recover_chunks(
+        backing.root, backing.namespace, geometry.ranks, geometry.num_slots, geometry.slot_bytes
+    )

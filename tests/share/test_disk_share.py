@@ -14,9 +14,10 @@ import pytest
 
 from kvoffload.core.chunk_format import IntegrityError
 from kvoffload.core.directory import LookupStatus
-from kvoffload.core.errors import ConfigError
+from kvoffload.core.errors import ConfigError, UsageError
 from kvoffload.core.keys import ChunkKey
-from kvoffload.share.disk_backing import DiskBacking
+from kvoffload.share.backing import Recovered
+from kvoffload.share.disk_backing import DiskBacking, DiskBackingOptions
 from kvoffload.share.disk_opening import ensure_disk_share, open_disk_share_directory
 from kvoffload.share.fence import GenerationHold
 from kvoffload.share.geometry import ShareGeometry
@@ -26,7 +27,7 @@ from kvoffload.share.serve import main as share_main
 from kvoffload.share.server import open_server
 from kvoffload.testing.share_process import stop_node_process
 from kvoffload.tiers.disk import PAYLOAD_OFFSET, DiskStore
-from kvoffload.tiers.disk_index import Recovery, open_disk_tier
+from kvoffload.tiers.disk_index import open_disk_tier
 from kvoffload.tiers.disk_lock import DiskLock, check_workers_engine
 
 NS = bytes(range(16))
@@ -248,7 +249,7 @@ def test_the_serve_loop_recovers_once_the_fence_opens_without_a_call(
         assert server.book.directory.lookup([K(7)]).statuses == (MISS,)
         in_flight.release()
         server.serve_round(0)  # no call: the loop looks at the fence by itself
-        assert server.recovery == Recovery(adopted=1, ignored=0)
+        assert server.recovery == Recovered(adopted=1, ignored=0)
         assert server.book.directory.slot_of(K(7)) == 3
         assert IndexReader(paths.index).readable_prefix([K(7)]) == 1
     finally:
@@ -321,12 +322,13 @@ def test_stop_and_remove_keep_the_disk_slabs(
     a.store(K(1))
     a.close()
     paths = backing.paths(share_root)
-    by_backing = ["--root", str(share_root), "--disk-root", str(backing.root)]
-    by_backing += ["--namespace", NS.hex()]
+    backed = ["--disk-root", str(backing.root), "--namespace", NS.hex()]
+    with pytest.raises(UsageError, match=f"named {backing.share_name()}, not other"):
+        share_main(["serve", "other", *backed, "--root", str(share_root)], DiskBackingOptions())
     pid = int.from_bytes(paths.server_lock.read_bytes()[:4], "little")
     exited = os.pidfd_open(pid)
     try:
-        assert share_main(["stop", *by_backing]) == 0
+        assert share_main(["stop", backing.share_name(), "--root", str(share_root)]) == 0
         assert select.select([exited], [], [], 60.0)[0]
     finally:
         os.close(exited)

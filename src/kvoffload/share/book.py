@@ -108,7 +108,7 @@ class ShareBook:
             session.pins -= extra
 
     def restore(self, entries: Sequence[tuple[ChunkKey, int]], namespace: bytes) -> None:
-        """Adopt chunks found in storage (a disk share's recovery, before any booking):
+        """Adopt chunks found in storage (a backed share's recovery, before any booking):
         each ``(key, slot)`` readable, least recently used first, of ``namespace``."""
         self.directory.restore(entries)
         for key, _ in entries:

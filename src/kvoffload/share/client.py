@@ -48,7 +48,7 @@ from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.recorder import CounterScope
 from kvoffload.share.attachment import Attachment
-from kvoffload.share.disk_backing import DiskBacking
+from kvoffload.share.backing import Backing
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.link import Lease, Link, Welcome
 from kvoffload.share.paths import SharePaths
@@ -75,8 +75,8 @@ class ShareDirectory(ShareQueries):
     its workers' leases (default: random); ``namespace``: the engine's namespace
     label (scopes ``reset``); ``lease``: hold the session open from a thread of its
     own (turn it off in tests only: without a lease or a worker's, a timed-out call
-    can end the session while transfers it booked are in flight); ``backing``: a disk
-    share's (:mod:`.disk_backing`), so that a node process this engine starts serves it.
+    can end the session while transfers it booked are in flight); ``backing``: a backed
+    share's (:mod:`.backing`), so that a node process this engine starts serves it.
     """
 
     def __init__(
@@ -91,7 +91,7 @@ class ShareDirectory(ShareQueries):
         retry_s: float = 0.05,
         start_server: bool = True,
         lease: bool = True,
-        backing: DiskBacking | None = None,
+        backing: Backing | None = None,
     ) -> None:
         self.paths = paths
         self.tier = tier

@@ -24,20 +24,33 @@ Its node process:
   share's shared memory does not, so it starts empty).
 
 Engines' workers open their rank's slab with ``DiskStore(..., attach=True)``.
+
+:class:`DiskBacking` is this share's :class:`~.backing.Backing`; the node process
+is ``python -m kvoffload.share.disk_backing NAME --disk-root PATH --namespace HEX``
+and the options of ``kvoffload share serve`` (``--slots``/``--cpu-bytes``,
+``--slot-bytes``, ``--ranks``, ``--policy``, ``--root``; NAME may be left out: it is
+derived). ``kvoffload share stop NAME`` and ``remove NAME`` work for it by name;
+``remove`` deletes its runtime files, never the slabs.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvoffload.core.errors import UsageError
 from kvoffload.core.keys import ChunkKey
+from kvoffload.share.backing import Recovered
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
 from kvoffload.tiers.disk import DiskStore
-from kvoffload.tiers.disk_index import Recovery, recover_chunks
+from kvoffload.tiers.disk_index import recover_chunks
+from kvoffload.tiers.disk_lock import DiskLock
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,9 @@ class DiskBacking:
 
     root: Path
     namespace: bytes
+    tier = "disk"
+    config_key = "disk_path"
+    module = "kvoffload.share.disk_backing"
 
     def share_name(self) -> str:
         """The share's name: ``disk-`` and 16 hex digits of the hash of the real path
@@ -62,21 +78,44 @@ class DiskBacking:
         """The node process's command-line options naming this backing."""
         return ["--disk-root", str(self.root), "--namespace", self.namespace.hex()]
 
+    def hold(self, share: str) -> Callable[[], None]:
+        """The namespace directory's :class:`DiskLock`, recorded as share ``share``'s
+        (a private engine holding it: :class:`ConfigError` naming ``disk_path``)."""
+        return DiskLock.acquire(self.root, self.namespace, share=share).release
 
-def prepare_slabs(backing: DiskBacking, geometry: ShareGeometry) -> None:
-    """Create (or resize) every rank's slab with the share's geometry: preallocated,
-    superblock written; chunks already there are kept (a full disk is a
-    :class:`~kvoffload.core.errors.ConfigError` naming ``disk_bytes``)."""
-    for rank in range(geometry.ranks):
-        DiskStore(
-            backing.root, backing.namespace, rank, geometry.slot_bytes, geometry.num_slots
-        ).close()
+    def prepare(self, geometry: ShareGeometry) -> None:
+        """Create (or resize) every rank's slab with the share's geometry: preallocated,
+        superblock written; chunks already there are kept (a full disk is a
+        :class:`~kvoffload.core.errors.ConfigError` naming ``disk_bytes``)."""
+        for rank in range(geometry.ranks):
+            DiskStore(
+                self.root, self.namespace, rank, geometry.slot_bytes, geometry.num_slots
+            ).close()
+
+    def recover(self, geometry: ShareGeometry) -> tuple[list[tuple[ChunkKey, int]], Recovered]:
+        """The complete chunks in the share's slabs, oldest first, and the counts."""
+        entries, recovery = recover_chunks(
+            self.root, self.namespace, geometry.ranks, geometry.num_slots, geometry.slot_bytes
+        )
+        return entries, Recovered(recovery.adopted, recovery.ignored)
 
 
-def recover(
-    backing: DiskBacking, geometry: ShareGeometry
-) -> tuple[list[tuple[ChunkKey, int]], Recovery]:
-    """The complete chunks in the share's slabs, oldest first, and the counts."""
-    return recover_chunks(
-        backing.root, backing.namespace, geometry.ranks, geometry.num_slots, geometry.slot_bytes
-    )
+class DiskBackingOptions:
+    """``--disk-root PATH --namespace HEX`` on the node process's command line."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--disk-root", type=Path, required=True, help="the disk_path")
+        parser.add_argument("--namespace", required=True, help="the namespace digest (hex)")
+
+    def from_arguments(self, args: argparse.Namespace) -> DiskBacking:
+        try:
+            namespace = bytes.fromhex(args.namespace)
+        except ValueError:
+            raise UsageError(f"--namespace: not hex: {args.namespace!r}") from None
+        return DiskBacking(args.disk_root, namespace)
+
+
+if __name__ == "__main__":
+    from kvoffload.share.serve import node_process_main
+
+    sys.exit(node_process_main(sys.argv[1:], DiskBackingOptions()))

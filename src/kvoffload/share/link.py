@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.share.disk_backing import DiskBacking
+from kvoffload.share.backing import Backing
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
 from kvoffload.share.paths import SharePaths
@@ -155,10 +155,10 @@ class Link:
         start_server: bool = True,
         on_connected: Callable[[Welcome], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        backing: DiskBacking | None = None,
+        backing: Backing | None = None,
     ) -> None:
         self.paths = paths
-        self.backing = backing  # a disk share's: the node process it starts serves it
+        self.backing = backing  # a backed share's: the node process it starts serves it
         self.session = session
         self.namespace = namespace
         self.geometry = geometry

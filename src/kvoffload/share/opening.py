@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.core.errors import ConfigError
+from kvoffload.share.backing import Backing
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.disk_backing import DiskBacking
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import spawn_server
 from kvoffload.share.link import Lease, connect
@@ -100,10 +100,10 @@ def start_and_wait(
     paths: SharePaths,
     geometry: ShareGeometry,
     wait_s: float,
-    backing: DiskBacking | None = None,
+    backing: Backing | None = None,
 ) -> ShareGeometry | None:
-    """:func:`ensure_share`'s work for any share (a disk share's with its
-    ``backing``): the recorded geometry, or None when no node process came up."""
+    """:func:`ensure_share`'s work for any share (a backed share's with
+    its ``backing``): the recorded geometry, or None when no node process came up."""
     deadline = time.monotonic() + wait_s
     started = False
     while True:

@@ -4,10 +4,11 @@
 ``kvoffload share stop NAME`` sends it SIGTERM; ``kvoffload share remove NAME``
 deletes a stopped share's files (its memory goes back to the system).
 
-A disk share (the disk tier shared by the engines of a node, :mod:`.disk_backing`) is
-named by ``--disk-root PATH --namespace HEX`` (the ``disk_path`` and the namespace
-digest); its NAME, derived from them, may then be left out (given, it must match).
-``remove`` deletes its runtime files under ``--root``, never the disk slabs.
+A backed share's node process (:mod:`.backing`) is ``python -m`` its backing's module,
+which runs :func:`node_process_main` with its options (e.g. where its files are); its
+NAME, derived from them, may then be left out (given, it must match). ``stop`` and
+``remove`` work for it by name; ``remove`` deletes its runtime files under ``--root``,
+never its backing's files.
 """
 
 from __future__ import annotations
@@ -20,20 +21,21 @@ import sys
 from pathlib import Path
 
 from kvoffload.core.errors import KvOffloadError, UsageError
-from kvoffload.share.disk_backing import DiskBacking
+from kvoffload.share.backing import Backing, BackingOptions
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths, remove_share
 from kvoffload.share.server import AlreadyServing, ShareServer, open_server
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, options: BackingOptions | None = None) -> int:
+    """The command (with a backing's ``options``: a backed share's, see :mod:`.backing`)."""
     parser = argparse.ArgumentParser(prog="kvoffload share", description=__doc__)
     parser.add_argument("action", choices=("serve", "stop", "remove"))
-    parser.add_argument("name", nargs="?", help="the share (derived for a disk share)")
+    parser.add_argument("name", nargs="?", help="the share (derived for a backed share)")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
-    parser.add_argument("--disk-root", type=Path, help="a disk share's disk_path")
-    parser.add_argument("--namespace", help="a disk share's namespace digest (hex)")
+    if options is not None:
+        options.add_arguments(parser)
     parser.add_argument("--cpu-bytes", type=int, help="size of a new share (all ranks)")
     parser.add_argument("--slots", type=int, help="slots of a new share (instead of size)")
     parser.add_argument("--slot-bytes", type=int, help="bytes of one chunk of one rank")
@@ -43,12 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-admission-counters", type=int, default=65536)
     parser.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    backing = _backing(args)
+    backing = None if options is None else options.from_arguments(args)
     name = args.name if backing is None else backing.share_name()
     if args.name is not None and args.name != name:
-        raise UsageError(f"the disk share of {args.disk_root} is named {name}, not {args.name}")
+        raise UsageError(f"this share is named {name}, not {args.name}")
     if name is None:
-        raise UsageError("name the share (or a disk share's --disk-root and --namespace)")
+        raise UsageError("name the share")
     paths = SharePaths(name, args.root)
     if args.action == "stop":
         return _stop(paths)
@@ -58,18 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         remove_share(paths)
         return 0
     return _serve(paths, _geometry(args), args.ready_fd, backing)
-
-
-def _backing(args: argparse.Namespace) -> DiskBacking | None:
-    if args.disk_root is None and args.namespace is None:
-        return None
-    if args.disk_root is None or args.namespace is None:
-        raise UsageError("a disk share needs both --disk-root and --namespace")
-    try:
-        namespace = bytes.fromhex(args.namespace)
-    except ValueError:
-        raise UsageError(f"--namespace: not hex: {args.namespace!r}") from None
-    return DiskBacking(args.disk_root, namespace)
 
 
 def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
@@ -90,7 +80,7 @@ def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
 
 
 def _serve(
-    paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int, backing: DiskBacking | None
+    paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int, backing: Backing | None
 ) -> int:
     """Serve until SIGTERM/SIGINT. Signal handlers are in place before readiness is
     reported (closing ``ready_fd``), so a stop right after start-up stops cleanly. A
@@ -127,11 +117,12 @@ def _stop(paths: SharePaths) -> int:
     return 0
 
 
-def _main_of_node_process(argv: list[str]) -> int:
-    """``python -m kvoffload.share.serve`` (how an engine starts a node process): a
-    share that cannot be served is one line in the share's log and exit status 2."""
+def node_process_main(argv: list[str], options: BackingOptions | None = None) -> int:
+    """``python -m kvoffload.share.serve`` (how an engine starts a node process), or
+    ``python -m`` a backing's module with its ``options``: a share that cannot be
+    served is one line in the share's log and exit status 2."""
     try:
-        return main(["serve", *argv])
+        return main(["serve", *argv], options)
     except KvOffloadError as exc:
         print(
             f"kvoffload share: cannot serve: {' '.join(str(exc).split())}",
@@ -142,4 +133,4 @@ def _main_of_node_process(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main_of_node_process(sys.argv[1:]))
+    sys.exit(node_process_main(sys.argv[1:]))

@@ -286,6 +286,14 @@ def test_a_private_engine_and_a_disk_share_never_use_one_namespace(
     a.store(K(1))
 
 
+def test_a_disk_share_that_cannot_start_says_why(share_root: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")  # a disk_path that is not a directory
+    backing = DiskBacking(tmp_path / "file", NS)
+    with pytest.raises(ConfigError, match="'disk_path': the disk share .* did not start: .*file"):
+        ensure_disk_share(share_root, backing, ShareGeometry(SLOTS, PAYLOAD), 60.0)
+    assert not server_alive(backing.paths(share_root))
+
+
 def test_an_engine_whose_chunks_differ_from_the_share_is_refused(
     share_root: Path, backing: DiskBacking, engines: Callable[..., Engine]
 ) -> None:

@@ -85,7 +85,8 @@ def _serve(
     """Serve until SIGTERM/SIGINT. Signal handlers are in place before readiness is
     reported (closing ``ready_fd``), so a stop right after start-up stops cleanly. A
     share that cannot be served (e.g. a private engine holds a disk share's namespace)
-    raises (``kvoffload share`` and :func:`_main_of_node_process` print it as one line)."""
+    is one line on standard error (the share's log), written before readiness is
+    reported, and exit status 2."""
     running: list[ShareServer] = []
 
     def _stop_serving(signum: int, frame: object) -> None:
@@ -99,6 +100,10 @@ def _serve(
         running.append(open_server(paths, geometry, backing))
     except AlreadyServing:
         return 0
+    except (KvOffloadError, OSError) as exc:  # said before readiness: the starter reads it
+        print(f"kvoffload share {paths.name}: cannot serve: {_one_line(exc)}", file=sys.stderr)
+        sys.stderr.flush()
+        return 2
     finally:
         if ready_fd >= 0:
             os.close(ready_fd)  # the starter's wait ends: listening, or not needed
@@ -123,13 +128,13 @@ def node_process_main(argv: list[str], options: BackingOptions | None = None) ->
     served is one line in the share's log and exit status 2."""
     try:
         return main(["serve", *argv], options)
-    except KvOffloadError as exc:
-        print(
-            f"kvoffload share: cannot serve: {' '.join(str(exc).split())}",
-            file=sys.stderr,
-            flush=True,
-        )
+    except (KvOffloadError, OSError) as exc:
+        print(f"kvoffload share: cannot serve: {_one_line(exc)}", file=sys.stderr, flush=True)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -25,9 +25,10 @@ chunks, M copies ignored``). Until then lookups miss, loads are refused and stor
 answer ``no_room``.
 
 It then serves until stopped (:meth:`ShareServer.stop`, SIGTERM/SIGINT) and stays up
-when its last engine leaves: a restarted engine finds the share warm. A host share starts with
-an empty directory, whatever the slabs hold (bytes are never trusted without the
-index), and books no slot until older generations are fenced (:mod:`.fence`).
+when its last engine leaves: a restarted engine finds the share warm. A host share
+starts with an empty directory, whatever the slabs hold (bytes are never trusted
+without the index), and books no slot until older generations are fenced
+(:mod:`.fence`).
 
 The loop is single-threaded (:mod:`selectors`): in each round, connections that
 closed are released first, then every complete request is served in arrival order.

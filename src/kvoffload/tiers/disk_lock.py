@@ -199,8 +199,8 @@ def holder_of(root: Path, namespace_digest: bytes) -> Holder | None:
     the holder is not recorded yet). Takes no lock that outlives the call."""
     try:
         fd = os.open(lock_path(root, namespace_digest), os.O_RDONLY | _CLOEXEC)
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # never held (or no such directory: whoever opens it finds out)
     try:
         if try_flock(fd, fcntl.LOCK_SH):
             fcntl.flock(fd, fcntl.LOCK_UN)

@@ -15,22 +15,23 @@ Its node process:
 - holds the namespace directory's :class:`~kvoffload.tiers.disk_lock.DiskLock` for
   its whole life, recorded as this share's (a private engine and a disk share never
   use one namespace at once);
-- prepares every rank's slab with the share's geometry (:func:`prepare_slabs`;
+- prepares every rank's slab with the share's geometry (:meth:`DiskBacking.prepare`;
   ``slot_bytes`` is the per-rank chunk payload, ``num_slots`` the disk tier's slots):
   created, resized, preallocated, its superblock written, as a private engine does;
 - once its generation fence is open, and before it books or answers any load,
   restores into its directory every complete chunk found in the slabs
-  (:func:`recover`), since disk bytes carry their own headers and checksums (a host
+  (:meth:`DiskBacking.recover`), since disk bytes carry their own headers and checksums (a host
   share's shared memory does not, so it starts empty).
 
 Engines' workers open their rank's slab with ``DiskStore(..., attach=True)``.
 
 :class:`DiskBacking` is this share's :class:`~.backing.Backing`; the node process
 is ``python -m kvoffload.share.disk_backing NAME --disk-root PATH --namespace HEX``
-and the options of ``kvoffload share serve`` (``--slots``/``--cpu-bytes``,
-``--slot-bytes``, ``--ranks``, ``--policy``, ``--root``; NAME may be left out: it is
-derived). ``kvoffload share stop NAME`` and ``remove NAME`` work for it by name;
-``remove`` deletes its runtime files, never the slabs.
+and the options of ``kvoffload share serve`` (``--slots``, ``--slot-bytes`` the
+per-rank chunk payload, ``--ranks``, ``--policy``, ``--root``; NAME may be left out:
+it is derived; ``--cpu-bytes`` would count payload bytes only, so give ``--slots``).
+``kvoffload share stop NAME`` and ``remove NAME`` work for it by name; ``remove``
+deletes its runtime files, never the slabs.
 """
 
 from __future__ import annotations

@@ -18,7 +18,11 @@ from kvoffload.core.errors import ConfigError, UsageError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.backing import Recovered
 from kvoffload.share.disk_backing import DiskBacking, DiskBackingOptions
-from kvoffload.share.disk_opening import ensure_disk_share, open_disk_share_directory
+from kvoffload.share.disk_opening import (
+    ensure_disk_share,
+    open_disk_share_directory,
+    open_disk_share_lease,
+)
 from kvoffload.share.fence import GenerationHold
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexReader
@@ -284,6 +288,24 @@ def test_a_private_engine_and_a_disk_share_never_use_one_namespace(
         check_workers_engine(backing.root, NS)  # a private engine's worker
     check_workers_engine(backing.root, NS, share=name)  # a worker of the share's engine
     a.store(K(1))
+
+
+def test_no_private_engine_takes_the_namespace_while_the_shares_engines_live(
+    share_root: Path, backing: DiskBacking, engines: Callable[..., Engine]
+) -> None:
+    """Its node process died, but the engines may still write into the slabs."""
+    a = engines()
+    lease = open_disk_share_lease(share_root, backing, a.directory.session)  # a worker's
+    a.store(K(1))
+    kill_node_process(share_root, backing)
+    engines_live = "'disk_path': .* in use by the engines of a disk share"
+    with pytest.raises(ConfigError, match=engines_live):
+        DiskLock.acquire(backing.root, NS)
+    a.close()
+    with pytest.raises(ConfigError, match=engines_live):
+        DiskLock.acquire(backing.root, NS)  # the worker still lives
+    lease.close()
+    DiskLock.acquire(backing.root, NS).release()
 
 
 def test_a_disk_share_that_cannot_start_says_why(share_root: Path, tmp_path: Path) -> None:

@@ -99,6 +99,7 @@ class ShareDirectory(ShareQueries):
         self.metrics = CounterScope.private(tier=tier)
         self.metrics.declare(*DIRECTORY_COUNTERS)
         self.on_evict: Callable[[tuple[ChunkKey, ...]], None] | None = None
+        self.on_close: list[Callable[[], None]] = []  # run by close(), once
         self.attachment = Attachment(paths)
         self._events: list[CacheEvent] = []
         self.link = Link(
@@ -128,11 +129,15 @@ class ShareDirectory(ShareQueries):
 
     def close(self) -> None:
         """Close the connections (the node process releases this engine's bookings
-        once its workers' leases close too) and the generation holds."""
+        once its workers' leases close too) and the generation holds, then run
+        :attr:`on_close` (what its opener attached to its life)."""
         self.link.close()
         if self.lease is not None:
             self.lease.close()
         self.attachment.close()
+        for release in self.on_close:
+            release()
+        self.on_close.clear()
 
     # ------------------------------------------------------------ recency and admission
 

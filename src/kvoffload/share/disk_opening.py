@@ -12,6 +12,11 @@ the namespace (the message names its pid), the share's chunks or ranks differ fr
 this engine's, or its node process did not start (the message gives the last line it
 logged). A differing ``disk_bytes`` is accepted: the share keeps the geometry it was
 created with (its first engine's).
+
+The directory and the lease also hold, until closed, the namespace's
+:class:`~kvoffload.tiers.disk_lock.ShareEngineHold`: while any process of a disk
+share's engine lives, no private engine takes the namespace, even while the share's
+node process is down (its engines may still be writing into the slabs).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.link import Lease
 from kvoffload.share.opening import start_and_wait
 from kvoffload.share.paths import SharePaths
-from kvoffload.tiers.disk_lock import holder_of, in_use
+from kvoffload.tiers.disk_lock import ShareEngineHold, holder_of, in_use
 
 
 def ensure_disk_share(
@@ -63,29 +68,46 @@ def open_disk_share_directory(
     ``session`` (its workers' leases hold it open). ``num_slots``, ``chunk_bytes`` (per
     rank), ``ranks`` and ``policy`` are the share's geometry if this engine creates
     it; its chunk bytes and ranks must equal the share's."""
-    wanted = ShareGeometry(num_slots, chunk_bytes, ranks, policy)
-    recorded = ensure_disk_share(share_root, backing, wanted, wait_s)
-    if (recorded.slot_bytes, recorded.ranks) != (chunk_bytes, ranks):
-        paths = backing.paths(share_root)
-        raise ConfigError(
-            "disk_path",
-            f"the disk share {paths.name} of {backing.root} holds chunks of "
-            f"{recorded.slot_bytes} B per rank for {recorded.ranks} rank(s); this engine's "
-            f"are {chunk_bytes} B for {ranks} rank(s): stop its engines and "
-            f"`kvoffload share stop {paths.name}` to change its layout, or use another "
-            "disk_path",
-        )
-    directory = ShareDirectory(
-        backing.paths(share_root), geometry=recorded, session=session,
-        namespace=backing.namespace, tier="disk", timeout_s=timeout_s, backing=backing,
-    )  # fmt: skip
+    hold = ShareEngineHold.acquire(backing.root, backing.namespace)
+    try:
+        wanted = ShareGeometry(num_slots, chunk_bytes, ranks, policy)
+        recorded = ensure_disk_share(share_root, backing, wanted, wait_s)
+        _check_layout(share_root, backing, recorded, wanted)
+        directory = ShareDirectory(
+            backing.paths(share_root), geometry=recorded, session=session,
+            namespace=backing.namespace, tier="disk", timeout_s=timeout_s, backing=backing,
+        )  # fmt: skip
+    except BaseException:
+        hold.release()
+        raise
+    directory.on_close.append(hold.release)
     directory.wait_ready(wait_s)
     return directory
 
 
+def _check_layout(
+    share_root: Path, backing: DiskBacking, recorded: ShareGeometry, wanted: ShareGeometry
+) -> None:
+    """The share's chunks and ranks are this engine's, else a :class:`ConfigError`."""
+    if (recorded.slot_bytes, recorded.ranks) == (wanted.slot_bytes, wanted.ranks):
+        return
+    name = backing.share_name()
+    raise ConfigError(
+        "disk_path",
+        f"the disk share {name} of {backing.root} holds chunks of {recorded.slot_bytes} B "
+        f"per rank for {recorded.ranks} rank(s); this engine's are {wanted.slot_bytes} B "
+        f"for {wanted.ranks} rank(s): stop its engines and `kvoffload share stop {name}` "
+        "to change its layout, or use another disk_path",
+    )
+
+
 def open_disk_share_lease(share_root: Path, backing: DiskBacking, session: bytes) -> Lease:
-    """A worker's lease on its engine's session (close it when the worker ends)."""
-    return Lease(backing.paths(share_root), session)
+    """A worker's lease on its engine's session (close it when the worker ends); it
+    holds the namespace's :class:`ShareEngineHold` until closed."""
+    hold = ShareEngineHold.acquire(backing.root, backing.namespace)
+    lease = Lease(backing.paths(share_root), session)
+    lease.on_close.append(hold.release)
+    return lease
 
 
 def _refuse_private_holder(paths: SharePaths, backing: DiskBacking) -> None:

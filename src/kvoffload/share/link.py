@@ -95,6 +95,7 @@ class Lease:
         self._session = session
         self._retry_s = retry_s
         self._on_lost = on_lost
+        self.on_close: list[Callable[[], None]] = []  # run by close(), once
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
@@ -129,11 +130,15 @@ class Lease:
                 self._on_lost(welcome.generation)
 
     def close(self) -> None:
+        """End the lease, then run :attr:`on_close` (what its opener attached to it)."""
         self._closed.set()
         with self._lock:
             if self._sock is not None:
                 self._sock.shutdown(socket.SHUT_RDWR)
         self._thread.join()
+        for release in self.on_close:
+            release()
+        self.on_close.clear()
 
 
 class Link:

@@ -30,7 +30,12 @@ holder.
   this lock for its whole life, recording itself as the holder with the share's name
   (:attr:`Holder.share`), so a private engine and a disk share never use one namespace
   at once; the workers of an engine of that share accept it as holder
-  (:func:`check_workers_engine` with ``share``).
+  (:func:`check_workers_engine` with ``share``). The node process may die while the
+  share's engines still have transfers in flight into the slabs (its successor is
+  fenced until they end): so every process of such an engine (scheduler half and
+  workers) also holds ``<namespace dir>/users`` shared (:class:`ShareEngineHold`) for
+  its life, and a private engine's :meth:`DiskLock.acquire` is refused while anyone
+  does.
 - Readers (``kvoffload inspect``) take no lock and skip the lock file.
 - On NFS, Linux emulates ``flock`` with byte-range locks (NFSv4): the lock also holds
   between nodes that share the directory.
@@ -53,6 +58,8 @@ from kvoffload.tiers.disk import make_private_dirs, namespace_dir
 
 LOCK_NAME = "lock"
 """The lock file's name in a namespace directory (``kvoffload.tiers.disk``)."""
+USERS_NAME = "users"
+"""The file a disk share's engines hold shared (:class:`ShareEngineHold`)."""
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _HOLDER_BYTES = 512  # a holder record is one short JSON line
@@ -127,6 +134,12 @@ class DiskLock:
         try:
             if not try_flock(fd, fcntl.LOCK_EX):
                 raise in_use(root, read_holder(fd))
+            if share is None and _share_engines_live(path.parent):
+                raise ConfigError(
+                    "disk_path",
+                    f"{root} is in use by the engines of a disk share (its node process is "
+                    "restarting); set host_share on every engine to share one disk tier",
+                )
             holder = Holder.this_process(share)
             os.ftruncate(fd, 0)
             os.pwrite(fd, holder.encode(), 0)
@@ -145,6 +158,55 @@ class DiskLock:
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)  # closing the only descriptor releases the flock
+
+
+class ShareEngineHold:
+    """A process of a disk share's engine: its shared hold on the namespace's
+    ``users`` file, from before it connects to the share until :meth:`release` (or its
+    end), so that no private engine takes the namespace while it may still write."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, root: Path, namespace_digest: bytes) -> ShareEngineHold:
+        """Take the hold (creating the directories and the file owner-only if missing);
+        waits only while a private engine checks the file (one system call)."""
+        path = namespace_dir(root, namespace_digest) / USERS_NAME
+        make_private_dirs(path.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        """End the hold (idempotent; never raises)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _share_engines_live(directory: Path) -> bool:
+    """Whether some process holds ``directory/users`` (a disk share's engine)."""
+    try:
+        fd = os.open(directory / USERS_NAME, os.O_RDONLY | _CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        if try_flock(fd, fcntl.LOCK_EX):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        return True
+    finally:
+        os.close(fd)
 
 
 def check_workers_engine(root: Path, namespace_digest: bytes, *, share: str | None = None) -> None:

@@ -16,6 +16,7 @@ from kvoffload.core.chunk_format import IntegrityError
 from kvoffload.core.directory import LookupStatus
 from kvoffload.core.errors import ConfigError, UsageError
 from kvoffload.core.keys import ChunkKey
+from kvoffload.inspection.disk_scan import inspect_disk
 from kvoffload.share.backing import Recovered
 from kvoffload.share.disk_backing import DiskBacking, DiskBackingOptions
 from kvoffload.share.disk_opening import (
@@ -364,6 +365,9 @@ def test_stop_and_remove_keep_the_disk_slabs(
         os.close(exited)
     assert share_main(["remove", backing.share_name(), "--root", str(share_root)]) == 0
     assert list(share_root.glob(f"kvoffload-{backing.share_name()}.*")) == []
+    report = inspect_disk(backing.root, None, verify=True, world_size=1)  # format unchanged
+    assert report.stray == 0 and report.bad_total == 0, report
+    assert [ns.complete_chunks for ns in report.namespaces] == [1]
     tier, recovery = open_disk_tier(backing.root, NS, 1, SLOTS, PAYLOAD)  # a private engine
     assert recovery.adopted == 1 and tier.directory.lookup([K(1)]).statuses == (HIT,)
     DiskLock.acquire(backing.root, NS).release()  # the namespace is free again

@@ -214,6 +214,28 @@ def _flip(store: DiskStore, slot: int, offset: int) -> None:
         os.close(fd)
 
 
+def test_an_engine_restarts_a_killed_disk_share_itself(
+    share_root: Path, backing: DiskBacking, engines: Callable[..., Engine]
+) -> None:
+    a = engines()
+    a.store(K(1))
+    a.directory.link.retry_s = 0.0
+    kill_node_process(share_root, backing)
+    for _ in range(2):  # the connection is found lost, then a node process is started
+        assert a.directory.lookup([K(1)]).statuses == (MISS,)  # misses, never an error
+    assert a.directory.link.stats["server_starts"] == 1
+    assert a.directory.wait_ready(60.0)
+    welcome = a.directory.link.welcome
+    assert welcome is not None and welcome.generation == 2
+    assert welcome.num_slots == SLOTS and welcome.slot_bytes == PAYLOAD  # a disk share again
+    a.store(K(2))  # its fence is open (nothing was in flight): recovered, then booked
+    assert a.directory.lookup([K(1), K(2)]).statuses == (HIT, HIT)
+    assert a.read(K(1)) == [chunk(K(1), 0)]
+    spawned = a.directory.link.spawned
+    assert spawned is not None
+    spawned.close()
+
+
 def test_recovery_waits_until_no_older_generation_has_a_transfer_in_flight(
     share_root: Path, backing: DiskBacking, engines: Callable[..., Engine]
 ) -> None:

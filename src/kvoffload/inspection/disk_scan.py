@@ -31,7 +31,7 @@ as empty, as recovery reads them. Anything under ``kvoffload-v1/`` that is not a
 namespace directory, a slab file (a regular file named exactly ``slab.r<rank>``,
 rank in ASCII digits without leading zeros) or a namespace's record (a regular file
 ``namespace.json``: :mod:`kvoffload.tiers.namespace_records`, shown as the namespace's
-fields) counts as *stray*, except a namespace's lock file
+fields) counts as *stray*, except a namespace's lock and users files
 (``kvoffload.tiers.disk_lock``: never locked or opened here, so inspecting a tier an
 engine is using works), the fan-out
 directories of the former one-file-per-chunk layout included: the engine never reads
@@ -67,7 +67,7 @@ from kvoffload.inspection.slab_files import (
 )
 from kvoffload.inspection.slot_scan import SlotScan
 from kvoffload.tiers.disk import FORMAT_DIR
-from kvoffload.tiers.disk_lock import LOCK_NAME
+from kvoffload.tiers.disk_lock import LOCK_NAME, USERS_NAME
 from kvoffload.tiers.namespace_records import RECORD_FILE, read_disk_record
 
 __all__ = ["SLAB_PREFIX", "inspect_disk", "parse_slab_name", "resolve_root"]
@@ -154,8 +154,8 @@ def _scan_namespace(
     recorded = False
     try:
         for entry in sorted(os.scandir(root / rel), key=lambda e: e.name):
-            if entry.name == LOCK_NAME:
-                continue  # the engine's lock: not part of the tier's content
+            if entry.name in (LOCK_NAME, USERS_NAME):
+                continue  # the engines' locks: not part of the tier's content
             name = f"{rel}/{entry.name}"
             if entry.name == RECORD_FILE and entry.is_file(follow_symlinks=False):
                 recorded = True  # the namespace's record, read below

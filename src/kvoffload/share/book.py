@@ -107,6 +107,16 @@ class ShareBook:
             self.directory.complete_load(list(extra.elements()))
             session.pins -= extra
 
+    def restore(self, entries: Sequence[tuple[ChunkKey, int]], namespace: bytes) -> None:
+        """Adopt chunks found in storage (a backed share's recovery, before any booking):
+        each ``(key, slot)`` readable, least recently used first, of ``namespace``."""
+        self.directory.restore(entries)
+        for key, _ in entries:
+            self._namespace_of[key] = namespace
+        if self.index is not None and entries:
+            self.index.insert(key for key, _ in entries)
+        self.directory.take_events()
+
     # ------------------------------------------------------------------ queries
 
     def lookup(self, keys: Sequence[ChunkKey]) -> bytes:

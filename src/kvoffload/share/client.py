@@ -48,6 +48,7 @@ from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.recorder import CounterScope
 from kvoffload.share.attachment import Attachment
+from kvoffload.share.backing import Backing
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.link import Lease, Link, Welcome
 from kvoffload.share.paths import SharePaths
@@ -74,7 +75,8 @@ class ShareDirectory(ShareQueries):
     its workers' leases (default: random); ``namespace``: the engine's namespace
     label (scopes ``reset``); ``lease``: hold the session open from a thread of its
     own (turn it off in tests only: without a lease or a worker's, a timed-out call
-    can end the session while transfers it booked are in flight).
+    can end the session while transfers it booked are in flight); ``backing``: a backed
+    share's (:mod:`.backing`), so that a node process this engine starts serves it.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class ShareDirectory(ShareQueries):
         retry_s: float = 0.05,
         start_server: bool = True,
         lease: bool = True,
+        backing: Backing | None = None,
     ) -> None:
         self.paths = paths
         self.tier = tier
@@ -96,11 +99,12 @@ class ShareDirectory(ShareQueries):
         self.metrics = CounterScope.private(tier=tier)
         self.metrics.declare(*DIRECTORY_COUNTERS)
         self.on_evict: Callable[[tuple[ChunkKey, ...]], None] | None = None
+        self.on_close: list[Callable[[], None]] = []  # run by close(), once
         self.attachment = Attachment(paths)
         self._events: list[CacheEvent] = []
         self.link = Link(
             paths, self.session, namespace, geometry, timeout_s=timeout_s, retry_s=retry_s,
-            start_server=start_server, on_connected=self._connected,
+            start_server=start_server, on_connected=self._connected, backing=backing,
         )  # fmt: skip
         self.lease = (
             Lease(paths, self.session, retry_s=retry_s, on_lost=self._lost) if lease else None
@@ -125,11 +129,15 @@ class ShareDirectory(ShareQueries):
 
     def close(self) -> None:
         """Close the connections (the node process releases this engine's bookings
-        once its workers' leases close too) and the generation holds."""
+        once its workers' leases close too) and the generation holds, then run
+        :attr:`on_close` (what its opener attached to its life)."""
         self.link.close()
         if self.lease is not None:
             self.lease.close()
         self.attachment.close()
+        for release in self.on_close:
+            release()
+        self.on_close.clear()
 
     # ------------------------------------------------------------ recency and admission
 

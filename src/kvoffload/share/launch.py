@@ -17,6 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from kvoffload.share.backing import Backing
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import SharePaths
 
@@ -60,9 +61,14 @@ class Spawned:
         self.process.poll()  # reaps it if it already exited
 
 
-def serve_arguments(paths: SharePaths, geometry: ShareGeometry | None) -> list[str]:
-    """The command line of ``python -m kvoffload.share.serve`` for this share."""
+def serve_arguments(
+    paths: SharePaths, geometry: ShareGeometry | None, backing: Backing | None = None
+) -> list[str]:
+    """The arguments of the node process of this share (``python -m`` :mod:`.serve`,
+    or a backed share's module, with its ``backing``'s options)."""
     args = [paths.name, "--root", str(paths.root)]
+    if backing is not None:
+        args += backing.arguments()
     if geometry is not None:
         args += [
             "--slots", str(geometry.num_slots), "--slot-bytes", str(geometry.slot_bytes),
@@ -73,15 +79,19 @@ def serve_arguments(paths: SharePaths, geometry: ShareGeometry | None) -> list[s
     return args
 
 
-def spawn_server(paths: SharePaths, geometry: ShareGeometry | None) -> Spawned | None:
-    """Start a node process unless one holds the lock (None then)."""
+def spawn_server(
+    paths: SharePaths, geometry: ShareGeometry | None, backing: Backing | None = None
+) -> Spawned | None:
+    """Start a node process unless one holds the lock (None then); a backed share's
+    with its ``backing``."""
+    module = "kvoffload.share.serve" if backing is None else backing.module
     if server_alive(paths):
         return None
     read_fd, write_fd = os.pipe()
     log = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvoffload.share.serve", *serve_arguments(paths, geometry),
+            [sys.executable, "-m", module, *serve_arguments(paths, geometry, backing),
              "--ready-fd", str(write_fd)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

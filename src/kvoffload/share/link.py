@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvoffload.core.errors import ContractViolation
+from kvoffload.share.backing import Backing
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
 from kvoffload.share.paths import SharePaths
@@ -94,6 +95,7 @@ class Lease:
         self._session = session
         self._retry_s = retry_s
         self._on_lost = on_lost
+        self.on_close: list[Callable[[], None]] = []  # run by close(), once
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
@@ -128,11 +130,15 @@ class Lease:
                 self._on_lost(welcome.generation)
 
     def close(self) -> None:
+        """End the lease, then run :attr:`on_close` (what its opener attached to it)."""
         self._closed.set()
         with self._lock:
             if self._sock is not None:
                 self._sock.shutdown(socket.SHUT_RDWR)
         self._thread.join()
+        for release in self.on_close:
+            release()
+        self.on_close.clear()
 
 
 class Link:
@@ -154,8 +160,10 @@ class Link:
         start_server: bool = True,
         on_connected: Callable[[Welcome], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        backing: Backing | None = None,
     ) -> None:
         self.paths = paths
+        self.backing = backing  # a backed share's: the node process it starts serves it
         self.session = session
         self.namespace = namespace
         self.geometry = geometry
@@ -255,7 +263,7 @@ class Link:
         if opened is None:
             self._next_attempt = self.clock() + self.retry_s
             if self.start_server:
-                spawned = spawn_server(self.paths, self.geometry)
+                spawned = spawn_server(self.paths, self.geometry, self.backing)
                 if spawned is not None:
                     self.stats["server_starts"] += 1
                     self.spawned = spawned

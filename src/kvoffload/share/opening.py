@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.core.errors import ConfigError
+from kvoffload.share.backing import Backing
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import spawn_server
@@ -89,7 +90,20 @@ def ensure_share(settings: ShareSettings, geometry: ShareGeometry, wait_s: float
     """Start the share's node process unless one serves it, wait until one does, and
     return the share's recorded geometry (start-up only: this may wait ``wait_s``).
     A node process this engine started that does not come up is a :class:`ConfigError`."""
-    paths = settings.paths
+    recorded = start_and_wait(settings.paths, geometry, wait_s)
+    if recorded is None:
+        raise ConfigError("host_share", f"share {settings.paths.name!r} did not start")
+    return recorded
+
+
+def start_and_wait(
+    paths: SharePaths,
+    geometry: ShareGeometry,
+    wait_s: float,
+    backing: Backing | None = None,
+) -> ShareGeometry | None:
+    """:func:`ensure_share`'s work for any share (a backed share's with
+    its ``backing``): the recorded geometry, or None when no node process came up."""
     deadline = time.monotonic() + wait_s
     started = False
     while True:
@@ -100,8 +114,8 @@ def ensure_share(settings: ShareSettings, geometry: ShareGeometry, wait_s: float
             if recorded is not None:
                 return recorded
         if started or time.monotonic() >= deadline:
-            raise ConfigError("host_share", f"share {paths.name!r} did not start")
-        spawned = spawn_server(paths, geometry)
+            return None
+        spawned = spawn_server(paths, geometry, backing)
         if spawned is not None:
             started = spawned.wait_ready(max(0.0, deadline - time.monotonic()))
             spawned.close()

@@ -3,6 +3,12 @@
 
 ``kvoffload share stop NAME`` sends it SIGTERM; ``kvoffload share remove NAME``
 deletes a stopped share's files (its memory goes back to the system).
+
+A backed share's node process (:mod:`.backing`) is ``python -m`` its backing's module,
+which runs :func:`node_process_main` with its options (e.g. where its files are); its
+NAME, derived from them, may then be left out (given, it must match). ``stop`` and
+``remove`` work for it by name; ``remove`` deletes its runtime files under ``--root``,
+never its backing's files.
 """
 
 from __future__ import annotations
@@ -14,18 +20,22 @@ import struct
 import sys
 from pathlib import Path
 
-from kvoffload.core.errors import UsageError
+from kvoffload.core.errors import KvOffloadError, UsageError
+from kvoffload.share.backing import Backing, BackingOptions
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths, remove_share
 from kvoffload.share.server import AlreadyServing, ShareServer, open_server
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, options: BackingOptions | None = None) -> int:
+    """The command (with a backing's ``options``: a backed share's, see :mod:`.backing`)."""
     parser = argparse.ArgumentParser(prog="kvoffload share", description=__doc__)
     parser.add_argument("action", choices=("serve", "stop", "remove"))
-    parser.add_argument("name")
+    parser.add_argument("name", nargs="?", help="the share (derived for a backed share)")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
+    if options is not None:
+        options.add_arguments(parser)
     parser.add_argument("--cpu-bytes", type=int, help="size of a new share (all ranks)")
     parser.add_argument("--slots", type=int, help="slots of a new share (instead of size)")
     parser.add_argument("--slot-bytes", type=int, help="bytes of one chunk of one rank")
@@ -35,7 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-admission-counters", type=int, default=65536)
     parser.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    paths = SharePaths(args.name, args.root)
+    backing = None if options is None else options.from_arguments(args)
+    name = args.name if backing is None else backing.share_name()
+    if args.name is not None and args.name != name:
+        raise UsageError(f"this share is named {name}, not {args.name}")
+    if name is None:
+        raise UsageError("name the share")
+    paths = SharePaths(name, args.root)
     if args.action == "stop":
         return _stop(paths)
     if args.action == "remove":
@@ -43,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"share {args.name!r} is served: stop it first")
         remove_share(paths)
         return 0
-    return _serve(paths, _geometry(args), args.ready_fd)
+    return _serve(paths, _geometry(args), args.ready_fd, backing)
 
 
 def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
@@ -63,9 +79,14 @@ def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
     return geometry
 
 
-def _serve(paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int) -> int:
+def _serve(
+    paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int, backing: Backing | None
+) -> int:
     """Serve until SIGTERM/SIGINT. Signal handlers are in place before readiness is
-    reported (closing ``ready_fd``), so a stop right after start-up stops cleanly."""
+    reported (closing ``ready_fd``), so a stop right after start-up stops cleanly. A
+    share that cannot be served (e.g. a private engine holds a disk share's namespace)
+    is one line on standard error (the share's log), written before readiness is
+    reported, and exit status 2."""
     running: list[ShareServer] = []
 
     def _stop_serving(signum: int, frame: object) -> None:
@@ -76,9 +97,13 @@ def _serve(paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int) -> 
     signal.signal(signal.SIGTERM, _stop_serving)
     signal.signal(signal.SIGINT, _stop_serving)
     try:
-        running.append(open_server(paths, geometry))
+        running.append(open_server(paths, geometry, backing))
     except AlreadyServing:
         return 0
+    except (KvOffloadError, OSError) as exc:  # said before readiness: the starter reads it
+        print(f"kvoffload share {paths.name}: cannot serve: {_one_line(exc)}", file=sys.stderr)
+        sys.stderr.flush()
+        return 2
     finally:
         if ready_fd >= 0:
             os.close(ready_fd)  # the starter's wait ends: listening, or not needed
@@ -97,5 +122,20 @@ def _stop(paths: SharePaths) -> int:
     return 0
 
 
+def node_process_main(argv: list[str], options: BackingOptions | None = None) -> int:
+    """``python -m kvoffload.share.serve`` (how an engine starts a node process), or
+    ``python -m`` a backing's module with its ``options``: a share that cannot be
+    served is one line in the share's log and exit status 2."""
+    try:
+        return main(["serve", *argv], options)
+    except (KvOffloadError, OSError) as exc:
+        print(f"kvoffload share: cannot serve: {_one_line(exc)}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 if __name__ == "__main__":
-    sys.exit(main(["serve", *sys.argv[1:]]))
+    sys.exit(node_process_main(sys.argv[1:]))

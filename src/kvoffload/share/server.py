@@ -13,10 +13,22 @@ Start-up (:func:`open_server`), in this order:
 4. listen on the socket (bound beside it, then renamed over it, so a client never
    connects to a half-set-up socket).
 
+A backed share (``backing``, :mod:`.backing`; e.g. the disk tier's slabs,
+:mod:`.disk_backing`) differs in three steps: after step 1 it takes its files alone
+(:meth:`~.backing.Backing.hold`: e.g. a private engine holding the disk namespace is
+a :class:`ConfigError` naming ``disk_path``, and the node process exits); in step 3
+it prepares its files instead of shared-memory slabs; and once its generation fence
+is open (checked in the serve loop every ``fence_poll_s`` while closed, and by any
+``prepare_store``), before it books a slot or answers a load, it restores every
+complete chunk they hold (:attr:`ShareServer.recovery`; logged as ``recovered N
+chunks, M copies ignored``). Until then lookups miss, loads are refused and stores
+answer ``no_room``.
+
 It then serves until stopped (:meth:`ShareServer.stop`, SIGTERM/SIGINT) and stays up
-when its last engine leaves: a restarted engine finds the share warm. It starts with
-an empty directory, whatever the slabs hold (bytes are never trusted without the
-index), and books no slot until older generations are fenced (:mod:`.fence`).
+when its last engine leaves: a restarted engine finds the share warm. A host share
+starts with an empty directory, whatever the slabs hold (bytes are never trusted
+without the index), and books no slot until older generations are fenced
+(:mod:`.fence`).
 
 The loop is single-threaded (:mod:`selectors`): in each round, connections that
 closed are released first, then every complete request is served in arrival order.
@@ -33,10 +45,14 @@ import os
 import selectors
 import socket
 import struct
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError, KvOffloadError
+from kvoffload.share.backing import Backing, Recovered
 from kvoffload.share.book import ShareBook
 from kvoffload.share.dispatch import dispatch
 from kvoffload.share.fence import GenerationFence
@@ -78,12 +94,21 @@ class ShareServer:
         directory: Directory,
         lock_fd: int,
         listener: socket.socket,
+        *,
+        backing: Backing | None = None,
+        release_backing: Callable[[], None] | None = None,
     ) -> None:
         self.paths = paths
         self.geometry = geometry
-        fence = GenerationFence(paths, geometry.generation)
+        self.backing = backing
+        self._release_backing = release_backing
+        self._fence = GenerationFence(paths, geometry.generation)
         index = IndexWriter(paths.index, geometry.num_slots, geometry.generation)
-        self.book = ShareBook(directory, fence.open, index)
+        fence_open = self._fence.open if backing is None else self._fence_then_recover
+        self.book = ShareBook(directory, fence_open, index)
+        # A backed share's recovery, once done (None: not yet, or a host share).
+        self.recovery: Recovered | None = None
+        self.fence_poll_s = 0.05  # how often a closed fence is looked at (backed share)
         self.send_timeout_s = 0.1
         self._lock_fd = lock_fd
         self._listener = listener
@@ -101,15 +126,21 @@ class ShareServer:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
 
+    @property
+    def recovering(self) -> bool:
+        """A backed share that has not recovered its chunks yet (its fence is closed)."""
+        return self.backing is not None and self.recovery is None
+
     def serve_forever(self) -> None:
         try:
             while self._running:
-                self.serve_round(None)
+                self.serve_round(self.fence_poll_s if self.recovering else None)
         finally:
             self.close()
 
     def serve_round(self, timeout: float | None) -> None:
-        """One round: accept, release closed connections, serve complete requests."""
+        """One round: accept, release closed connections, recover a backed share's
+        chunks if its fence just opened, serve complete requests."""
         ready: list[_Conn] = []
         for key, _ in self._selector.select(timeout):
             if key.data == "wake":
@@ -120,8 +151,29 @@ class ShareServer:
                 conn = self._conns[key.fd]
                 if self._receive(conn):
                     ready.append(conn)
+        if self.recovering:
+            self._fence_then_recover()
         for conn in ready:
             self._serve_frames(conn)
+
+    def _fence_then_recover(self) -> bool:
+        """A backed share's fence check: once no older generation has a transfer in
+        flight, restore the complete chunks of its files (once); whether it is open."""
+        if self.recovery is not None:
+            return True
+        if self.backing is None or not self._fence.open():
+            return False
+        started = time.monotonic()
+        entries, recovery = self.backing.recover(self.geometry)
+        self.book.restore(entries, self.backing.namespace)
+        self.recovery = recovery
+        _log(
+            self.paths,
+            f"recovered {recovery.adopted} chunks, {recovery.ignored} copies ignored "
+            f"({time.monotonic() - started:.3f} s, {self.geometry.num_slots} slots x "
+            f"{self.geometry.ranks} ranks)",
+        )
+        return True
 
     def _accept(self) -> None:
         try:
@@ -201,11 +253,17 @@ class ShareServer:
         os.close(self._wake_r)
         os.close(self._wake_w)
         os.close(self._lock_fd)
+        if self._release_backing is not None:
+            self._release_backing()
+            self._release_backing = None
 
 
-def open_server(paths: SharePaths, geometry: ShareGeometry | None) -> ShareServer:
+def open_server(
+    paths: SharePaths, geometry: ShareGeometry | None, backing: Backing | None = None
+) -> ShareServer:
     """Start-up steps 1-4 of the module docstring; :class:`AlreadyServing` if another
-    node process runs, :class:`ConfigError` for a new share without a geometry."""
+    node process runs, :class:`ConfigError` for a new share without a geometry (or a
+    backed share whose files someone else holds)."""
     paths.root.mkdir(parents=True, exist_ok=True)
     lock_fd = os.open(paths.server_lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -213,26 +271,50 @@ def open_server(paths: SharePaths, geometry: ShareGeometry | None) -> ShareServe
     except OSError:
         os.close(lock_fd)
         raise AlreadyServing(f"share {paths.name!r} already has a node process") from None
+    release_backing: Callable[[], None] | None = None
     try:
+        if backing is not None:
+            release_backing = backing.hold(paths.name)
         recorded = ShareGeometry.read(paths.meta)
         chosen = recorded if recorded is not None else geometry
         if chosen is None:
-            raise ConfigError("host_share", f"share {paths.name!r} does not exist: give its size")
+            key = "host_share" if backing is None else backing.config_key
+            raise ConfigError(key, f"share {paths.name!r} does not exist: give its size")
         chosen = chosen.next_generation()
         directory = Directory(  # a bad policy or size fails here, before any file changes
             chosen.num_slots,
+            tier="host" if backing is None else backing.tier,
             policy=chosen.policy,
             store_threshold=chosen.store_threshold,
             max_admission_counters=chosen.max_admission_counters,
         )
-        create_slab_files(paths, chosen)
+        if backing is None:
+            create_slab_files(paths, chosen)
+        else:
+            backing.prepare(chosen)
         chosen.write(paths.meta)
         listener = _listen(paths)
     except BaseException:
+        if release_backing is not None:
+            release_backing()
         os.close(lock_fd)
         raise
     os.write(lock_fd, struct.pack("<I", os.getpid()))
-    return ShareServer(paths, chosen, directory, lock_fd, listener)
+    return ShareServer(
+        paths,
+        chosen,
+        directory,
+        lock_fd,
+        listener,
+        backing=backing,
+        release_backing=release_backing,
+    )
+
+
+def _log(paths: SharePaths, message: str) -> None:
+    """One line for the share's log (a node process started by an engine writes its
+    standard error there)."""
+    print(f"kvoffload share {paths.name}: {message}", file=sys.stderr, flush=True)
 
 
 def _listen(paths: SharePaths) -> socket.socket:

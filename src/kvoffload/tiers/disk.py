@@ -41,6 +41,18 @@ each records its group (:mod:`kvoffload.core.chunk_format`). The caller passes t
 group a chunk is written as and the group it expects when reading it back: the
 store keeps no group of its own.
 
+Attached stores: with a disk tier shared by the engines of a node (a disk share,
+:mod:`kvoffload.share.disk_backing`) the share's node process owns the slab files'
+shape: it creates, sizes and preallocates them and writes their superblocks. An
+engine's worker opens its rank's slab with ``attach=True``: the file must exist with
+a superblock of exactly this namespace, rank, payload size and slot count (else a
+:class:`~kvoffload.core.errors.ConfigError` naming ``disk_path``), and is opened
+without being created, resized, preallocated or rewritten.
+
+Write sequence numbers: each write's is the wall clock in nanoseconds, or the
+previous one + 1 if that is larger, so copies written by different processes (the
+engines of a disk share) compare by when they were written.
+
 Thread-safety: calls on different slots may run concurrently (the scheduler half
 never has two jobs on one slot). Errors: ``read_into`` raises
 :class:`~kvoffload.core.chunk_format.IntegrityError` for a bad slot; I/O errors
@@ -52,7 +64,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import itertools
 import mmap
 import os
 import struct
@@ -70,7 +81,7 @@ from kvoffload.core.chunk_format import (
 )
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey, shard_key
-from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock
+from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError
 
 FORMAT_DIR = "kvoffload-v1"
 ALIGN = 4096
@@ -116,6 +127,7 @@ class DiskStore:
         *,
         o_direct: bool = False,
         groups: int = 1,
+        attach: bool = False,
     ) -> None:
         self.path = slab_path(root, namespace_digest, rank)
         self.groups = groups  # the layout's KV cache groups, recorded in every header
@@ -126,16 +138,43 @@ class DiskStore:
         self.slot_bytes = slot_bytes(payload_bytes)
         self.o_direct = o_direct and hasattr(os, "O_DIRECT")
         self._pad = bytes(self.slot_bytes - PAYLOAD_OFFSET - payload_bytes)
-        self._seq = itertools.count(time.time_ns())  # newest copy wins at recovery
+        self._last_seq = 0  # newest copy wins at recovery
+        self._seq_lock = threading.Lock()
         self._buffers = threading.local()  # per-thread aligned buffers (O_DIRECT)
-        make_private_dirs(self.path.parent)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+        superblock = Superblock(namespace_digest, rank, payload_bytes, num_slots)
         self._direct_fd = -1
+        if attach:
+            self._fd = self._attach(superblock)
+        else:
+            make_private_dirs(self.path.parent)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
         try:
-            self._prepare(Superblock(namespace_digest, rank, payload_bytes, num_slots))
+            if not attach:
+                self._prepare(superblock)
+            self._open_direct()
         except BaseException:
             os.close(self._fd)
             raise
+
+    def _attach(self, wanted: Superblock) -> int:
+        """Open the existing slab, checking its superblock is ``wanted``."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | _CLOEXEC)
+        except FileNotFoundError:
+            raise ConfigError(
+                "disk_path", f"{self.path} does not exist: the disk share did not create it"
+            ) from None
+        try:
+            found: Superblock | str = Superblock.decode(os.pread(fd, SUPERBLOCK_BYTES, 0))
+        except SuperblockError as exc:
+            found = str(exc)
+        if found != wanted:
+            os.close(fd)
+            raise ConfigError(
+                "disk_path",
+                f"{self.path} is not the slab this worker expects ({wanted}): found {found}",
+            )
+        return fd
 
     def _prepare(self, superblock: Superblock) -> None:
         size = slab_bytes(self.payload_bytes, self.num_slots)
@@ -151,6 +190,8 @@ class DiskStore:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
         os.pwrite(self._fd, superblock.encode(), 0)
+
+    def _open_direct(self) -> None:
         if self.o_direct:
             try:
                 self._direct_fd = os.open(self.path, os.O_RDWR | os.O_DIRECT | _CLOEXEC)
@@ -179,7 +220,7 @@ class DiskStore:
         head[:HEADER_BYTES] = encode_header(
             self.digest, shard_key(key, self.rank), payload, group=group, groups=self.groups
         )
-        _TRAILER.pack_into(head, KEY_OFFSET, key, next(self._seq))
+        _TRAILER.pack_into(head, KEY_OFFSET, key, self._next_seq())
         if self.o_direct and _is_aligned(payload) and not self._pad:
             parts = [head, payload]
         elif self.o_direct:
@@ -220,6 +261,11 @@ class DiskStore:
         os.pwrite(self._fd, _ZERO_BLOCK[: HEADER_BYTES + _TRAILER.size], self.offset(slot))
 
     # ------------------------------------------------------------ internals
+
+    def _next_seq(self) -> int:
+        with self._seq_lock:
+            self._last_seq = max(time.time_ns(), self._last_seq + 1)
+            return self._last_seq
 
     def _head_block(self) -> memoryview:
         head = self._thread_buffer("head", PAYLOAD_OFFSET)

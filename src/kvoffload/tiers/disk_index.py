@@ -10,6 +10,10 @@ recently written are the last evicted. Nothing is modified: slots not adopted ar
 free and will be written over.
 
 Cost: one small read per slot and rank (about a second per million slots).
+
+:func:`recover_chunks` is the scan and the choice of copies; :func:`open_disk_tier`
+(a private engine's scheduler half) and a disk share's node process
+(:mod:`kvoffload.share.disk_backing`) both restore its entries into their directory.
 """
 
 from __future__ import annotations
@@ -78,16 +82,11 @@ def scan_slab(
     return found, invalid
 
 
-def open_disk_tier(
-    root: Path,
-    namespace_digest: bytes,
-    world_size: int,
-    num_slots: int,
-    payload_bytes: int,
-    *,
-    policy: str | EvictionPolicy = "lru",
-) -> tuple[DirectoryTier, Recovery]:
-    """The disk tier with every complete chunk found in the slabs under ``root``."""
+def recover_chunks(
+    root: Path, namespace_digest: bytes, world_size: int, num_slots: int, payload_bytes: int
+) -> tuple[list[tuple[ChunkKey, int]], Recovery]:
+    """The complete chunks in the slabs under ``root``, as ``(key, slot)`` entries
+    oldest first (what :meth:`Directory.restore` takes), and the counts. Reads only."""
     ranks = []
     ignored = 0
     for rank in range(world_size):
@@ -102,6 +101,20 @@ def open_disk_tier(
             newest[key] = (seq, slot)
     ignored += sum(len(found) for found in ranks) - len(newest) * world_size
     entries = sorted((seq, key, slot) for key, (seq, slot) in newest.items())
+    return [(key, slot) for _, key, slot in entries], Recovery(len(entries), ignored)
+
+
+def open_disk_tier(
+    root: Path,
+    namespace_digest: bytes,
+    world_size: int,
+    num_slots: int,
+    payload_bytes: int,
+    *,
+    policy: str | EvictionPolicy = "lru",
+) -> tuple[DirectoryTier, Recovery]:
+    """The disk tier with every complete chunk found in the slabs under ``root``."""
+    entries, recovery = recover_chunks(root, namespace_digest, world_size, num_slots, payload_bytes)
     directory = Directory(num_slots, tier="disk", policy=policy)
-    directory.restore([(key, slot) for _, key, slot in entries])
-    return DirectoryTier(directory), Recovery(len(entries), ignored)
+    directory.restore(entries)
+    return DirectoryTier(directory), recovery

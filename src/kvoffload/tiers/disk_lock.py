@@ -25,6 +25,17 @@ holder.
   which the engine's own workers never conflict on, and accepts a holder that is its
   own process or its parent on this host (its own engine's scheduler half, in process
   or as the engine core that started it; no other topology re-opens a slab).
+- A disk tier shared by every engine of a node (``host_share`` set with ``disk_path``)
+  is owned by that share's node process (:mod:`kvoffload.share.disk_backing`): it holds
+  this lock for its whole life, recording itself as the holder with the share's name
+  (:attr:`Holder.share`), so a private engine and a disk share never use one namespace
+  at once; the workers of an engine of that share accept it as holder
+  (:func:`check_workers_engine` with ``share``). The node process may die while the
+  share's engines still have transfers in flight into the slabs (its successor is
+  fenced until they end): so every process of such an engine (scheduler half and
+  workers) also holds ``<namespace dir>/users`` shared (:class:`ShareEngineHold`) for
+  its life, and a private engine's :meth:`DiskLock.acquire` is refused while anyone
+  does.
 - Readers (``kvoffload inspect``) take no lock and skip the lock file.
 - On NFS, Linux emulates ``flock`` with byte-range locks (NFSv4): the lock also holds
   between nodes that share the directory.
@@ -47,6 +58,8 @@ from kvoffload.tiers.disk import make_private_dirs, namespace_dir
 
 LOCK_NAME = "lock"
 """The lock file's name in a namespace directory (``kvoffload.tiers.disk``)."""
+USERS_NAME = "users"
+"""The file a disk share's engines hold shared (:class:`ShareEngineHold`)."""
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _HOLDER_BYTES = 512  # a holder record is one short JSON line
@@ -59,12 +72,15 @@ class Holder:
     pid: int
     host: str
     since: str  # UTC, ISO 8601, seconds
+    share: str | None = None  # the disk share whose node process holds it; None: an engine
 
     def describe(self) -> str:
         return f"pid {self.pid} on host {self.host} since {self.since}"
 
     def encode(self) -> bytes:
-        record = {"pid": self.pid, "host": self.host, "since": self.since}
+        record: dict[str, object] = {"pid": self.pid, "host": self.host, "since": self.since}
+        if self.share is not None:
+            record["share"] = self.share
         return (json.dumps(record) + "\n").encode()
 
     @classmethod
@@ -72,15 +88,21 @@ class Holder:
         """The record in ``raw``; None when it is empty or not a holder record."""
         try:
             doc = json.loads(raw.decode())
-            holder = cls(int(doc["pid"]), str(doc["host"]), str(doc["since"]))
+            share = doc.get("share")
+            holder = cls(
+                int(doc["pid"]),
+                str(doc["host"]),
+                str(doc["since"]),
+                None if share is None else str(share),
+            )
         except (ValueError, KeyError, TypeError):
             return None
         return holder
 
     @classmethod
-    def this_process(cls) -> Holder:
+    def this_process(cls, share: str | None = None) -> Holder:
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        return cls(os.getpid(), socket.gethostname(), since)
+        return cls(os.getpid(), socket.gethostname(), since, share)
 
 
 def lock_path(root: Path, namespace_digest: bytes) -> Path:
@@ -98,9 +120,10 @@ class DiskLock:
         self._fd = fd
 
     @classmethod
-    def acquire(cls, root: Path, namespace_digest: bytes) -> DiskLock:
+    def acquire(cls, root: Path, namespace_digest: bytes, *, share: str | None = None) -> DiskLock:
         """Take the namespace directory's lock (creating the directories owner-only and
-        the lock file 0600 if missing) and record this process as its holder.
+        the lock file 0600 if missing) and record this process as its holder (the node
+        process of disk share ``share`` when given, else an engine).
 
         Raises :class:`ConfigError` naming ``disk_path`` when another engine holds it
         (nothing is changed then); ``OSError`` when the file cannot be opened.
@@ -111,7 +134,13 @@ class DiskLock:
         try:
             if not try_flock(fd, fcntl.LOCK_EX):
                 raise in_use(root, read_holder(fd))
-            holder = Holder.this_process()
+            if share is None and _share_engines_live(path.parent):
+                raise ConfigError(
+                    "disk_path",
+                    f"{root} is in use by the engines of a disk share (its node process is "
+                    "restarting); set host_share on every engine to share one disk tier",
+                )
+            holder = Holder.this_process(share)
             os.ftruncate(fd, 0)
             os.pwrite(fd, holder.encode(), 0)
         except BaseException:
@@ -131,10 +160,61 @@ class DiskLock:
                 os.close(fd)  # closing the only descriptor releases the flock
 
 
-def check_workers_engine(root: Path, namespace_digest: bytes) -> None:
+class ShareEngineHold:
+    """A process of a disk share's engine: its shared hold on the namespace's
+    ``users`` file, from before it connects to the share until :meth:`release` (or its
+    end), so that no private engine takes the namespace while it may still write."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, root: Path, namespace_digest: bytes) -> ShareEngineHold:
+        """Take the hold (creating the directories and the file owner-only if missing);
+        waits only while a private engine checks the file (one system call)."""
+        path = namespace_dir(root, namespace_digest) / USERS_NAME
+        make_private_dirs(path.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        """End the hold (idempotent; never raises)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _share_engines_live(directory: Path) -> bool:
+    """Whether some process holds ``directory/users`` (a disk share's engine)."""
+    try:
+        fd = os.open(directory / USERS_NAME, os.O_RDONLY | _CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        if try_flock(fd, fcntl.LOCK_EX):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def check_workers_engine(root: Path, namespace_digest: bytes, *, share: str | None = None) -> None:
     """A worker's check before it opens its slab: raises :class:`ConfigError` naming
     ``disk_path`` when an engine other than the worker's own holds the namespace's
-    lock. Takes no lock that outlives the call and creates nothing."""
+    lock. The worker of an engine of disk share ``share`` accepts that share's node
+    process as holder (and nothing else); a private engine's worker refuses any share.
+    Takes no lock that outlives the call and creates nothing."""
     try:
         fd = os.open(lock_path(root, namespace_digest), os.O_RDONLY | _CLOEXEC)
     except FileNotFoundError:
@@ -144,7 +224,13 @@ def check_workers_engine(root: Path, namespace_digest: bytes) -> None:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return
         holder = read_holder(fd)
-        if holder is None or not _is_own_engine(holder):
+        if holder is None:
+            raise in_use(root, holder)
+        if share is not None:
+            if holder.share != share:
+                raise in_use(root, holder)
+            return  # the node process of this engine's disk share
+        if holder.share is not None or not _is_own_engine(holder):
             raise in_use(root, holder)
     finally:
         os.close(fd)
@@ -170,13 +256,35 @@ def read_holder(fd: int) -> Holder | None:
         return None
 
 
+def holder_of(root: Path, namespace_digest: bytes) -> Holder | None:
+    """Who holds the namespace's lock now, as recorded; None when nobody holds it (or
+    the holder is not recorded yet). Takes no lock that outlives the call."""
+    try:
+        fd = os.open(lock_path(root, namespace_digest), os.O_RDONLY | _CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # never held (or no such directory: whoever opens it finds out)
+    try:
+        if try_flock(fd, fcntl.LOCK_SH):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return read_holder(fd)
+    finally:
+        os.close(fd)
+
+
 def in_use(root: Path, holder: Holder | None) -> ConfigError:
-    """The one-line refusal of a second engine on ``root``."""
+    """The one-line refusal of a second engine (or disk share) on ``root``."""
+    if holder is not None and holder.share is not None:
+        return ConfigError(
+            "disk_path",
+            f"{root} is in use by the node process of disk share {holder.share} "
+            f"({holder.describe()}); set host_share on every engine to share one disk tier",
+        )
     who = holder.describe() if holder is not None else "holder not recorded"
     return ConfigError(
         "disk_path",
-        f"{root} is in use by another engine ({who}); give each engine its own disk_path "
-        "(sharing one disk tier between engines is not supported yet)",
+        f"{root} is in use by another engine ({who}); give each engine its own disk_path, "
+        "or set host_share on every engine to share one disk tier",
     )
 
 

@@ -1,5 +1,5 @@
 """A disk share: the disk tier's slab files shared by the engines of a node through one
-node process (``kvoffload.share.disk_backing``). Two engines share chunks; a killed
+node process (``kvoffload.tiers.disk_backing``). Two engines share chunks; a killed
 node process's successor recovers the complete chunks once its fence is open; a
 private engine and a disk share never use one namespace at once."""
 
@@ -18,12 +18,6 @@ from kvoffload.core.errors import ConfigError, UsageError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.inspection.disk_scan import inspect_disk
 from kvoffload.share.backing import Recovered
-from kvoffload.share.disk_backing import DiskBacking, DiskBackingOptions
-from kvoffload.share.disk_opening import (
-    ensure_disk_share,
-    open_disk_share_directory,
-    open_disk_share_lease,
-)
 from kvoffload.share.fence import GenerationHold
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexReader
@@ -32,8 +26,14 @@ from kvoffload.share.serve import main as share_main
 from kvoffload.share.server import open_server
 from kvoffload.testing.share_process import stop_node_process
 from kvoffload.tiers.disk import PAYLOAD_OFFSET, DiskStore
+from kvoffload.tiers.disk_backing import DiskBacking, DiskBackingOptions
 from kvoffload.tiers.disk_index import open_disk_tier
 from kvoffload.tiers.disk_lock import DiskLock, check_workers_engine
+from kvoffload.tiers.disk_opening import (
+    ensure_disk_share,
+    open_disk_share_directory,
+    open_disk_share_lease,
+)
 
 NS = bytes(range(16))
 PAYLOAD = 8192

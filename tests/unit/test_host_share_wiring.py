@@ -70,7 +70,7 @@ def test_a_hit_lost_between_lookup_and_load_is_recomputed_not_an_error(
     s.check_integrity()
 
 
-def test_share_settings_follow_the_options_and_refuse_a_lower_tier(tmp_path: Path) -> None:
+def test_share_settings_follow_the_options_and_take_a_lower_tier(tmp_path: Path) -> None:
     assert share_settings(OffloadConfig.from_dict({"cpu_bytes": 1 << 20})) is None
     config = OffloadConfig.from_dict(
         {
@@ -93,9 +93,8 @@ def test_share_settings_follow_the_options_and_refuse_a_lower_tier(tmp_path: Pat
             "disk_bytes": 1 << 20,
         }
     )
-    with pytest.raises(ConfigError) as refused:
-        share_settings(with_disk)
-    assert refused.value.field == "host_share" and "disk" in str(refused.value)
+    with_disk_settings = share_settings(with_disk)  # the disk is shared too (decision 0017)
+    assert with_disk_settings is not None and with_disk_settings.paths.name == "node-a"
 
 
 def test_link_counters_count_what_the_link_counted_since_the_last_reading() -> None:

@@ -29,3 +29,15 @@ def make(tiny_model: Path) -> Iterator[Any]:
     yield build
     for h in made:
         h.close()
+
+
+@pytest.fixture
+def children() -> Iterator[list[Any]]:
+    """Engines in processes of their own (``share_support.Child``) a test appends
+    here; every one still running at the end is killed by pid, on failure too."""
+    made: list[Any] = []
+    yield made
+    for child in made:
+        if child.proc.poll() is None:
+            child.proc.kill()
+            child.proc.wait()

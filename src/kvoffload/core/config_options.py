@@ -96,7 +96,8 @@ _SHARE: tuple[Option, ...] = (
         "on the node naming it reads and writes one copy of each chunk in shared memory, "
         "kept when an engine exits or is killed (decision 0016; its node process starts "
         "with the first engine). cpu_bytes is then the share's size, all ranks together, "
-        "if this engine creates it. No disk or Redis tier with it.",
+        "if this engine creates it. A disk tier below it is shared by the node's engines "
+        "naming the same disk_path, through a node process of its own (decision 0017).",
         _share_name,
     ),
     Option(

@@ -14,7 +14,7 @@ Start-up (:func:`open_server`), in this order:
    connects to a half-set-up socket).
 
 A backed share (``backing``, :mod:`.backing`; e.g. the disk tier's slabs,
-:mod:`.disk_backing`) differs in three steps: after step 1 it takes its files alone
+:mod:`kvoffload.tiers.disk_backing`) differs in three steps: after step 1 it takes its files alone
 (:meth:`~.backing.Backing.hold`: e.g. a private engine holding the disk namespace is
 a :class:`ConfigError` naming ``disk_path``, and the node process exits); in step 3
 it prepares its files instead of shared-memory slabs; and once its generation fence

@@ -96,8 +96,10 @@ def open_lower_tiers(
     chunk_bytes: int,
     slots: Mapping[str, int],
     groups: int = 1,
+    session: bytes | None = None,
 ) -> LowerTiers:
-    """Open every enabled tier's index (``slots``: from :func:`tier_slots`)."""
+    """Open every enabled tier's index (``slots``: from :func:`tier_slots`;
+    ``session``: the engine's session at its host share, if it names one)."""
     tiers = LowerTiers()
     try:
         for spec in enabled_tiers(config):
@@ -108,6 +110,7 @@ def open_lower_tiers(
                 slots.get(spec.name, 0),
                 groups=groups,
                 eviction=config.eviction,
+                session=session,
             )
             tiers.opened.append((spec, spec.open_index(config, ctx)))
     except BaseException:
@@ -126,12 +129,20 @@ def open_tier_stores(
     slots: Mapping[str, int],
     groups: int = 1,
 ) -> dict[str, TierStore]:
-    """Rank ``rank``'s store of every enabled tier, by name (empty: no lower tier)."""
+    """Rank ``rank``'s store of every enabled tier, by name (empty: no lower tier).
+    A store booked at a node process (:class:`~kvoffload.tiers.spec.SessionHolder`)
+    must be given each plan's session before its jobs run."""
     stores: dict[str, TierStore] = {}
     try:
         for spec in enabled_tiers(config):
             ctx = TierContext(
-                namespace, world_size, chunk_bytes, slots.get(spec.name, 0), groups, rank=rank
+                namespace,
+                world_size,
+                chunk_bytes,
+                slots.get(spec.name, 0),
+                groups,
+                eviction=config.eviction,
+                rank=rank,
             )
             stores[spec.name] = spec.open_store(config, ctx)
     except BaseException:

@@ -42,7 +42,7 @@ group a chunk is written as and the group it expects when reading it back: the
 store keeps no group of its own.
 
 Attached stores: with a disk tier shared by the engines of a node (a disk share,
-:mod:`kvoffload.share.disk_backing`) the share's node process owns the slab files'
+:mod:`kvoffload.tiers.disk_backing`) the share's node process owns the slab files'
 shape: it creates, sizes and preallocates them and writes their superblocks. An
 engine's worker opens its rank's slab with ``attach=True``: the file must exist with
 a superblock of exactly this namespace, rank, payload size and slot count (else a

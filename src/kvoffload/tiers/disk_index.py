@@ -13,7 +13,7 @@ Cost: one small read per slot and rank (about a second per million slots).
 
 :func:`recover_chunks` is the scan and the choice of copies; :func:`open_disk_tier`
 (a private engine's scheduler half) and a disk share's node process
-(:mod:`kvoffload.share.disk_backing`) both restore its entries into their directory.
+(:mod:`kvoffload.tiers.disk_backing`) both restore its entries into their directory.
 """
 
 from __future__ import annotations

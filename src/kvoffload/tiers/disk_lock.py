@@ -26,7 +26,7 @@ holder.
   own process or its parent on this host (its own engine's scheduler half, in process
   or as the engine core that started it; no other topology re-opens a slab).
 - A disk tier shared by every engine of a node (``host_share`` set with ``disk_path``)
-  is owned by that share's node process (:mod:`kvoffload.share.disk_backing`): it holds
+  is owned by that share's node process (:mod:`kvoffload.tiers.disk_backing`): it holds
   this lock for its whole life, recording itself as the holder with the share's name
   (:attr:`Holder.share`), so a private engine and a disk share never use one namespace
   at once; the workers of an engine of that share accept it as holder

@@ -1,11 +1,14 @@
 """The disk tier, declared (:data:`DISK`): its options, its index and stores, its
 start-up text, its simulator lane and its ``kvoffload inspect disk`` command.
 
-A bounded, authoritative, slotted tier local to one engine: one preallocated slab
-file per rank under ``disk_path`` (``tiers/disk.py``), booked in the scheduler half's
-own directory rebuilt from the slabs at start (``tiers/disk_index.py``). One engine
-per namespace directory: the scheduler half holds its lock from opening the index to
-closing it (``tiers/disk_lock.py``); each worker checks it before opening its store.
+A bounded, authoritative, slotted tier: one preallocated slab file per rank under
+``disk_path`` (``tiers/disk.py``). Without a host share it is local to one engine,
+booked in the scheduler half's own directory rebuilt from the slabs at start
+(``tiers/disk_index.py``); one engine per namespace directory: the scheduler half
+holds its lock from opening the index to closing it (``tiers/disk_lock.py``), each
+worker checks it before opening its store. With a host share, every engine of the
+node naming the same ``disk_path`` shares it through a node process of its own
+(``tiers/disk_shared.py``, decision 0017).
 
 Importing this module imports nothing heavy; builders import the tier's modules.
 """
@@ -102,9 +105,14 @@ def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
     second engine on the namespace: ``ConfigError``); its namespace record written."""
     from kvoffload.tiers.disk_index import open_disk_tier
     from kvoffload.tiers.disk_lock import DiskLock
+    from kvoffload.tiers.disk_shared import open_shared_index, shared
     from kvoffload.tiers.namespace_records import record_namespace, write_disk_record
 
     root = Path(config.option("disk_path"))
+    if shared(config):
+        opened = open_shared_index(config, ctx)
+        record_namespace("disk", write_disk_record, root, ctx.namespace)
+        return opened
     digest = ctx.namespace.digest()
     lock = DiskLock.acquire(root, digest)
     try:
@@ -123,11 +131,15 @@ def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
 
 
 def open_store(config: OptionValues, ctx: TierContext) -> TierStore:
-    """This rank's slab (refused while another engine holds the namespace)."""
+    """This rank's slab (refused while another engine holds the namespace; with a
+    host share, its slab of the node's disk share)."""
     from kvoffload.tiers.disk import DiskStore
     from kvoffload.tiers.disk_lock import check_workers_engine
+    from kvoffload.tiers.disk_shared import open_shared_store, shared
     from kvoffload.tiers.disk_store import DiskTierStore
 
+    if shared(config):
+        return open_shared_store(config, ctx)
     root = Path(config.option("disk_path"))
     digest = ctx.namespace.digest()
     check_workers_engine(root, digest)
@@ -148,6 +160,8 @@ def describe(config: OptionValues, chunks: int) -> str:
 
     text = f"disk {config.option('disk_path')} {human_bytes(config.option('disk_bytes'))}"
     text += f" = {chunks} chunks"
+    if config.option("host_share") is not None:
+        text += " (shared by the node's engines)"
     return text + (" O_DIRECT" if config.option("disk_o_direct") else "")
 
 

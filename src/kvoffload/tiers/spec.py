@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.keys import ChunkKey, Namespace
@@ -84,8 +84,9 @@ class TierStore(Protocol):
 class TierContext:
     """What a tier's builders are given besides the configuration: the engine's
     namespace, its ranks, one rank's chunk bytes, the tier's capacity in chunks (from
-    :attr:`TierSpec.slots`), the layout's KV cache groups, the eviction policy, and
-    (worker side) the rank that opens a store."""
+    :attr:`TierSpec.slots`), the layout's KV cache groups, the eviction policy,
+    (worker side) the rank that opens a store, and (scheduler side, with a host share)
+    the engine's session id, which a tier kept by a node process books under."""
 
     namespace: Namespace
     world_size: int
@@ -94,6 +95,17 @@ class TierContext:
     groups: int = 1
     eviction: str = "lru"
     rank: int = 0
+    session: bytes | None = None  # scheduler side, with a host share: the engine's session
+
+
+@runtime_checkable
+class SessionHolder(Protocol):
+    """A worker's tier store that books under its engine's session at a node process
+    (a node-shared tier): it must hold a lease on the session each plan names before
+    running any job of that plan (``hold`` is idempotent; a new session replaces the
+    old), and release it when closed, after its copies."""
+
+    def hold(self, session: bytes | None) -> None: ...
 
 
 @dataclass

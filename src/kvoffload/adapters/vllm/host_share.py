@@ -1,10 +1,11 @@
 """The node-shared host tier (``host_share``, decision 0016) as the connector's two
 halves open it.
 
-- :func:`share_settings`: the share named by the configuration, or None; a share
-  with a lower tier (disk, Redis) is a :class:`ConfigError` (not supported: the
-  spill and promotion paths pin and book host chunks with calls a share may not
-  answer, and a disk tier refuses a second engine of one model on one path);
+- :func:`share_settings`: the share named by the configuration, or None. Lower
+  tiers work under a share: the tier planner books host chunks through calls that
+  answer a miss when the share does not (``core/tier_planning.py``), a disk tier is
+  shared by the node's engines through a node process of its own
+  (``tiers/disk_shared.py``, decision 0017), and a Redis tier is shared by nature;
 - :func:`open_scheduler_share`: the scheduler half's directory of the share
   (:class:`~kvoffload.share.client.ShareDirectory`), whose random ``session`` goes to
   the workers in every step's metadata;
@@ -29,7 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvoffload.core.config import OffloadConfig
-from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.share.launch import spawn_server
@@ -39,7 +39,6 @@ from kvoffload.share.opening import (
     open_share_lease,
     open_share_slab,
 )
-from kvoffload.tiers.build import enabled_tiers
 
 if TYPE_CHECKING:
     from kvoffload.share.client import ShareDirectory
@@ -70,17 +69,10 @@ def start_node_process(settings: ShareSettings, chunk_bytes: int, ranks: int) ->
 
 
 def share_settings(config: OffloadConfig) -> ShareSettings | None:
-    """The share ``config`` names (None: a private host tier); ConfigError naming
-    ``host_share`` when a lower tier is configured with it."""
+    """The share ``config`` names (None: a private host tier; a bad value is a
+    ConfigError naming its option)."""
     if config.host_share is None:
         return None
-    lower = [spec.name for spec in enabled_tiers(config)]
-    if lower:
-        raise ConfigError(
-            "host_share",
-            f"a node-shared host tier takes no tier below it (configured: {', '.join(lower)}); "
-            "unset host_share or the lower tier's options",
-        )
     settings = ShareSettings.from_config(
         {
             "host_share": config.host_share,

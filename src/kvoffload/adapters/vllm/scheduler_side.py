@@ -103,24 +103,26 @@ class SchedulerSide:
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
         g = self.geometry
         settings = share_settings(config)  # before any tier or share is opened
-        self.lower: LowerTiers = open_lower_tiers(
-            config,
-            g.namespace,
-            world_size=g.world_size,
-            chunk_bytes=g.chunk_bytes,
-            slots=g.tier_slots,
-            groups=len(g.kv_groups),
-        )
         self.share: SchedulerShare | None = None
+        self.lower = LowerTiers()
         try:
-            if settings is not None:
+            if settings is not None:  # first: a lower tier may book under its session
                 self.share = open_scheduler_share(
                     settings, chunk_bytes=g.chunk_bytes, ranks=g.world_size, namespace=g.namespace
                 )
+            self.lower = open_lower_tiers(
+                config,
+                g.namespace,
+                world_size=g.world_size,
+                chunk_bytes=g.chunk_bytes,
+                slots=g.tier_slots,
+                groups=len(g.kv_groups),
+                session=self.share.directory.session if self.share is not None else None,
+            )
             self._open(vllm_config, config)
         except BaseException:
-            self._close_share()
             self.lower.close()
+            self._close_share()
             raise
 
     def _open(self, vllm_config: VllmConfig, config: OffloadConfig) -> None:

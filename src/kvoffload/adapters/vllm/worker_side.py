@@ -37,6 +37,7 @@ from kvoffload.core.jobs import JobResult, TransferJob, WorkerReport
 from kvoffload.core.step_runner import StepRunner
 from kvoffload.tiers.build import enabled_tiers, open_tier_stores
 from kvoffload.tiers.host import HostSlab
+from kvoffload.tiers.spec import SessionHolder
 from kvoffload.transfer import CopyHook, TransferWorker
 from kvoffload.transfer.cpu_kernel import NATIVE
 from kvoffload.transfer.staged_loads import StagedLoadLane, StagedLoads
@@ -63,6 +64,7 @@ class WorkerSide:
         self.config = config
         self.share_settings = share_settings(config)
         self.share: WorkerShare | None = None  # from register_kv_caches on, with a share
+        self._session_stores: list[SessionHolder] = []  # tier stores booked at a node process
         self.copy_hook: CopyHook | None = None  # tests: hold or fail copies
         self.rank_override: int | None = None  # harnesses running several ranks in one process
         self.rank = 0
@@ -206,6 +208,7 @@ class WorkerSide:
             slots=g.tier_slots,
             groups=len(g.kv_groups),
         )
+        self._session_stores = [s for s in stores.values() if isinstance(s, SessionHolder)]
         if not stores:
             return None
         return TierWorker(
@@ -239,9 +242,12 @@ class WorkerSide:
             self.runner.end_forward()
 
     def _hold_session(self, metadata: PlanMetadata) -> None:
-        """With a share: lease the session the plan names before any of its jobs run."""
+        """With a share: lease the session the plan names before any of its jobs run,
+        at the host share and at every tier store booked by a node process."""
         if self.share is not None:
             self.share.hold(metadata.session)
+        for store in self._session_stores:
+            store.hold(metadata.session)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         """Collect results: (None, ids of the requests whose load finished or failed,

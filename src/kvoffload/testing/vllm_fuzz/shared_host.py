@@ -4,7 +4,11 @@ A :class:`SharedScenario` is drawn from a seed alone (:func:`shared_scenario`): 
 number of engines (2-3), the share's size, system prompts that requests on different
 engines begin with (so cross-engine hits happen), the interleaving (which engine takes
 the next engine-loop step, and whether that step's copies complete or stay in flight),
-engine kills (some restarted) and node-process kills. :func:`run_shared` runs it on a
+engine kills (some restarted) and node-process kills; for about half the seeds, a
+disk tier below the share that the engines share too (through a node process of its
+own, decision 0017), small enough that chunks leave the host share and come back
+from disk, and whose node process may be killed (its chunks are recovered from the
+slabs). :func:`run_shared` runs it on a
 :class:`~kvoffload.testing.vllm_harness.fleet.SharedFleet` and judges it: every
 engine's checks at every step (cross-engine loads included), each request of an
 engine that was not killed produced its reference tokens, and nothing is left stored
@@ -26,6 +30,7 @@ from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation
 from kvoffload.testing.vllm_harness.checks import failure_message
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
+from kvoffload.tiers.disk import slot_bytes
 
 BLOCK_BYTES = len(LAYERS) * HEADS * BLOCK_SIZE * 2 * HEAD_SIZE * 4
 SHARED_HOST_RATE = 0.125
@@ -54,6 +59,8 @@ class SharedScenario:
     kills: tuple[tuple[int, int, bool], ...]  # (step, engine, restarted at once)
     node_kills: tuple[int, ...]  # steps the node process is SIGKILLed at
     world_size: int = 1  # tensor-parallel ranks of each engine (a slab per rank)
+    disk_chunks: int = 0  # the shared disk tier's size (0: none)
+    disk_node_kills: tuple[int, ...] = ()  # steps its node process is SIGKILLed at
 
     def describe(self) -> str:
         return (
@@ -62,6 +69,12 @@ class SharedScenario:
             f"shared, {self.num_blocks} "
             f"blocks each, {len(self.requests)} requests over {len(self.order)} steps, "
             f"engine kills {list(self.kills)}, node kills {list(self.node_kills)}"
+            + (
+                f", shared disk of {self.disk_chunks} chunks, its node killed at "
+                f"{list(self.disk_node_kills)}"
+                if self.disk_chunks
+                else ""
+            )
         )
 
 
@@ -95,10 +108,15 @@ def shared_scenario(seed: int, async_scheduling: bool) -> SharedScenario:
     )
     node_kills = (rng.randrange(1, horizon),) if rng.random() < 0.4 else ()
     host_chunks, num_blocks = rng.randint(6, 40), rng.choice((24, 32, 48))
+    # Drawn apart: the draws above (the scenarios without a disk) stay as they were.
+    disk = random.Random(f"kvoffload-vllm-fuzz-shared-disk:{seed}:{async_scheduling}")
+    disk_chunks = disk.randint(8, 64) if disk.random() < 0.5 else 0
+    disk_node_kills = (disk.randrange(1, horizon),) if disk_chunks and disk.random() < 0.4 else ()
     return SharedScenario(
         seed, async_scheduling, engines, host_chunks, num_blocks,
         tuple(sorted(requests, key=lambda r: r.arrival)), order, kills, node_kills,
-        world_size=rng.choice((1, 1, 2)),
+        world_size=rng.choice((1, 1, 2)), disk_chunks=disk_chunks,
+        disk_node_kills=disk_node_kills,
     )  # fmt: skip
 
 
@@ -123,6 +141,10 @@ class SharedOutcome:
 
 
 def shared_spec(scenario: SharedScenario) -> HarnessSpec:
+    extra: dict[str, object] = {"chunk_tokens": BLOCK_SIZE}
+    if scenario.disk_chunks:  # the fleet places it (disk_path) in its own directory
+        disk_bytes = scenario.disk_chunks * slot_bytes(BLOCK_BYTES) * scenario.world_size
+        extra["disk_bytes"] = disk_bytes
     return HarnessSpec(
         async_scheduling=scenario.async_scheduling,
         num_blocks=scenario.num_blocks,
@@ -130,7 +152,7 @@ def shared_spec(scenario: SharedScenario) -> HarnessSpec:
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
         world_size=scenario.world_size,
         cpu_bytes=scenario.host_chunks * BLOCK_BYTES * scenario.world_size,
-        extra={"chunk_tokens": BLOCK_SIZE},
+        extra=extra,
     )
 
 
@@ -148,6 +170,7 @@ def run_shared(scenario: SharedScenario, model_path: Path) -> SharedOutcome:
             outcome.stats.update(fleet.stats)
             outcome.stats["shared_loads_checked"] += fleet.loads_checked
             outcome.stats["shared_host_schedules"] += 1
+            outcome.stats["shared_disk_schedules"] += bool(scenario.disk_chunks)
             fleet.close()
     return outcome
 
@@ -172,6 +195,8 @@ def _drive(scenario: SharedScenario, fleet: SharedFleet, outcome: SharedOutcome)
                     fleet.restart(victim)
         if t in scenario.node_kills:
             fleet.kill_node()
+        if t in scenario.disk_node_kills:
+            fleet.kill_disk_node()
         if fleet.alive(engine) and fleet.engine(engine).busy():
             fleet.step(engine, complete)
     for _ in range(DRAIN_STEPS):
@@ -201,3 +226,8 @@ def _drive(scenario: SharedScenario, fleet: SharedFleet, outcome: SharedOutcome)
         outcome.stats["shared_loads"] += half.stats.loads
         outcome.stats["shared_stores"] += half.stats.stores
         outcome.stats["shared_load_failures"] += half.stats.load_failures
+        disk = half.tiers.tier("disk")
+        if disk is not None:
+            moved = disk.metrics.breakdown("transferred_chunks_total", "direction")
+            outcome.stats["shared_disk_spilled"] += moved.get("spill", 0)
+            outcome.stats["shared_disk_read"] += moved.get("load", 0) + moved.get("promote", 0)

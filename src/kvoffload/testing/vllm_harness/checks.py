@@ -56,11 +56,14 @@ class Checks:
         self._stored: set[ChunkKey] = set()  # stored or promoted since the last reset
         self._spilled: set[ChunkKey] = set()  # spilled since the last reset
 
-    def share_stored(self, stored: set[ChunkKey]) -> None:
+    def share_stored(self, stored: set[ChunkKey], spilled: set[ChunkKey] | None = None) -> None:
         """Judge loads against ``stored`` from now on: the chunks every engine over one
         node-shared host tier stored (``fleet.py`` owns it and hands the same set to
-        every engine's checks)."""
+        every engine's checks); and tier reads against ``spilled``, the chunks every
+        engine spilled to a lower tier they share, when they share one."""
         self._stored = stored
+        if spilled is not None:
+            self._spilled = spilled
 
     def connector_reset(self) -> None:
         self._stored.clear()

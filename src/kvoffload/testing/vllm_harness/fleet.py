@@ -49,9 +49,10 @@ from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import SharePaths, remove_share
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
+from kvoffload.testing.vllm_harness.fleet_disk import DiskShareWatch, disk_directory
 from kvoffload.testing.vllm_harness.harness import VllmHarness
 from kvoffload.testing.vllm_harness.records import StepRecord
-from kvoffload.testing.vllm_harness.sigkill import sigkill
+from kvoffload.testing.vllm_harness.sigkill import sigkill, spills_in_flight
 from kvoffload.testing.vllm_harness.spec import HarnessSpec
 
 CALL_TIMEOUT_MS = 10_000
@@ -77,8 +78,10 @@ def _sessions(counts: ShareCounts | None) -> int | None:
 
 class SharedFleet:
     def __init__(self, model_path: Path, spec: HarnessSpec, engines: int) -> None:
-        """``engines`` engines of ``spec`` (whose ``extra`` names no lower tier) over one
-        new share of ``spec.cpu_bytes``."""
+        """``engines`` engines of ``spec`` over one new share of ``spec.cpu_bytes``;
+        with ``disk_bytes`` in its ``extra``, over one disk tier too, in the fleet's
+        directory, shared through its own node process (:mod:`.fleet_disk`); no other
+        lower tier."""
         self.model_path = model_path
         self.root = Path(tempfile.mkdtemp(prefix="kvoffload-fleet-"))
         self.paths = SharePaths(f"fleet{os.getpid()}x{id(self) % 100000}", self.root)
@@ -88,8 +91,13 @@ class SharedFleet:
             "host_share_root": str(self.root),
             "host_share_timeout_ms": CALL_TIMEOUT_MS,
         }
+        self.disk: DiskShareWatch | None = None
+        if "disk_bytes" in extra:
+            extra["disk_path"] = str(self.root / "disk")
+            self.disk = DiskShareWatch(self.root / "disk", self.root, CALL_TIMEOUT_MS / 1000)
         self.spec = replace(spec, extra=extra)
         self.stored: set[ChunkKey] = set()  # planned stores since the node process started
+        self.spilled: set[ChunkKey] = set()  # planned spills to the shared disk tier
         self.stored_by: dict[ChunkKey, str] = {}  # the engine incarnation that stored it
         self.stats: Counter[str] = Counter()
         self.pids: set[int] = set()  # every node process seen (stopped at close)
@@ -107,6 +115,8 @@ class SharedFleet:
                 start_server=False, lease=False,
             )  # fmt: skip
             self._note_node()
+            if self.disk is not None:
+                self.disk.attach()
         except BaseException:
             self.close()
             raise
@@ -115,14 +125,21 @@ class SharedFleet:
 
     def _start(self, index: int) -> VllmHarness:
         h = VllmHarness(self.model_path, self.spec)
+        spilled = self.spilled if self.disk is not None else None
         for unit in h.units:
-            unit.checks.share_stored(self.stored)
+            unit.checks.share_stored(self.stored, spilled)
         share = h.side.share
         if share is None:
             raise HarnessViolation("an engine of the fleet opened no host share")
-        link = share.directory.link
-        link.clock = lambda: h.clock  # retries in logical time
-        link._next_attempt = 0.0
+        links = [share.directory.link]
+        if self.disk is not None:
+            disk = disk_directory(h)
+            if disk is None:
+                raise HarnessViolation("an engine of the fleet has a private disk tier")
+            links.append(disk.link)
+        for link in links:
+            link.clock = lambda: h.clock  # retries in logical time
+            link._next_attempt = 0.0
         return h
 
     def engine(self, index: int) -> VllmHarness:
@@ -156,6 +173,11 @@ class SharedFleet:
         if spawned is not None and spawned.ready_fd >= 0:  # it started a node process
             spawned.wait_ready(WAIT_S)
             self._note_node()
+        disk = disk_directory(h) if self.disk is not None else None
+        spawned = disk.link.spawned if disk is not None else None
+        if self.disk is not None and spawned is not None and spawned.ready_fd >= 0:
+            spawned.wait_ready(WAIT_S)  # it started the disk share's node process
+            self.disk.note_node()
         self._note_generation(index)
         return record
 
@@ -228,6 +250,7 @@ class SharedFleet:
         stores is readable and the share's bookings are the live engines'. Returns
         the keys of those stores."""
         h = self.engine(index)
+        spills = spills_in_flight(h)
         keys = sigkill(h)
         self.engines[index] = None
         self.retired.append(h)
@@ -245,6 +268,8 @@ class SharedFleet:
                 f"{len(readable)} chunks a killed engine was storing are readable"
             )
         self.check_bookings()
+        if self.disk is not None:
+            self.disk.after_kill(spills, self.live())
         return keys
 
     def restart(self, index: int) -> VllmHarness:
@@ -285,6 +310,12 @@ class SharedFleet:
         self.stored.clear()  # a new node process starts empty
         self.stats["node_kills"] += 1
 
+    def kill_disk_node(self) -> None:
+        """SIGKILL the shared disk tier's node process (see :mod:`.fleet_disk`); the
+        chunks it held stay on disk, recovered by the next one."""
+        if self.disk is not None and self.disk.kill_node(self.live()):
+            self.stats["disk_node_kills"] += 1
+
     def _serves(self, pid: int) -> bool:
         """Whether ``pid`` is this fleet's node process still (never another's)."""
         try:
@@ -299,6 +330,8 @@ class SharedFleet:
         """Every live engine quiescent, nothing stored or pinned in the share."""
         for h in self.live():
             h.quiescent()
+        if self.disk is not None:
+            self.disk.quiescent()
         counts = self.counts()
         if counts is not None and (counts.storing or counts.pinned):
             raise HarnessViolation(
@@ -328,5 +361,7 @@ class SharedFleet:
                     os.kill(pid, signal.SIGKILL)
         if self.pids:
             _wait(lambda: not server_alive(self.paths), "the node process's death")
+        if self.disk is not None:
+            self.disk.close()
         remove_share(self.paths)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -4,7 +4,8 @@ The harness runs every engine in one process, so a kill is simulated (test
 support): the engine's copies stop where they are (each copy not yet past its gate
 fails without copying, as a dead process copies nothing more), every connection of
 its session to the share's node process (the scheduler half's link and lease, each
-worker's lease) and its generation locks close as the kernel closes them, with
+worker's lease; the same at a shared disk tier's node process, whose leases close
+with the workers' tier stores) and its generation locks close as the kernel closes them, with
 nothing sent (no completion, no release), and its transfer threads end. The engine
 is never called again; the node process alone must release what it booked.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from kvoffload.core.jobs import JobKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.share.client import ShareDirectory
 from kvoffload.testing.vllm_harness.harness import VllmHarness
 
 
@@ -30,6 +32,9 @@ def sigkill(h: VllmHarness) -> list[ChunkKey]:
     assert share is not None
     share.directory.close()  # its sockets and generation locks: nothing is sent
     h.side.share = None
+    for tier in half.tiers.directory_tiers():  # a disk tier shared by the node's engines
+        if isinstance(tier.directory, ShareDirectory):
+            tier.directory.close()
     for entry in h.ranks:
         for child in entry.children:
             if child.side.share is not None:
@@ -37,3 +42,10 @@ def sigkill(h: VllmHarness) -> list[ChunkKey]:
                 child.side.share = None
             child.connector.shutdown()  # the transfer threads (the share is gone)
     return keys
+
+
+def spills_in_flight(h: VllmHarness) -> list[ChunkKey]:
+    """The keys of the spills engine ``h`` has in flight (booked below, never
+    completed): a kill must leave none of them readable in a shared tier."""
+    half = h.scheduler_half
+    return [k for j in half.jobs_in_flight() if j.kind is JobKind.SPILL for k in j.keys]

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.disk_backing import DiskBacking
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.link import Lease
 from kvoffload.share.opening import start_and_wait
 from kvoffload.share.paths import SharePaths
+from kvoffload.tiers.disk_backing import DiskBacking
 from kvoffload.tiers.disk_lock import ShareEngineHold, holder_of, in_use
 
 

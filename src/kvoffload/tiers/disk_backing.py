@@ -2,7 +2,7 @@
 engine of a node.
 
 A disk share is a share like the host one (the same node process, directory,
-sessions, fencing and index; :mod:`.server`) whose slots live in the disk tier's
+sessions, fencing and index; :mod:`kvoffload.share.server`) whose slots live in the disk tier's
 slab files, ``ROOT/kvoffload-v1/<namespace hex>/slab.rR`` (:mod:`kvoffload.tiers.disk`,
 format unchanged: ``kvoffload inspect disk`` and a later private engine read them),
 instead of shared-memory slabs. There is one per (``disk_path``, namespace): its name
@@ -25,8 +25,8 @@ Its node process:
 
 Engines' workers open their rank's slab with ``DiskStore(..., attach=True)``.
 
-:class:`DiskBacking` is this share's :class:`~.backing.Backing`; the node process
-is ``python -m kvoffload.share.disk_backing NAME --disk-root PATH --namespace HEX``
+:class:`DiskBacking` is this share's :class:`~kvoffload.share.backing.Backing`; the node process
+is ``python -m kvoffload.tiers.disk_backing NAME --disk-root PATH --namespace HEX``
 and the options of ``kvoffload share serve`` (``--slots``, ``--slot-bytes`` the
 per-rank chunk payload, ``--ranks``, ``--policy``, ``--root``; NAME may be left out:
 it is derived; ``--cpu-bytes`` would count payload bytes only, so give ``--slots``).
@@ -63,7 +63,7 @@ class DiskBacking:
     namespace: bytes
     tier = "disk"
     config_key = "disk_path"
-    module = "kvoffload.share.disk_backing"
+    module = "kvoffload.tiers.disk_backing"
 
     def share_name(self) -> str:
         """The share's name: ``disk-`` and 16 hex digits of the hash of the real path

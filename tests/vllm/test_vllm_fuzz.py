@@ -172,7 +172,8 @@ def test_a_killed_engine_whose_stores_are_published_is_found(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A planted bug: closing a share's client completes the stores it booked (as if
-    a killed engine's half-copied chunks were published)."""
+    a killed engine's half-copied chunks were published), at the host share or at a
+    shared disk tier's."""
     close = ShareDirectory.close
 
     def publishing_close(self: ShareDirectory) -> None:
@@ -188,4 +189,10 @@ def test_a_killed_engine_whose_stores_are_published_is_found(
         for is_async in (False, True)
         if (outcome := run_shared(shared_scenario(seed, is_async), tiny_model)).failed
     )
-    assert "chunks a killed engine was storing are readable" in failure.message
+    # found at the host share, or at the disk share of a seed that draws one (its
+    # client's close publishes the spills too)
+    found = (
+        "a killed engine was storing are readable",
+        "a killed engine was spilling are readable",
+    )
+    assert any(text in failure.message for text in found), failure.message

@@ -161,7 +161,10 @@ class ShareDirectory(ShareQueries):
             return None
 
     def prepare_load(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
-        """Pin every key (each must be a HIT) and return their slots, in order."""
+        """Pin every key (each must be a HIT) and return their slots, in order (none:
+        no call)."""
+        if not keys:
+            return ()
         reply = self.link.call(Op.PREPARE_LOAD, pack_keys(keys))
         if reply is None:
             raise ShareUnavailable("host share: prepare_load unanswered")

@@ -363,7 +363,7 @@ def _sources(
         host = directory.try_prepare_load(keys)
         return None if host is None else (host, None, (), ())
     host_keys = [k for k, st in zip(keys, status, strict=True) if st is LookupStatus.HIT]
-    pinned = directory.try_prepare_load(host_keys)
+    pinned = directory.try_prepare_load(host_keys) if host_keys else ()
     if pinned is None:
         return None
     tier_keys = [keys[i] for i in from_tier]

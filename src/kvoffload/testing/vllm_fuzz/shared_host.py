@@ -112,6 +112,13 @@ def shared_scenario(seed: int, async_scheduling: bool) -> SharedScenario:
     disk = random.Random(f"kvoffload-vllm-fuzz-shared-disk:{seed}:{async_scheduling}")
     disk_chunks = disk.randint(8, 64) if disk.random() < 0.5 else 0
     disk_node_kills = (disk.randrange(1, horizon),) if disk_chunks and disk.random() < 0.4 else ()
+    if disk_chunks:  # a host share too small for the prefixes: they come back from disk
+        host_chunks = disk.randint(2, 6)
+        for n in range(len(requests), len(requests) + disk.randint(4, 10)):
+            tail = [disk.randint(3, 999) for _ in range(disk.randint(1, 40))]
+            engine, arrival = disk.randrange(engines), disk.randint(0, horizon * 2 // 3)
+            prompt = tuple(disk.choice(prefixes) + tail)
+            requests.append(SharedRequest(f"r{n}", engine, prompt, disk.randint(1, 6), arrival))
     return SharedScenario(
         seed, async_scheduling, engines, host_chunks, num_blocks,
         tuple(sorted(requests, key=lambda r: r.arrival)), order, kills, node_kills,

@@ -80,8 +80,8 @@ class SharedFleet:
     def __init__(self, model_path: Path, spec: HarnessSpec, engines: int) -> None:
         """``engines`` engines of ``spec`` over one new share of ``spec.cpu_bytes``;
         with ``disk_bytes`` in its ``extra``, over one disk tier too, in the fleet's
-        directory, shared through its own node process (:mod:`.fleet_disk`); no other
-        lower tier."""
+        directory, shared through its own node process (:mod:`.fleet_disk`); with
+        ``redis_url``, over one Redis server (shared by nature)."""
         self.model_path = model_path
         self.root = Path(tempfile.mkdtemp(prefix="kvoffload-fleet-"))
         self.paths = SharePaths(f"fleet{os.getpid()}x{id(self) % 100000}", self.root)
@@ -97,7 +97,7 @@ class SharedFleet:
             self.disk = DiskShareWatch(self.root / "disk", self.root, CALL_TIMEOUT_MS / 1000)
         self.spec = replace(spec, extra=extra)
         self.stored: set[ChunkKey] = set()  # planned stores since the node process started
-        self.spilled: set[ChunkKey] = set()  # planned spills to the shared disk tier
+        self.spilled: set[ChunkKey] = set()  # planned spills to a shared lower tier
         self.stored_by: dict[ChunkKey, str] = {}  # the engine incarnation that stored it
         self.stats: Counter[str] = Counter()
         self.pids: set[int] = set()  # every node process seen (stopped at close)
@@ -125,7 +125,8 @@ class SharedFleet:
 
     def _start(self, index: int) -> VllmHarness:
         h = VllmHarness(self.model_path, self.spec)
-        spilled = self.spilled if self.disk is not None else None
+        shared_below = self.disk is not None or "redis_url" in self.spec.extra
+        spilled = self.spilled if shared_below else None  # one tier below for all engines
         for unit in h.units:
             unit.checks.share_stored(self.stored, spilled)
         share = h.side.share

@@ -27,7 +27,8 @@ While it works it checks what the scheduler half promised, raising
   authoritative: this catches a tier slot reused while still needed).
 
 Each job runs as its legs (:func:`kvoffload.core.routes.legs`), each by its route
-(one table, ``_LEGS``), the legs' results merged
+(one table, ``_LEGS``; the legs to and from the lower tiers are in
+:mod:`kvoffload.engine.manual_tier_legs`), the legs' results merged
 (:func:`kvoffload.core.routes.merge`). A tier load's leg from host memory is read as
 any load's, its leg from a lower tier from the in-memory tier. A tier slot marked
 by :meth:`ManualWorker.damage` is found corrupt when read (as the disk tier's checksum
@@ -44,14 +45,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from kvoffload.core.failures import ChunkFailure, integrity_failure
 from kvoffload.core.jobs import (
     NO_BLOCK,
     EngineJob,
     JobKind,
     JobResult,
     StepPlan,
-    TierJob,
     TransferJob,
     WorkerReport,
 )
@@ -69,7 +68,8 @@ from kvoffload.core.routes import (
     merge,
 )
 from kvoffload.engine.block_pool import BlockPool
-from kvoffload.engine.memory_tiers import TORN_BYTES, InvariantViolation, MemoryTiers
+from kvoffload.engine.manual_tier_legs import TORN, Failures, load_from_tier, promote, spill
+from kvoffload.engine.memory_tiers import InvariantViolation, MemoryTiers
 
 __all__ = ["InvariantViolation", "ManualWorker", "PendingJob"]
 
@@ -86,11 +86,7 @@ class PendingJob:
 
 CompletionPolicy = Callable[[int, Sequence[PendingJob]], dict[int, bool]]
 Expected = Callable[[EngineJob, int], bytes]  # (job, index of a chunk in it) -> bytes
-Failures = tuple[tuple[int, ChunkFailure], ...]  # (index of a chunk in the job, why)
 FailTierLoad = Callable[[EngineJob], Failures]  # a failed tier load's failed chunks
-
-TORN = integrity_failure("checksum")
-"""How a damaged tier slot reads: the checksum of a torn write does not match."""
 
 
 def complete_everything(step: int, jobs: Sequence[PendingJob]) -> dict[int, bool]:
@@ -234,7 +230,7 @@ class ManualWorker:
             if not success:
                 self.host[slot], self.host_key[slot] = b"\xee" * len(data), None
                 continue
-            self._verify(job, i, data, "store captured")
+            self.verify(job, i, data, "store captured")
             self.host[slot], self.host_key[slot] = data, job.keys[i]
             self.known[job.keys[i]] = data
         return JobResult(job.job_id, success, len(leg.chunks), 0.0)
@@ -243,7 +239,7 @@ class ManualWorker:
         """Host slots -> engine blocks (a failed load leaves garbage in its blocks)."""
         assert isinstance(job, EngineJob)
         chunks = {c: self._host_chunk(job, c) for c in leg.chunks if success}
-        self._write_blocks(job, chunks, garbage=() if success else leg.chunks)
+        self.write_blocks(job, chunks, garbage=() if success else leg.chunks)
         return JobResult(job.job_id, success, len(leg.chunks), 0.0)
 
     def _host_chunk(self, job: EngineJob, chunk: int) -> bytes:
@@ -255,10 +251,10 @@ class ManualWorker:
                 f"step {self.step}: load job {job.job_id} reads slot {slot}, which holds "
                 f"{'nothing' if held is None else 'another chunk'}"
             )
-        self._verify(job, chunk, held, "load read")
+        self.verify(job, chunk, held, "load read")
         return held
 
-    def _write_blocks(
+    def write_blocks(
         self, job: EngineJob, chunks: dict[int, bytes], *, garbage: Collection[int]
     ) -> None:
         """Write the load's blocks of the chunks in ``chunks`` (index in the job ->
@@ -275,92 +271,10 @@ class ManualWorker:
             elif chunk in garbage:
                 self.pool.write(block, 0, b"\xdd" * block_bytes)
 
-    def _tier_slots(self, job: TransferJob, leg: Leg) -> tuple[int, ...]:
-        """The tier slots of ``leg``'s chunks, one each (the in-memory tiers are
-        slotted: a job without them is a violation)."""
-        if len(job.tier_slots) != len(leg.chunks):
-            raise InvariantViolation(f"{self._what(job)} without tier slots")
-        return job.tier_slots
-
-    def _spill(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
-        """Host slots -> the in-memory tier (a failed spill writes torn chunks); every
-        host slot must hold its chunk's bytes."""
-        assert isinstance(job, TierJob)
-        tier_slots = self._tier_slots(job, leg)
-        groups = job.groups or (0,) * len(job.keys)
-        for key, slot, tier_slot, group in zip(
-            job.keys, job.slots, tier_slots, groups, strict=True
-        ):
-            held = self.host[slot]
-            if held is None or self.host_key[slot] != key or held != self.known.get(key):
-                raise InvariantViolation(
-                    f"step {self.step}: spill job {job.job_id} reads slot {slot}, which does "
-                    "not hold the chunk's bytes"
-                )
-            self.tiers.write(
-                leg.destination.name, tier_slot, key, held if success else TORN_BYTES, group
-            )
-        return JobResult(job.job_id, success, len(leg.chunks), 0.0)
-
-    def _promote(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
-        """The in-memory tier -> host slots, slot-addressed like the disk tier
-        (authoritative: a tier slot that does not hold its chunk, or holds it as
-        another KV cache group than the job expects, is a violation, which catches a
-        slot reused while still needed). A damaged chunk fails (its host slot torn);
-        the promotion succeeds when some chunk made it; a promotion the policy fails
-        fails whole (every host slot torn)."""
-        assert isinstance(job, TierJob)
-        tier_slots = self._tier_slots(job, leg)
-        groups = job.groups or (0,) * len(job.keys)
-        failed: list[tuple[int, ChunkFailure]] = []
-        each = zip(job.keys, job.slots, tier_slots, groups, strict=True)
-        for i, (key, slot, tier_slot, group) in enumerate(each):
-            if not success:
-                self.host[slot], self.host_key[slot] = TORN_BYTES, None  # a torn copy
-                continue
-            stored = self.tiers.read(
-                self._what(job), leg.source.name, tier_slot, key, group, job_id=job.job_id
-            )
-            if stored is None:
-                failed.append((i, TORN))
-                self.host[slot], self.host_key[slot] = TORN_BYTES, None
-                continue
-            self.host[slot], self.host_key[slot] = stored, key
-        return _result(job.job_id, success and len(failed) < len(job.keys), leg, tuple(failed))
-
-    def _load_from_tier(self, job: TransferJob, leg: Leg, success: bool) -> JobResult:
-        """A tier load's chunks from the in-memory tier (see the module docstring),
-        each checked as a promotion's: their blocks are written only when every one
-        was verified and the policy did not fail the job; the leg succeeds then."""
-        assert isinstance(job, EngineJob)
-        tier = leg.source.name
-        tier_slots = self._tier_slots(job, leg)
-        groups = job.groups or (0,) * len(leg.chunks)
-        data: dict[int, bytes] = {}
-        failed: dict[int, ChunkFailure] = {}
-        for c, tier_slot, group in zip(leg.chunks, tier_slots, groups, strict=True):
-            stored = self.tiers.read(
-                self._what(job), tier, tier_slot, job.keys[c], group, job_id=job.job_id
-            )
-            if stored is None:
-                failed[c] = TORN
-            else:
-                self._verify(job, c, stored, "tier load read")
-                data[c] = stored
-        if not success:
-            slots = dict(zip(leg.chunks, tier_slots, strict=True))
-            for c, failure in self.fail_tier_load(job):
-                failed.setdefault(c, failure)
-                if failure.copy_gone:  # the tier found its copy bad or gone: dropped
-                    self.tiers.drop(tier, slots[c], by=job.job_id)
-        if not failed:  # a bad tier chunk: the tier chunks never reach their blocks
-            self._write_blocks(job, data, garbage=())
-        return _result(job.job_id, success and not failed, leg, tuple(sorted(failed.items())))
-
-    def _what(self, job: TransferJob) -> str:
+    def what(self, job: TransferJob) -> str:
         return f"step {self.step}: {job.kind.value} job {job.job_id}"
 
-    def _verify(self, job: EngineJob, chunk: int, data: bytes, what: str) -> None:
+    def verify(self, job: EngineJob, chunk: int, data: bytes, what: str) -> None:
         if self.expected is None:
             return
         if data != self.expected(job, chunk):
@@ -384,17 +298,11 @@ class ManualWorker:
                 )
 
 
-def _result(job_id: int, done: bool, leg: Leg, failed: Failures) -> JobResult:
-    """A leg's result: ``error`` its first failed chunk's failure when it failed."""
-    error: str | ChunkFailure = failed[0][1] if failed and not done else ""
-    return JobResult(job_id, done, len(leg.chunks), 0.0, error, failed)
-
-
 _LEGS: dict[Route, Callable[[ManualWorker, TransferJob, Leg, bool], JobResult]] = {
     FROM_HOST: ManualWorker._load_from_host,
     TO_HOST: ManualWorker._store,
-    SPILL: ManualWorker._spill,
-    PROMOTE: ManualWorker._promote,
-    FROM_TIER: ManualWorker._load_from_tier,
+    SPILL: spill,
+    PROMOTE: promote,
+    FROM_TIER: load_from_tier,
 }
 """How each leg runs, by its route."""

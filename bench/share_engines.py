@@ -11,6 +11,12 @@ messages so far. Runs with the same requests:
   round);
 - ``private``: N engines with a private host tier of S/N bytes each (same total).
 
+With ``--disk-chunks D`` every engine also has a disk tier: in ``shared``, one disk
+tier of D chunks that the engines share (decision 0017: under a host share, engines
+naming one ``disk_path`` share it through a node process of its own); in
+``private``, a disk tier of D/N chunks per engine, each in its own directory. Give
+a ``--share-chunks`` below the working set so that chunks leave host memory.
+
 Each engine first answers one untimed prompt shorter than a chunk (its first forward
 pass is slow). Each request is sent to its replica and answered alone (``max_tokens`` 1: the
 request's latency is its time to first token, measured in the engine process around
@@ -20,6 +26,7 @@ TTFT of each run, the median over rounds of the ratio shared/private (issue 24's
 target: <= 0.7), and whether every run's tokens equal the reference's.
 
     PYTHONPATH=src nice -n 19 python bench/share_engines.py [--engines 2] [--preset demo]
+        [--share-chunks S --disk-chunks D]
 """
 
 from __future__ import annotations
@@ -110,9 +117,9 @@ def serve(
     kv_blocks: int,
     logs: Path,
     label: str,
-) -> tuple[list[float], list[list[int]], int]:
+) -> tuple[list[float], list[list[int]], dict[str, int]]:
     """Round-robin ``requests`` over one engine per entry of ``extras``: (TTFTs,
-    tokens, host hit tokens of all engines)."""
+    tokens, hit tokens of all engines by tier)."""
     engines = [
         Engine(model, extra, kv_blocks, logs / f"{label}-{i}.log") for i, extra in enumerate(extras)
     ]
@@ -131,7 +138,8 @@ def serve(
         if calls:
             print(f"  {label}: share link per engine {calls}")
         print(f"  {label}: TTFT ms by request {[round(t * 1000) for t in ttfts]}")
-        return ttfts, outputs, sum(int(r["host_hit_tokens"]) for r in readings)
+        hits = {t: sum(int(r["hit_tokens"].get(t, 0)) for r in readings) for t in ("host", "disk")}
+        return ttfts, outputs, hits
     finally:
         for engine in engines:
             engine.close()
@@ -144,6 +152,17 @@ def stop_share(root: Path, name: str) -> None:
     stop_node_process(name, root)
 
 
+def stop_disk_share(share_root: Path, disk_path: Path) -> None:
+    """Stop the node process of the disk share of ``disk_path`` (one model), if any."""
+    from kvoffload.testing.share_process import stop_node_process
+    from kvoffload.tiers.disk import FORMAT_DIR
+    from kvoffload.tiers.disk_backing import DiskBacking
+
+    for namespace in (disk_path / FORMAT_DIR).glob("*"):
+        paths = DiskBacking(disk_path, bytes.fromhex(namespace.name)).paths(share_root)
+        stop_node_process(paths.name, paths.root)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=2)
@@ -154,6 +173,9 @@ def main() -> int:
     parser.add_argument("--message-tokens", type=int, default=2 * BLOCK)
     parser.add_argument("--share-chunks", type=int, default=0, help="S in chunks (0: fit all)")
     parser.add_argument("--kv-blocks", type=int, default=32, help="engine KV blocks each")
+    parser.add_argument(
+        "--disk-chunks", type=int, default=0, help="D: a disk tier of D chunks (0: none)"
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -183,47 +205,64 @@ def main() -> int:
     share_bytes = chunks * chunk_bytes
     names = [f"bench-{os.getpid()}-{r}" for r in range(args.rounds)]
 
+    from kvoffload.tiers.disk import slot_bytes
+
+    disk_bytes = args.disk_chunks * slot_bytes(chunk_bytes)
+
     def shared(r: int) -> dict[str, Any]:
-        return {
+        extra = {
             "cpu_bytes": share_bytes,
             "host_share": names[r],
             "host_share_root": str(scratch),
             "host_share_timeout_ms": 1000,
         }
+        if disk_bytes:
+            extra.update(disk_path=str(scratch / f"disk-{r}"), disk_bytes=disk_bytes)
+        return extra
 
-    private = {"cpu_bytes": share_bytes // args.engines}
+    def private(r: int, i: int) -> dict[str, Any]:
+        extra: dict[str, Any] = {"cpu_bytes": share_bytes // args.engines}
+        if disk_bytes:
+            path = str(scratch / f"disk-{r}-{i}")
+            extra.update(disk_path=path, disk_bytes=disk_bytes // args.engines)
+        return extra
+
     print(
         f"{args.engines} engines ({args.preset}), {len(requests)} requests "
         f"({args.users} users x {args.turns} turns, system {args.system_tokens} tokens, "
         f"+{args.message_tokens} a turn), S = {chunks} chunks = {share_bytes / 2**20:.1f} MiB "
-        f"(working set {unique} chunks), engine KV {args.kv_blocks} blocks each; "
+        f"(working set {unique} chunks), disk {args.disk_chunks} chunks, "
+        f"engine KV {args.kv_blocks} blocks each; "
         f"{args.rounds} interleaved rounds; logs {scratch} (removed when the outputs are identical)"
     )
     began = time.monotonic()
     run: dict[str, Any] = {"kv_blocks": args.kv_blocks, "logs": scratch}
     means: dict[str, list[float]] = {"shared": [], "private": []}
-    hits: dict[str, list[int]] = {"shared": [], "private": []}
+    hits: dict[str, list[dict[str, int]]] = {"shared": [], "private": []}
     same = True
     try:
         ref, want, _ = serve(model, [None], requests, **run, label="reference")
         for r in range(args.rounds):
             order = ("shared", "private") if r % 2 == 0 else ("private", "shared")
             for label in order:
-                extras = [shared(r) if label == "shared" else private] * args.engines
+                each = range(args.engines)
+                extras = [shared(r) if label == "shared" else private(r, i) for i in each]
                 ttfts, got, hit = serve(model, extras, requests, **run, label=f"{label} {r + 1}")
                 if label == "shared":
                     stop_share(scratch, names[r])  # a new, empty share each round
+                    stop_disk_share(scratch, scratch / f"disk-{r}")
                 means[label].append(sum(ttfts) / len(ttfts))
                 hits[label].append(hit)
                 same = same and got == want
     finally:
-        for each in names:
+        for r, each in enumerate(names):
             stop_share(scratch, each)
+            stop_disk_share(scratch, scratch / f"disk-{r}")
     print(f"  mean TTFT reference {sum(ref) / len(ref) * 1000:8.1f} ms (one engine, no offload)")
     for label, values in means.items():
         print(
             f"  mean TTFT {label:9s} by round {[round(v * 1000, 1) for v in values]} ms, "
-            f"median {statistics.median(values) * 1000:.1f} ms; host hit tokens {hits[label]}"
+            f"median {statistics.median(values) * 1000:.1f} ms; hit tokens {hits[label]}"
         )
     ratios = [a / b for a, b in zip(means["shared"], means["private"], strict=True)]
     ratio = statistics.median(ratios)
@@ -277,16 +316,16 @@ def child_main(model: str, extra_json: str, kv_blocks: int) -> int:
         if command.get("exit"):
             break
         if command.get("metrics"):
-            hits, calls = 0, {}
+            hits, calls = {}, {}
             if connector is not None:
                 reading = connector.scheduler_side.read_metrics(with_gauges=False)
-                hits = int(reading.value("hit_tokens_total", tier="host"))
+                hits = {t: int(reading.value("hit_tokens_total", tier=t)) for t in ("host", "disk")}
                 calls = {
                     series[1][0][1]: int(n)
                     for series, n in reading.counters.items()
                     if series[0] == "host_share_calls_total" and n
                 }
-            answer(host_hit_tokens=hits, share_calls=calls)
+            answer(hit_tokens=hits, share_calls=calls)
             continue
         began = time.perf_counter()
         (output,) = llm.generate(

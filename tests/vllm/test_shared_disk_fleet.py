@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fleet_support import serve
 
 from kvoffload.share.launch import server_alive
 from kvoffload.testing.vllm_fuzz.shared_host import BLOCK_BYTES
@@ -35,16 +36,6 @@ def fleet(tiny_model: Path) -> Iterator[SharedFleet]:
     assert made.disk is not None and made.disk.paths is not None
     assert not server_alive(made.disk.paths)  # the disk share's node process was stopped
     assert not made.root.exists()
-
-
-def serve(fleet: SharedFleet, engine: int, request_id: str, prompt: list[int]) -> VllmHarness:
-    """Run one request on ``engine`` to its end; its output is its reference."""
-    h = fleet.engine(engine)
-    h.add_request(request_id, prompt, 3)
-    while h.busy():
-        fleet.step(engine)
-    assert h.output_tokens(request_id) == h.model.reference_output(request_id, prompt, 3)
-    return h
 
 
 def disk_reads(h: VllmHarness) -> int:

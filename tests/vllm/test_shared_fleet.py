@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fleet_support import serve
 
 from kvoffload.core.directory import LookupStatus
 from kvoffload.share.launch import server_alive
 from kvoffload.testing.vllm_fuzz.shared_host import BLOCK_BYTES
-from kvoffload.testing.vllm_harness import HarnessSpec, VllmHarness
+from kvoffload.testing.vllm_harness import HarnessSpec
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
 
 PREFIX = list(range(10, 58))  # three chunks of 16 tokens
@@ -30,16 +31,6 @@ def fleet(tiny_model: Path) -> Iterator[SharedFleet]:
         made.close()
     assert not server_alive(made.paths)  # the node process was stopped
     assert not made.root.exists()
-
-
-def serve(fleet: SharedFleet, engine: int, request_id: str, prompt: list[int]) -> VllmHarness:
-    """Run one request on ``engine`` to its end; its output is its reference."""
-    h = fleet.engine(engine)
-    h.add_request(request_id, prompt, 3)
-    while h.busy():
-        fleet.step(engine)
-    assert h.output_tokens(request_id) == h.model.reference_output(request_id, prompt, 3)
-    return h
 
 
 def test_an_engine_loads_what_another_stored_and_gets_its_kv(fleet: SharedFleet) -> None:

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fleet_support import serve
 
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.vllm_fuzz.shared_host import BLOCK_BYTES
-from kvoffload.testing.vllm_harness import HarnessSpec, VllmHarness
+from kvoffload.testing.vllm_harness import HarnessSpec
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
 
 PREFIX = list(range(10, 58))  # three chunks of 16 tokens
@@ -30,15 +31,6 @@ def fleet(tiny_model: Path, redis_server: RedisServer) -> Iterator[SharedFleet]:
         yield made
     finally:
         made.close()
-
-
-def serve(fleet: SharedFleet, engine: int, request_id: str, prompt: list[int]) -> VllmHarness:
-    h = fleet.engine(engine)
-    h.add_request(request_id, prompt, 3)
-    while h.busy():
-        fleet.step(engine)
-    assert h.output_tokens(request_id) == h.model.reference_output(request_id, prompt, 3)
-    return h
 
 
 def test_an_engine_reads_from_redis_what_another_spilled_under_a_shared_host(

@@ -109,15 +109,34 @@ def lock_path(root: Path, namespace_digest: bytes) -> Path:
     return namespace_dir(root, namespace_digest) / LOCK_NAME
 
 
-class DiskLock:
+class _FileHold:
+    """An open file holding a ``flock``: closing its only descriptor drops the lock
+    (the file stays). :meth:`release` is idempotent and never raises; the process's
+    end releases it too."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class DiskLock(_FileHold):
     """One engine's hold on one namespace directory of a disk tier. Owned by the
     scheduler half that acquired it; :meth:`release` (idempotent) ends the hold, and so
     does the process's end."""
 
     def __init__(self, path: Path, fd: int, holder: Holder) -> None:
+        super().__init__(fd)
         self.path = path
         self.holder = holder
-        self._fd = fd
 
     @classmethod
     def acquire(cls, root: Path, namespace_digest: bytes, *, share: str | None = None) -> DiskLock:
@@ -148,25 +167,12 @@ class DiskLock:
             raise
         return cls(path, fd, holder)
 
-    @property
-    def held(self) -> bool:
-        return self._fd >= 0
-
-    def release(self) -> None:
-        """Drop the lock (the file stays). Never raises."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)  # closing the only descriptor releases the flock
 
 
-class ShareEngineHold:
+class ShareEngineHold(_FileHold):
     """A process of a disk share's engine: its shared hold on the namespace's
     ``users`` file, from before it connects to the share until :meth:`release` (or its
     end), so that no private engine takes the namespace while it may still write."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
 
     @classmethod
     def acquire(cls, root: Path, namespace_digest: bytes) -> ShareEngineHold:
@@ -181,17 +187,6 @@ class ShareEngineHold:
             os.close(fd)
             raise
         return cls(fd)
-
-    @property
-    def held(self) -> bool:
-        return self._fd >= 0
-
-    def release(self) -> None:
-        """End the hold (idempotent; never raises)."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 def _share_engines_live(directory: Path) -> bool:

@@ -36,7 +36,6 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -49,7 +48,12 @@ from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import SharePaths, remove_share
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
-from kvoffload.testing.vllm_harness.fleet_disk import DiskShareWatch, disk_directory
+from kvoffload.testing.vllm_harness.fleet_disk import (
+    WAIT_S,
+    DiskShareWatch,
+    disk_directory,
+    wait_for,
+)
 from kvoffload.testing.vllm_harness.harness import VllmHarness
 from kvoffload.testing.vllm_harness.records import StepRecord
 from kvoffload.testing.vllm_harness.sigkill import sigkill, spills_in_flight
@@ -59,17 +63,9 @@ CALL_TIMEOUT_MS = 10_000
 """``host_share_timeout_ms`` of every engine: far past any call on a loaded machine,
 so no deadline decides an outcome (a dead node process fails calls at once)."""
 
-WAIT_S = 30.0
-"""The longest the fleet waits for the node process or a lease thread (a bug past it)."""
-
 
 def _wait(condition: Callable[[], bool], what: str) -> None:
-    """Wait (bounded) for something another process or thread does on its own."""
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise HarnessViolation(f"shared host tier: {what} not seen in {WAIT_S:.0f} s")
-        time.sleep(0.002)
+    wait_for(condition, f"shared host tier: {what}")
 
 
 def _sessions(counts: ShareCounts | None) -> int | None:

@@ -40,14 +40,21 @@ from kvoffload.tiers.disk import FORMAT_DIR
 from kvoffload.tiers.disk_backing import DiskBacking
 
 WAIT_S = 30.0
+"""The longest a fleet waits for a node process or a lease thread (a bug past it)."""
 
 
-def _wait(condition: Callable[[], bool], what: str) -> None:
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Wait (bounded) for something another process or thread does on its own; a
+    :class:`HarnessViolation` naming ``what`` past :data:`WAIT_S`."""
     deadline = time.monotonic() + WAIT_S
     while not condition():
         if time.monotonic() > deadline:
-            raise HarnessViolation(f"shared disk tier: {what} not seen in {WAIT_S:.0f} s")
+            raise HarnessViolation(f"{what} not seen in {WAIT_S:.0f} s")
         time.sleep(0.002)
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    wait_for(condition, f"shared disk tier: {what}")
 
 
 def disk_directory(h: VllmHarness) -> ShareDirectory | None:

@@ -25,6 +25,7 @@ BAD: dict[str, list[Any]] = {
     "disk_path": ["", 5],
     "disk_bytes": [0, -5, "1G"],
     "disk_o_direct": ["yes", 1],
+    "disk_share": ["on", True, None],
     "redis_url": ["localhost:6379", "http://x", 6379],
     "redis_cluster": ["true", 0],
     "redis_timeout_ms": [0, 0.5, "100"],

@@ -1,8 +1,9 @@
-"""Real vLLM engines in separate processes sharing one disk tier (``disk_path`` with
-a ``host_share``, decision 0017): tiny Llama, float32, greedy.
+"""Real vLLM engines in separate processes sharing one disk tier (decision 0017): below
+a ``host_share``, or below each engine's own host tier (``disk_share: node``); tiny
+Llama, float32, greedy.
 
-The host share is small (10 chunks) and the disk large, so what one engine computed
-reaches another engine from the shared disk once the host share has evicted it.
+Host memory is small (10 chunks) and the disk large, so what one engine computed
+reaches another engine from the shared disk once host memory has evicted it.
 Each engine runs in a child process (:class:`share_support.Child`); the test waits
 on its answers and on process exits, never on time, except for the bounded wait for
 a new node process to recover the disk's chunks (it does that on its own). Every
@@ -35,13 +36,17 @@ HOST_CHUNKS = 10  # less than two prompts: the earlier prompts leave host memory
 DISK_CHUNKS = 64  # every prompt used here
 
 
-@pytest.fixture
-def shared(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A host share and a disk tier under private roots (the share root short: a Unix
-    socket's path holds at most 107 bytes); both node processes are stopped by pid at
-    the end."""
+@pytest.fixture(params=["host-share", "private-hosts"])
+def shared(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """A disk tier shared by the engines under a private root: below a host share
+    (``disk_share`` auto), or below each engine's own host tier (``disk_share:
+    node``). The share root is short (a Unix socket's path holds at most 107 bytes);
+    every node process is stopped by pid at the end."""
     root = Path(tempfile.mkdtemp(prefix="kvd-", dir="/tmp"))
     extra = share_config(root, f"disk-{os.getpid()}", HOST_CHUNKS * CHUNK_BYTES)
+    if request.param == "private-hosts":
+        del extra["host_share"]
+        extra["disk_share"] = "node"
     extra["disk_path"] = str(tmp_path / "disk")
     extra["disk_bytes"] = DISK_CHUNKS * slot_bytes(CHUNK_BYTES)
     try:
@@ -53,7 +58,8 @@ def shared(tmp_path: Path) -> Iterator[dict[str, Any]]:
             paths = None  # no engine got as far as the disk tier
         if paths is not None:
             assert stop_by_name(paths.name, paths.root, 30.0)
-        stop_node_process(extra)
+        if "host_share" in extra:
+            stop_node_process(extra)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -132,5 +138,6 @@ def test_engines_share_one_disk_tier_and_a_killed_node_process_recovers_it(
     assert again["tokens"] == expected[1:2]
     assert again["disk_hit_tokens"] == len(prompts[1]), again  # warm: the recovered disk
     assert c.close() == 0
-    host = counts(shared)
-    assert host is not None and host.pinned == 0 and host.storing == 0
+    if "host_share" in shared:
+        host = counts(shared)
+        assert host is not None and host.pinned == 0 and host.storing == 0

@@ -61,6 +61,9 @@ LOCK_NAME = "lock"
 USERS_NAME = "users"
 """The file a disk share's engines hold shared (:class:`ShareEngineHold`)."""
 
+SHARE_HINT = "set disk_share: node (or a host_share) on every engine to share one disk tier"
+"""How a refused engine shares a disk tier (decision 0017), in every refusal."""
+
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _HOLDER_BYTES = 512  # a holder record is one short JSON line
 
@@ -157,7 +160,7 @@ class DiskLock(_FileHold):
                 raise ConfigError(
                     "disk_path",
                     f"{root} is in use by the engines of a disk share (its node process is "
-                    "restarting); set host_share on every engine to share one disk tier",
+                    f"restarting); {SHARE_HINT}",
                 )
             holder = Holder.this_process(share)
             os.ftruncate(fd, 0)
@@ -166,7 +169,6 @@ class DiskLock(_FileHold):
             os.close(fd)
             raise
         return cls(path, fd, holder)
-
 
 
 class ShareEngineHold(_FileHold):
@@ -273,13 +275,13 @@ def in_use(root: Path, holder: Holder | None) -> ConfigError:
         return ConfigError(
             "disk_path",
             f"{root} is in use by the node process of disk share {holder.share} "
-            f"({holder.describe()}); set host_share on every engine to share one disk tier",
+            f"({holder.describe()}); {SHARE_HINT}",
         )
     who = holder.describe() if holder is not None else "holder not recorded"
     return ConfigError(
         "disk_path",
         f"{root} is in use by another engine ({who}); give each engine its own disk_path, "
-        "or set host_share on every engine to share one disk tier",
+        f"or {SHARE_HINT}",
     )
 
 

@@ -1,5 +1,6 @@
 """The disk tier shared by every engine of a node that names one ``disk_path``
-(decision 0017): used when the engine also names a ``host_share``.
+(decision 0017): used when ``disk_share`` says so (``node``; ``auto``, the default:
+when the engine also names a ``host_share``).
 
 The namespace directory's slots are booked by a node process of their own (a *disk
 share*: the host share's server, sessions, fencing and index, over the disk slab
@@ -9,9 +10,10 @@ engine and a restarted engine is warm:
 
 - the scheduler half's index is a :class:`~kvoffload.core.tiering.DirectoryTier`
   over the disk share's :class:`~kvoffload.share.client.ShareDirectory` (tier
-  ``disk``), booking under the engine's host-share session
-  (:attr:`~kvoffload.tiers.spec.TierContext.session`), so that a killed engine's
-  stores in flight are freed, never made readable, and its pins dropped;
+  ``disk``), booking under the engine's session (its host share's, or one the
+  scheduler half draws: :attr:`~kvoffload.tiers.spec.TierContext.session`), so
+  that a killed engine's stores in flight are freed, never made readable, and its
+  pins dropped;
 - each worker's store (:class:`SharedDiskTierStore`) opens its rank's slab as it
   is (``attach``: the node process owns the file's shape) and holds a lease on the
   engine's session from the first plan that names it until the store is closed,
@@ -48,11 +50,6 @@ START_WAIT_S = 30.0
 """How long an engine start waits for the disk share's node process to listen."""
 
 
-def shared(config: OptionValues) -> bool:
-    """Whether the disk tier is shared through a node process (a host share is named)."""
-    return config.option("host_share") is not None
-
-
 def _backing(config: OptionValues, ctx: TierContext) -> DiskBacking:
     return DiskBacking(Path(config.option("disk_path")), ctx.namespace.digest())
 
@@ -72,7 +69,7 @@ def open_shared_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
     from kvoffload.core.tiering import DirectoryTier
 
     if ctx.session is None:
-        raise ConfigError("disk_path", "a shared disk tier needs the engine's host share session")
+        raise ConfigError("disk_share", "a shared disk tier needs the engine's session")
     directory = open_disk_share_directory(
         _share_root(config),
         _backing(config, ctx),

@@ -6,9 +6,9 @@ A bounded, authoritative, slotted tier: one preallocated slab file per rank unde
 booked in the scheduler half's own directory rebuilt from the slabs at start
 (``tiers/disk_index.py``); one engine per namespace directory: the scheduler half
 holds its lock from opening the index to closing it (``tiers/disk_lock.py``), each
-worker checks it before opening its store. With a host share, every engine of the
-node naming the same ``disk_path`` shares it through a node process of its own
-(``tiers/disk_shared.py``, decision 0017).
+worker checks it before opening its store. Shared (``disk_share``: with a host
+share by default), every engine of the node naming the same ``disk_path`` shares it
+through a node process of its own (``tiers/disk_shared.py``, decision 0017).
 
 Importing this module imports nothing heavy; builders import the tier's modules.
 """
@@ -69,6 +69,17 @@ SECTION = ConfigSection(
             optional(int_at_least(1)),
         ),
         Option(
+            "disk_share",
+            "auto | node | off",
+            "auto",
+            "Share the disk tier with every engine of the node that names the same "
+            "disk_path (same model): one directory of its chunks, kept by a node process "
+            "of its own (decision 0017; its files in host_share_root, its calls' deadline "
+            "host_share_timeout_ms). auto: shared when a host_share is named; node: "
+            "always; off: this engine's own (a second engine on the path is refused).",
+            lambda v: v in ("auto", "node", "off"),
+        ),
+        Option(
             "disk_o_direct",
             "true | false",
             False,
@@ -82,6 +93,15 @@ SECTION = ConfigSection(
 
 def enabled(config: OptionValues) -> bool:
     return config.option("disk_path") is not None
+
+
+def shared(config: OptionValues) -> bool:
+    """Whether the disk tier is shared by the node's engines through a node process
+    (``disk_share``: ``node``, or ``auto`` with a host share)."""
+    mode = config.option("disk_share")
+    return enabled(config) and (
+        mode == "node" or (mode == "auto" and config.option("host_share") is not None)
+    )
 
 
 def slots(config: OptionValues, chunk_bytes: int, world_size: int) -> int:
@@ -105,7 +125,7 @@ def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
     second engine on the namespace: ``ConfigError``); its namespace record written."""
     from kvoffload.tiers.disk_index import open_disk_tier
     from kvoffload.tiers.disk_lock import DiskLock
-    from kvoffload.tiers.disk_shared import open_shared_index, shared
+    from kvoffload.tiers.disk_shared import open_shared_index
     from kvoffload.tiers.namespace_records import record_namespace, write_disk_record
 
     root = Path(config.option("disk_path"))
@@ -135,7 +155,7 @@ def open_store(config: OptionValues, ctx: TierContext) -> TierStore:
     host share, its slab of the node's disk share)."""
     from kvoffload.tiers.disk import DiskStore
     from kvoffload.tiers.disk_lock import check_workers_engine
-    from kvoffload.tiers.disk_shared import open_shared_store, shared
+    from kvoffload.tiers.disk_shared import open_shared_store
     from kvoffload.tiers.disk_store import DiskTierStore
 
     if shared(config):
@@ -160,7 +180,7 @@ def describe(config: OptionValues, chunks: int) -> str:
 
     text = f"disk {config.option('disk_path')} {human_bytes(config.option('disk_bytes'))}"
     text += f" = {chunks} chunks"
-    if config.option("host_share") is not None:
+    if shared(config):
         text += " (shared by the node's engines)"
     return text + (" O_DIRECT" if config.option("disk_o_direct") else "")
 
@@ -204,6 +224,7 @@ DISK = TierSpec(
     open_store=open_store,
     describe=describe,
     worker_notes=worker_notes,
+    shared_by_node=shared,
     sim=SimLane(
         gbps=3.0,  # one NVMe SSD
         bytes_help="disk tier capacity (default 0: none)",

@@ -151,6 +151,10 @@ def _no_note(config: OptionValues, store: TierStore) -> None:
     return None
 
 
+def _private(config: OptionValues) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class TierSpec:
     """One lower tier, declared (see the module docstring). ``name`` is the tier's
@@ -163,7 +167,9 @@ class TierSpec:
     configuration the tier refuses; ``describe`` its part of the scheduler's start-up
     line; ``warn`` logs its start-up warnings (never raises); ``settle`` checks, when
     the engine starts, what needs the environment (files, variables) without
-    connecting."""
+    connecting; ``shared_by_node`` whether the configuration books the tier at a node
+    process under the engine's session (the scheduler half then draws a session even
+    without a host share, and puts it in every plan's metadata)."""
 
     name: str
     medium: Medium
@@ -179,6 +185,7 @@ class TierSpec:
     warn: Callable[[OptionValues], None] = _no_warning
     settle: Callable[[OptionValues], None] = _no_warning
     worker_notes: Callable[[OptionValues, TierStore], None] = _no_note
+    shared_by_node: Callable[[OptionValues], bool] = _private
 
     @property
     def announces_removals(self) -> bool:

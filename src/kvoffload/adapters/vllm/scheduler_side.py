@@ -4,6 +4,7 @@ scheduler half (one per engine; no tensors)."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import cast
 
@@ -40,7 +41,7 @@ from kvoffload.core.metrics_view import MetricsReading, read_metrics
 from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering import LowerTier
-from kvoffload.tiers.build import LowerTiers, build_scheduler, open_lower_tiers
+from kvoffload.tiers.build import LowerTiers, build_scheduler, enabled_tiers, open_lower_tiers
 from kvoffload.tiers.spec import OpenedIndex
 
 logger = logging.getLogger("kvoffload")
@@ -117,13 +118,25 @@ class SchedulerSide:
                 chunk_bytes=g.chunk_bytes,
                 slots=g.tier_slots,
                 groups=len(g.kv_groups),
-                session=self.share.directory.session if self.share is not None else None,
+                session=self._session(config),
             )
             self._open(vllm_config, config)
         except BaseException:
             self.lower.close()
             self._close_share()
             raise
+
+    def _session(self, config: OffloadConfig) -> bytes | None:
+        """The engine's session at its node processes (every plan's metadata names it
+        for the workers' leases): its host share's, else one drawn here when a lower
+        tier is booked at a node process, else None. Set once, before any tier opens."""
+        if self.share is not None:
+            self.session: bytes | None = self.share.directory.session
+        elif any(spec.shared_by_node(config) for spec in enabled_tiers(config)):
+            self.session = os.urandom(16)
+        else:
+            self.session = None
+        return self.session
 
     def _open(self, vllm_config: VllmConfig, config: OffloadConfig) -> None:
         g = self.geometry
@@ -137,7 +150,6 @@ class SchedulerSide:
                 policy=config.eviction,
                 store_threshold=config.store_threshold,
             )
-        self.session = self.share.directory.session if self.share is not None else None
         self.scheduler = build_scheduler(
             g.scheduler_config(config),
             directory,

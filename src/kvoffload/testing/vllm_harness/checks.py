@@ -63,7 +63,13 @@ class Checks:
         engine spilled to a lower tier they share, when they share one."""
         self._stored = stored
         if spilled is not None:
-            self._spilled = spilled
+            self.share_spilled(spilled)
+
+    def share_spilled(self, spilled: set[ChunkKey]) -> None:
+        """Judge tier reads against ``spilled`` from now on: the chunks every engine
+        sharing one lower tier spilled to it (the caller owns the set and hands it to
+        every engine's checks)."""
+        self._spilled = spilled
 
     def connector_reset(self) -> None:
         self._stored.clear()

@@ -8,15 +8,14 @@ worker's host slots, its in-memory tiers or the engine's blocks, and returns the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection
+from typing import Protocol
 
 from kvoffload.core.failures import ChunkFailure, integrity_failure
 from kvoffload.core.jobs import EngineJob, JobResult, TierJob, TransferJob
+from kvoffload.core.keys import ChunkKey
 from kvoffload.core.routes import Leg
-from kvoffload.engine.memory_tiers import TORN_BYTES, InvariantViolation
-
-if TYPE_CHECKING:
-    from kvoffload.engine.manual_worker import ManualWorker
+from kvoffload.engine.memory_tiers import TORN_BYTES, InvariantViolation, MemoryTiers
 
 Failures = tuple[tuple[int, ChunkFailure], ...]  # (index of a chunk in the job, why)
 
@@ -24,7 +23,29 @@ TORN = integrity_failure("checksum")
 """How a damaged tier slot reads: the checksum of a torn write does not match."""
 
 
-def slots_below(worker: ManualWorker, job: TransferJob, leg: Leg) -> tuple[int, ...]:
+class LegWorker(Protocol):
+    """What the tier legs use of the reference worker
+    (:class:`~kvoffload.engine.manual_worker.ManualWorker`): its host slots and their
+    keys, the bytes every verified store captured, its in-memory tiers, the step, a
+    failed tier load's chunks, and its checks and block writes."""
+
+    host: list[bytes | None]
+    host_key: list[ChunkKey | None]
+    known: dict[ChunkKey, bytes]
+    tiers: MemoryTiers
+    step: int
+    fail_tier_load: Callable[[EngineJob], Failures]
+
+    def what(self, job: TransferJob) -> str: ...
+
+    def verify(self, job: EngineJob, chunk: int, data: bytes, what: str) -> None: ...
+
+    def write_blocks(
+        self, job: EngineJob, chunks: dict[int, bytes], *, garbage: Collection[int]
+    ) -> None: ...
+
+
+def slots_below(worker: LegWorker, job: TransferJob, leg: Leg) -> tuple[int, ...]:
     """The tier slots of ``leg``'s chunks, one each (the in-memory tiers are
     slotted: a job without them is a violation)."""
     if len(job.tier_slots) != len(leg.chunks):
@@ -32,7 +53,7 @@ def slots_below(worker: ManualWorker, job: TransferJob, leg: Leg) -> tuple[int, 
     return job.tier_slots
 
 
-def spill(worker: ManualWorker, job: TransferJob, leg: Leg, success: bool) -> JobResult:
+def spill(worker: LegWorker, job: TransferJob, leg: Leg, success: bool) -> JobResult:
     """Host slots -> the in-memory tier (a failed spill writes torn chunks); every
     host slot must hold its chunk's bytes."""
     assert isinstance(job, TierJob)
@@ -51,7 +72,7 @@ def spill(worker: ManualWorker, job: TransferJob, leg: Leg, success: bool) -> Jo
     return JobResult(job.job_id, success, len(leg.chunks), 0.0)
 
 
-def promote(worker: ManualWorker, job: TransferJob, leg: Leg, success: bool) -> JobResult:
+def promote(worker: LegWorker, job: TransferJob, leg: Leg, success: bool) -> JobResult:
     """The in-memory tier -> host slots, slot-addressed like the disk tier
     (authoritative: a tier slot that does not hold its chunk, or holds it as
     another KV cache group than the job expects, is a violation, which catches a
@@ -78,7 +99,7 @@ def promote(worker: ManualWorker, job: TransferJob, leg: Leg, success: bool) -> 
     return _result(job.job_id, success and len(failed) < len(job.keys), leg, tuple(failed))
 
 
-def load_from_tier(worker: ManualWorker, job: TransferJob, leg: Leg, success: bool) -> JobResult:
+def load_from_tier(worker: LegWorker, job: TransferJob, leg: Leg, success: bool) -> JobResult:
     """A tier load's chunks from the in-memory tier (see the module docstring),
     each checked as a promotion's: their blocks are written only when every one
     was verified and the policy did not fail the job; the leg succeeds then."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,3 +160,30 @@ def open_share_slab(
 def open_share_lease(settings: ShareSettings, session: bytes) -> Lease:
     """A worker's lease on its engine's session (close it when the worker ends)."""
     return Lease(settings.paths, session)
+
+
+class SessionLease:
+    """A worker's lease on its engine's session at one node process, opened (with
+    ``open_lease``) when a plan first names the session, before any job of that plan
+    runs, and held until :meth:`close`; a later session (the scheduler half
+    restarted) replaces it. Owned by the worker."""
+
+    def __init__(self, open_lease: Callable[[bytes], Lease]) -> None:
+        self._open = open_lease
+        self.lease: Lease | None = None
+        self.session: bytes | None = None
+
+    def hold(self, session: bytes | None) -> None:
+        if session is None or session == self.session:
+            return
+        old = self.lease
+        self.lease = self._open(session)
+        self.session = session
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        """Close the lease (idempotent; never raises past the lease's own close)."""
+        if self.lease is not None:
+            self.lease.close()
+            self.lease = None

@@ -34,7 +34,7 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.options import OptionValues
 from kvoffload.share.geometry import ShareGeometry
-from kvoffload.share.link import Lease
+from kvoffload.share.opening import SessionLease
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_backing import DiskBacking
 from kvoffload.tiers.disk_lock import check_workers_engine
@@ -92,28 +92,19 @@ class SharedDiskTierStore(DiskTierStore):
 
     def __init__(self, store: DiskStore, share_root: Path, backing: DiskBacking) -> None:
         super().__init__(store)
-        self.share_root = share_root
-        self.backing = backing
-        self.session: bytes | None = None
-        self.lease: Lease | None = None
+        self.lease = SessionLease(
+            lambda session: open_disk_share_lease(share_root, backing, session)
+        )
 
     def hold(self, session: bytes | None) -> None:
         """Lease ``session`` (from a plan's metadata) before any job of the plan runs;
         a later session (the scheduler half restarted) replaces the old one."""
-        if session is None or session == self.session:
-            return
-        old = self.lease
-        self.lease = open_disk_share_lease(self.share_root, self.backing, session)
-        self.session = session
-        if old is not None:
-            old.close()
+        self.lease.hold(session)
 
     def close(self) -> None:
         """Close the slab, then the lease (the copies are over). Never raises."""
         super().close()
-        if self.lease is not None:
-            self.lease.close()
-            self.lease = None
+        self.lease.close()
 
 
 def open_shared_store(config: OptionValues, ctx: TierContext) -> SharedDiskTierStore:

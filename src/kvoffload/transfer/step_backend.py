@@ -100,6 +100,7 @@ class TransferBackend:
         self.wait_for_loads = wait_for_loads
         self._step_loads: tuple[int, ...] = ()
         self._open: dict[int, _Open] = {}  # every job submitted, until polled
+        self._staged_open: set[int] = set()  # jobs whose leg on the staged loads runs
         self._early: list[JobResult] = []  # tier jobs refused (no lane here): failed at once
         self._instant: list[JobResult] = []  # engine jobs refused or with no leg: done at once
         self._loaded: set[str] = set()
@@ -126,17 +127,13 @@ class TransferBackend:
                 return
         for leg in job_legs:
             _WAYS[leg.route].run(self, job, leg)
+            if leg.route in _STAGED:
+                self._staged_open.add(job.job_id)
 
     def wait(self, job_ids: frozenset[int]) -> None:
         self.worker.wait(job_ids)
-        if self.staged is not None and self._on(_STAGED, job_ids):
+        if self.staged is not None and not self._staged_open.isdisjoint(job_ids):
             self.staged.wait(job_ids)
-
-    def _on(self, lane: Collection[Route], job_ids: Iterable[int] | None = None) -> bool:
-        """Whether a job open here (of ``job_ids``; default: any) has a leg on one of
-        ``lane``'s routes whose result has not come."""
-        ids = self._open.keys() if job_ids is None else job_ids
-        return any(o.legs.waiting(lane) for i in ids if (o := self._open.get(i)) is not None)
 
     def end_forward(self) -> None:
         """Nothing to do: the stores submitted next read what the pass computed."""
@@ -153,7 +150,11 @@ class TransferBackend:
         copies = self._arrived(self.worker.poll(), _COPIES)
         instant, self._instant = self._instant, []
         staged = self.staged
-        polled = self._arrived(staged.poll(), _STAGED) if staged and self._on(_STAGED) else []
+        polled: list[JobResult] = []
+        if staged is not None and self._staged_open:
+            came = staged.poll()
+            self._staged_open.difference_update(r.job_id for r in came)
+            polled = self._arrived(came, _STAGED)
         results: list[JobResult] = []
         for result in (*early, *tier, *copies, *instant, *polled):
             results.append(result)

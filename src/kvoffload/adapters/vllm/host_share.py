@@ -34,6 +34,7 @@ from kvoffload.core.keys import Namespace
 from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.share.launch import spawn_server
 from kvoffload.share.opening import (
+    SessionLease,
     ShareSettings,
     open_share_directory,
     open_share_lease,
@@ -42,7 +43,6 @@ from kvoffload.share.opening import (
 
 if TYPE_CHECKING:
     from kvoffload.share.client import ShareDirectory
-    from kvoffload.share.link import Lease
     from kvoffload.share.slab import SharedSlab
 
 START_WAIT_S = 30.0
@@ -130,25 +130,16 @@ class WorkerShare:
         self.slab: SharedSlab = open_share_slab(
             settings, chunk_bytes=chunk_bytes, rank=rank, ranks=ranks
         )
-        self.lease: Lease | None = None
-        self.session: bytes | None = None
+        self.lease = SessionLease(lambda session: open_share_lease(settings, session))
 
     def hold(self, session: bytes | None) -> None:
         """Hold a lease on ``session`` (from a plan's metadata) before running its
         jobs; a later session (the scheduler half restarted) replaces it."""
-        if session is None or session == self.session:
-            return
-        old = self.lease
-        self.lease = open_share_lease(self.settings, session)
-        self.session = session
-        if old is not None:
-            old.close()
+        self.lease.hold(session)
 
     def close(self) -> None:
         """Close the lease and unmap this worker's view of the slab (never raises)."""
-        if self.lease is not None:
-            self.lease.close()
-            self.lease = None
+        self.lease.close()
         self.slab.close()
 
 

@@ -105,12 +105,14 @@ class SchedulerSide:
         g = self.geometry
         settings = share_settings(config)  # before any tier or share is opened
         self.share: SchedulerShare | None = None
+        self.session: bytes | None = None
         self.lower = LowerTiers()
         try:
             if settings is not None:  # first: a lower tier may book under its session
                 self.share = open_scheduler_share(
                     settings, chunk_bytes=g.chunk_bytes, ranks=g.world_size, namespace=g.namespace
                 )
+            self.session = self._session(config)
             self.lower = open_lower_tiers(
                 config,
                 g.namespace,
@@ -118,7 +120,7 @@ class SchedulerSide:
                 chunk_bytes=g.chunk_bytes,
                 slots=g.tier_slots,
                 groups=len(g.kv_groups),
-                session=self._session(config),
+                session=self.session,
             )
             self._open(vllm_config, config)
         except BaseException:
@@ -129,14 +131,12 @@ class SchedulerSide:
     def _session(self, config: OffloadConfig) -> bytes | None:
         """The engine's session at its node processes (every plan's metadata names it
         for the workers' leases): its host share's, else one drawn here when a lower
-        tier is booked at a node process, else None. Set once, before any tier opens."""
+        tier is booked at a node process, else None. Called once, before any tier opens."""
         if self.share is not None:
-            self.session: bytes | None = self.share.directory.session
-        elif any(spec.shared_by_node(config) for spec in enabled_tiers(config)):
-            self.session = os.urandom(16)
-        else:
-            self.session = None
-        return self.session
+            return self.share.directory.session
+        if any(spec.shared_by_node(config) for spec in enabled_tiers(config)):
+            return os.urandom(16)
+        return None
 
     def _open(self, vllm_config: VllmConfig, config: OffloadConfig) -> None:
         g = self.geometry

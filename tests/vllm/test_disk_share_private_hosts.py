@@ -68,7 +68,7 @@ def test_private_host_tiers_share_one_disk_tier(tiny_model: Path, roots: tuple[P
         spilled: set[ChunkKey] = set()  # tier reads judged against both engines' spills
         for unit in (*a.units, *b.units):
             unit.checks.share_spilled(spilled)
-        watch.attach()
+        watch.find()
         serve(a, "a", [*PREFIX, 1])
         serve(a, "a2", [*OTHER, 1])  # PREFIX leaves A's host tier, kept on disk
         counts = watch.counts()

@@ -34,38 +34,27 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import tempfile
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from kvoffload.core.directory import LookupStatus
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import SharePaths, remove_share
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
-from kvoffload.testing.vllm_harness.fleet_disk import (
-    WAIT_S,
-    DiskShareWatch,
-    disk_directory,
-    wait_for,
-)
+from kvoffload.testing.vllm_harness.fleet_disk import DiskShareWatch, disk_directory
 from kvoffload.testing.vllm_harness.harness import VllmHarness
 from kvoffload.testing.vllm_harness.records import StepRecord
+from kvoffload.testing.vllm_harness.share_watch import WAIT_S, ShareWatch
 from kvoffload.testing.vllm_harness.sigkill import sigkill, spills_in_flight
 from kvoffload.testing.vllm_harness.spec import HarnessSpec
 
 CALL_TIMEOUT_MS = 10_000
 """``host_share_timeout_ms`` of every engine: far past any call on a loaded machine,
 so no deadline decides an outcome (a dead node process fails calls at once)."""
-
-
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    wait_for(condition, f"shared host tier: {what}")
 
 
 def _sessions(counts: ShareCounts | None) -> int | None:
@@ -96,23 +85,21 @@ class SharedFleet:
         self.spilled: set[ChunkKey] = set()  # planned spills to a shared lower tier
         self.stored_by: dict[ChunkKey, str] = {}  # the engine incarnation that stored it
         self.stats: Counter[str] = Counter()
-        self.pids: set[int] = set()  # every node process seen (stopped at close)
+        # the host share: its observer, the node processes seen (stopped at close)
+        timeout_s = CALL_TIMEOUT_MS / 1000
+        self.host = ShareWatch("shared host tier", "kvoffload.share.serve", timeout_s, self.paths)
         self.engines: list[VllmHarness | None] = []
         self.names: list[str] = []  # each engine's incarnation ("e1", "e1'", ...)
         self.retired: list[VllmHarness] = []  # killed engines (their loads checked count)
-        self.observer: ShareDirectory | None = None
         self._generations: dict[int, int] = {}
         try:
             for i in range(engines):
                 self.engines.append(self._start(i))
                 self.names.append(f"e{i}")
-            self.observer = ShareDirectory(
-                self.paths, timeout_s=CALL_TIMEOUT_MS / 1000, retry_s=0.0,
-                start_server=False, lease=False,
-            )  # fmt: skip
+            self.host.attach(self.paths)
             self._note_node()
             if self.disk is not None:
-                self.disk.attach()
+                self.disk.find()
         except BaseException:
             self.close()
             raise
@@ -191,29 +178,23 @@ class SharedFleet:
 
     # ------------------------------------------------------------ the share
 
+    @property
+    def observer(self) -> ShareDirectory | None:
+        """The host share's observer client (its own session, booking nothing)."""
+        return self.host.observer
+
     def counts(self) -> ShareCounts | None:
         """The whole share's counts (the observer's call; its session included), or
         None while no node process runs (killed, not restarted yet: nothing is
         readable, stored or pinned)."""
-        assert self.observer is not None
-        if not server_alive(self.paths):
-            return None
-        found = self.observer.share_counts()
-        if found is None:  # its connection was to a node process since killed
-            found = self.observer.share_counts()
-        if found is None:
-            raise HarnessViolation("the share's node process does not answer")
-        return found
+        return self.host.counts()
 
     def _note_node(self) -> None:
         """Wait until every live engine's session is open at the node process now
         listening (its leases reconnect on their own); remember its pid."""
-        assert self.observer is not None
         want = len(self.live()) + 1  # and the observer's
-        _wait(lambda: (_sessions(self.counts()) or 0) >= want, f"{want} sessions")
-        welcome = self.observer.link.welcome
-        if welcome is not None:
-            self.pids.add(welcome.pid)
+        self.host.wait(lambda: (_sessions(self.counts()) or 0) >= want, f"{want} sessions")
+        self.host.note_pid()
 
     def own_bookings(self) -> tuple[int, int]:
         """(storing, pinned) the live engines booked at the node process now running
@@ -283,43 +264,26 @@ class SharedFleet:
     def _await_sessions(self) -> None:
         """Wait until the node process dropped every dead engine's session."""
         want = len(self.live()) + 1
-        _wait(lambda: _sessions(self.counts()) in (want, None), f"{want} sessions")
+        self.host.wait(lambda: _sessions(self.counts()) in (want, None), f"{want} sessions")
 
     def kill_node(self) -> None:
         """SIGKILL the node process by pid and wait until it is gone and every live
         engine's lease noticed; it restarts when an engine calls next."""
-        assert self.observer is not None
-        if self.counts() is None:  # the observer is connected to the one listening
-            return  # none runs
-        welcome = self.observer.link.welcome
-        assert welcome is not None
-        if self._serves(welcome.pid):
-            os.kill(welcome.pid, signal.SIGKILL)
-        self.pids.discard(welcome.pid)
-        _wait(lambda: not server_alive(self.paths), "the node process's death")
-        dead = welcome.generation
 
-        def noticed() -> bool:
+        def noticed(dead: int) -> bool:
             shares = [h.side.share for h in self.live()]
             return all(s is None or s.directory.attachment.generation != dead for s in shares)
 
-        _wait(noticed, "the engines' leases noticing")
+        if not self.host.kill_node(noticed):
+            return  # none runs
         self.stored.clear()  # a new node process starts empty
         self.stats["node_kills"] += 1
 
     def kill_disk_node(self) -> None:
         """SIGKILL the shared disk tier's node process (see :mod:`.fleet_disk`); the
         chunks it held stay on disk, recovered by the next one."""
-        if self.disk is not None and self.disk.kill_node(self.live()):
+        if self.disk is not None and self.disk.kill_live_node(self.live()):
             self.stats["disk_node_kills"] += 1
-
-    def _serves(self, pid: int) -> bool:
-        """Whether ``pid`` is this fleet's node process still (never another's)."""
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        return b"kvoffload.share.serve" in cmdline and self.paths.name.encode() in cmdline
 
     # ------------------------------------------------------------ the end
 
@@ -347,17 +311,7 @@ class SharedFleet:
             with contextlib.suppress(Exception):  # the share must still be stopped
                 h.close()
         self.engines = [None] * len(self.engines)
-        if self.observer is not None:
-            welcome = self.observer.link.welcome
-            if welcome is not None:
-                self.pids.add(welcome.pid)
-            self.observer.close()
-        for pid in self.pids:
-            if self._serves(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        if self.pids:
-            _wait(lambda: not server_alive(self.paths), "the node process's death")
+        self.host.close()
         if self.disk is not None:
             self.disk.close()
         remove_share(self.paths)

@@ -1,6 +1,7 @@
 """Shared pytest configuration: hypothesis profiles (CI is the default), the tiny
-random Llama written once per session, a private redis-server per test, and the
-check that no test left a redis-server running."""
+random Llama written once per session, a private redis-server per test, the
+session's own cache of weight-file digests, and the check that no test left a
+redis-server running."""
 
 from __future__ import annotations
 
@@ -23,12 +24,36 @@ settings.register_profile("dev", deadline=None, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def digest_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The content digests of weight files (``core/content_digest.py``) are
+    remembered in a directory of the session's, not the user's cache (engines in
+    child processes inherit it)."""
+    root = tmp_path_factory.mktemp("digest-cache")
+    saved = os.environ.get("KVOFFLOAD_CACHE_DIR")
+    os.environ["KVOFFLOAD_CACHE_DIR"] = str(root)
+    yield root
+    if saved is None:
+        os.environ.pop("KVOFFLOAD_CACHE_DIR", None)
+    else:
+        os.environ["KVOFFLOAD_CACHE_DIR"] = saved
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ``tiny`` preset of ``kvoffload.demos.tiny_model`` (2 layers, float32)."""
     from kvoffload.demos.tiny_model import ensure_model
 
     return ensure_model("tiny", tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_longrope_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``tiny-longrope`` preset: the tiny shape as a Phi-3-style model whose
+    LongRoPE factors vLLM picks from ``max_model_len`` (short up to 256)."""
+    from kvoffload.demos.tiny_model import ensure_model
+
+    return ensure_model("tiny-longrope", tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="session")

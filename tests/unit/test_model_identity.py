@@ -1,5 +1,6 @@
-"""The model identity's digests: canonical configuration data and weight files read
-from headers and samples only; deterministic, and never raising."""
+"""The model identity's digests: canonical configuration data and weight files by
+content (read once, remembered until a file changes); deterministic, and never
+raising."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from kvoffload.core import content_digest
+from kvoffload.core.content_digest import DigestCache
 from kvoffload.core.keys import Namespace
 from kvoffload.core.model_identity import (
-    SAMPLE_BYTES,
     canonical,
     digest_of,
     file_identity,
@@ -109,53 +111,102 @@ def test_a_new_weight_file_changes_the_digest(model_dir: Path) -> None:
     assert weights_digest(model_dir) != before
 
 
-def test_a_change_inside_a_sampled_range_changes_the_digest(model_dir: Path) -> None:
-    """The data of a large file is sampled at its start, middle and end."""
+def test_a_change_of_any_byte_changes_the_digest_even_with_size_and_mtime_kept(
+    model_dir: Path,
+) -> None:
+    """An in-place rewrite of one tensor of a large file (a partial fine-tune copied
+    over), its size and modification time kept: the whole content is digested."""
     path = model_dir / "model-00001.safetensors"
-    write_safetensors(path, [SAMPLE_BYTES, 2])  # 512 KiB of data, 3 samples of 64 KiB
+    write_safetensors(path, [300_000])  # 1.2 MB of data
+    stamp = path.stat()
     before = weights_digest(model_dir)
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
+    with open(path, "r+b") as f:
+        f.seek(stamp.st_size // 3)  # between any start, middle and end samples
+        f.write(b"\x01\x02\x03\x04")
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert path.stat().st_size == stamp.st_size
+    assert path.stat().st_mtime_ns == stamp.st_mtime_ns
     assert weights_digest(model_dir) != before
 
 
-def test_other_weight_files_are_named_sized_and_timed(model_dir: Path) -> None:
+def test_copies_of_the_same_files_elsewhere_have_the_same_digest(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Engines on two machines (other inodes, other times) share a Redis tier."""
+    other = tmp_path / "copy" / "model"
+    other.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    assert weights_digest(other) == weights_digest(model_dir)
+
+
+def test_a_digest_is_remembered_until_the_file_changes(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = DigestCache(tmp_path / "cache")
+    first = weights_digest(model_dir, cache)
+    reads: list[Path] = []
+    real = content_digest.hash_file
+
+    def counted(path: Path) -> str:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(content_digest, "hash_file", counted)
+    assert weights_digest(model_dir, DigestCache(tmp_path / "cache")) == first  # another process
+    assert reads == []
+    target = model_dir / "model-00002.safetensors"
+    write_safetensors(target, [32], fill=3)  # same size, new bytes: a new change time
+    assert weights_digest(model_dir, cache) != first
+    assert reads == [target]
+
+
+def test_a_cache_directory_of_another_user_or_writable_by_others_is_not_used(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    cache = DigestCache(shared)
+    assert cache.root is None  # computed each time, never read from a file others write
+    assert weights_digest(model_dir, cache) == weights_digest(model_dir)
+    assert list(shared.iterdir()) == []
+
+
+def test_a_remembered_entry_that_is_a_symlink_is_not_read(model_dir: Path, tmp_path: Path) -> None:
+    cache = DigestCache(tmp_path / "cache")
+    truth = weights_digest(model_dir, cache)
+    assert cache.root is not None
+    for entry in cache.root.glob("*.json"):
+        decoy = tmp_path / f"decoy-{entry.name}"
+        document = json.loads(entry.read_text())
+        document["digest"] = "0" * 32
+        decoy.write_text(json.dumps(document))
+        entry.unlink()
+        entry.symlink_to(decoy)
+    assert weights_digest(model_dir, cache) == truth
+
+
+def test_other_weight_files_are_digested_by_content(model_dir: Path) -> None:
     pt = model_dir / "pytorch_model.bin"
     pt.write_bytes(b"x" * 100)
-    os.utime(pt, ns=(1_000_000_000, 1_000_000_000))
     before = weights_digest(model_dir)
-    assert file_identity(pt) == ["pytorch_model.bin", 100, 1_000_000_000]
-    os.utime(pt, ns=(2_000_000_000, 2_000_000_000))  # replaced by a file of the same size
+    pt.write_bytes(b"y" * 100)  # replaced by a file of the same size
     assert weights_digest(model_dir) != before
 
 
 def test_a_single_weight_file_is_its_own_identity(tmp_path: Path) -> None:
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))
-    assert weights_digest(gguf) == digest_of([file_identity(gguf)])
+    digest = content_digest.hash_file(gguf)
+    assert weights_digest(gguf) == digest_of([file_identity(gguf, digest)])
 
 
 def test_a_hub_id_has_no_local_weights() -> None:
     assert weights_digest("org/not-a-local-path") == ""
 
 
-@pytest.mark.parametrize(
-    ("content", "expected"),
-    [
-        (b"", ["short"]),
-        (struct.pack("<Q", 1 << 40) + b"{}", ["bad header length", 1 << 40]),
-    ],
-)
-def test_a_damaged_safetensors_file_is_identified_deterministically(
-    tmp_path: Path, content: bytes, expected: list[object]
-) -> None:
-    path = tmp_path / "model.safetensors"
-    path.write_bytes(content)
-    assert file_identity(path) == ["model.safetensors", len(content), *expected]
-
-
-def test_an_unreadable_file_falls_back_to_its_name_and_size(
+def test_an_unreadable_file_is_identified_by_its_name_and_the_error(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_open = os.open
@@ -167,7 +218,9 @@ def test_an_unreadable_file_falls_back_to_its_name_and_size(
 
     monkeypatch.setattr(os, "open", refuse)
     path = model_dir / "model-00002.safetensors"
-    assert file_identity(path) == [path.name, path.stat().st_size, "unreadable"]
+    digest = content_digest.DigestCache(None).digest(path)
+    assert digest == "unreadable:PermissionError"
+    assert file_identity(path, digest) == [path.name, path.stat().st_size, digest]
     assert weights_digest(model_dir) == weights_digest(model_dir)
 
 

@@ -10,21 +10,21 @@ must never fail here.
 
 :func:`canonical` turns a configuration value into plain JSON data;
 :func:`digest_of` digests such data; :func:`weights_digest` digests a local model
-path's weight files from cheap reads only (see its docstring for what it reads).
+path's weight files by content (see its docstring for what it reads and remembers).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import hashlib
 import json
 import math
 import os
-import struct
 from collections.abc import Mapping
 from pathlib import Path
+
+from kvoffload.core import content_digest
 
 DIGEST_BYTES = 12
 """Digests are 12 bytes, 24 hex digits (as the layout digest)."""
@@ -34,16 +34,7 @@ MAX_DEPTH = 12
 
 SAFETENSORS_SUFFIX = ".safetensors"
 OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npz", ".msgpack", ".h5")
-"""Weight files that are not safetensors: identified by name, size and mtime."""
-
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-"""A safetensors header longer than this is taken as unreadable (safetensors caps
-headers at 100 MB)."""
-
-SAMPLE_BYTES = 64 * 1024
-"""Bytes of tensor data read at the start, the middle and the end of a safetensors
-file's data, so that weights replaced by others of the same shapes (a fine-tune)
-change the digest without reading the whole file."""
+"""The files of a model directory :func:`weights_digest` reads."""
 
 
 def canonical(value: object, depth: int = 0) -> object:
@@ -99,18 +90,20 @@ def digest_of(document: object) -> str:
     return hashlib.blake2b(text.encode(), digest_size=DIGEST_BYTES).hexdigest()
 
 
-def weights_digest(path: str | os.PathLike[str]) -> str:
+def weights_digest(
+    path: str | os.PathLike[str], cache: content_digest.DigestCache | None = None
+) -> str:
     """A digest of the weight files at a local model ``path``, or ``""`` when
     ``path`` is neither a directory nor a file (a hub model id).
 
-    A directory contributes its top-level weight files in name order; a file (a
-    GGUF model) itself. Per file: its name and size, and for ``*.safetensors`` the
-    JSON header (tensor names, dtypes, shapes, offsets, metadata) and
-    :data:`SAMPLE_BYTES` of tensor data at the start, middle and end of the data;
-    for other weight files (:data:`OTHER_WEIGHT_SUFFIXES`) the modification time in
-    nanoseconds instead. Reads a few small ranges per file, never a whole file. A
-    file that cannot be read contributes what could be read (its name, and its size
-    when ``stat`` works), so the digest stays deterministic."""
+    A directory contributes its top-level weight files (``*.safetensors`` and
+    :data:`OTHER_WEIGHT_SUFFIXES`) in name order; a file (a GGUF model) itself. Per
+    file: its name, its size and the digest of its whole content
+    (:mod:`kvoffload.core.content_digest`: read once per node and remembered until
+    the file changes; ``cache`` defaults to the user's). An in-place rewrite of any
+    tensor changes it; copies of the same files on other machines give the same one.
+    A file that cannot be read contributes its name and the error, so the digest
+    stays deterministic."""
     root = Path(path)
     try:
         if root.is_dir():
@@ -123,52 +116,18 @@ def weights_digest(path: str | os.PathLike[str]) -> str:
             return ""
     except OSError as exc:
         return digest_of(["unlistable", type(exc).__name__])
-    return digest_of([file_identity(f) for f in files])
+    digests = content_digest.digest_files(files, cache)
+    return digest_of([file_identity(f, d) for f, d in zip(files, digests, strict=True)])
 
 
-def file_identity(path: Path) -> list[object]:
+def file_identity(path: Path, digest: str) -> list[object]:
     """What :func:`weights_digest` records of one file (see there)."""
-    out: list[object] = [path.name]
     try:
-        stat = path.stat()
+        size: object = path.stat().st_size
     except OSError:
-        return [*out, "unreadable"]
-    out.append(stat.st_size)
-    if path.name.endswith(SAFETENSORS_SUFFIX):
-        out += _safetensors_identity(path, stat.st_size)
-    else:
-        out.append(stat.st_mtime_ns)
-    return out
+        size = "unreadable"
+    return [path.name, size, digest]
 
 
 def _is_weight_file(name: str) -> bool:
     return name.endswith(SAFETENSORS_SUFFIX) or name.endswith(OTHER_WEIGHT_SUFFIXES)
-
-
-def _safetensors_identity(path: Path, size: int) -> list[object]:
-    """The header's digest and the data samples' digest, or ``["unreadable"]``."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return ["unreadable"]
-    try:
-        head = os.pread(fd, 8, 0)
-        if len(head) != 8:
-            return ["short"]
-        (length,) = struct.unpack("<Q", head)
-        if length > min(MAX_HEADER_BYTES, size - 8):
-            return ["bad header length", length]
-        header = os.pread(fd, length, 8)
-        start = 8 + length
-        samples = hashlib.blake2b(digest_size=DIGEST_BYTES)
-        for offset in sorted({start, start + (size - start) // 2, max(start, size - SAMPLE_BYTES)}):
-            samples.update(os.pread(fd, SAMPLE_BYTES, offset))
-        return [
-            hashlib.blake2b(header, digest_size=DIGEST_BYTES).hexdigest(),
-            samples.hexdigest(),
-        ]
-    except OSError:
-        return ["unreadable"]
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)

@@ -41,6 +41,7 @@ _BLOCK_FORMAT = b"kvoffload/block-hash/v1"
 _SHARD_FORMAT = b"kvoffload/shard-key/v1"
 _NS_FORMAT = b"kvoffload/namespace/v1"
 _EPOCH_FORMAT = b"kvoffload/epoch/v1"
+_EXTRA_FORMAT = b"kvoffload/request-extra/v1"
 
 
 def _lp(data: bytes) -> bytes:
@@ -151,15 +152,20 @@ def block_hashes(
     return out
 
 
-def chain_seed(namespace: Namespace, epoch: bytes = b"") -> ChunkKey:
+def chain_seed(namespace: Namespace, epoch: bytes = b"", extra: bytes = b"") -> ChunkKey:
     """The key 'before' chunk 0 of every request in ``namespace``.
 
-    ``epoch`` names a connector reset generation (decision 0005): chains of another
-    epoch are disjoint, so chunks stored before a reset are never found after it. The
-    empty epoch (no reset yet) gives the format's original seed."""
-    if not epoch:
-        return ChunkKey(_digest(_KEY_FORMAT, namespace.digest()))
-    return ChunkKey(_digest(_KEY_FORMAT, namespace.digest(), _EPOCH_FORMAT, _lp(epoch)))
+    ``epoch`` names the weights and connector-reset generation the KV was computed
+    under (decisions 0005 and 0019): chains of another epoch are disjoint, so chunks
+    stored under other weights, or before a reset, are never found. ``extra`` is what
+    the request itself adds to its KV's identity beyond vLLM's block hashes (the
+    content digest of its LoRA adapter). Both empty give the format's original seed."""
+    parts = [_KEY_FORMAT, namespace.digest()]
+    if epoch:
+        parts += [_EPOCH_FORMAT, _lp(epoch)]
+    if extra:
+        parts += [_EXTRA_FORMAT, _lp(extra)]
+    return ChunkKey(_digest(*parts))
 
 
 def next_key(prev: ChunkKey, chunk_block_hashes: Sequence[bytes]) -> ChunkKey:
@@ -214,16 +220,19 @@ class KeyChain:
     has not seen, so the cost per engine step is proportional to new chunks.
     """
 
-    __slots__ = ("_blocks_seen", "_last", "blocks_per_chunk", "keys")
+    __slots__ = ("_blocks_seen", "_last", "blocks_per_chunk", "extra", "keys")
 
-    def __init__(self, namespace: Namespace, blocks_per_chunk: int, epoch: bytes = b"") -> None:
+    def __init__(
+        self, namespace: Namespace, blocks_per_chunk: int, epoch: bytes = b"", extra: bytes = b""
+    ) -> None:
         if blocks_per_chunk <= 0:
             raise ConfigError(
                 "blocks_per_chunk", f"must be a positive integer, got {blocks_per_chunk!r}"
             )
         self.blocks_per_chunk = blocks_per_chunk
+        self.extra = extra
         self.keys: list[ChunkKey] = []
-        self._last = chain_seed(namespace, epoch)
+        self._last = chain_seed(namespace, epoch, extra)
         self._blocks_seen = 0
 
     def extend(self, all_block_hashes: Sequence[bytes]) -> list[ChunkKey]:

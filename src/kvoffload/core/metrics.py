@@ -249,6 +249,25 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "resets_total", "counter", "Connector resets (nothing stored before is served after)."
     ),
+    MetricDef(
+        "weights_checks_total",
+        "counter",
+        "Times the workers were asked to fingerprint the weights again (after a reset of "
+        "the engine's prefix cache or of the connector).",
+    ),
+    MetricDef(
+        "weights_changes_total",
+        "counter",
+        "Times the weights' fingerprints changed while the engine ran (weights updated in "
+        "place): KV computed with the old weights is never served afterwards.",
+    ),
+    MetricDef(
+        "fenced_jobs_total",
+        "counter",
+        "Loads and stores a worker refused because its weights were not the ones the plan's "
+        "keys name (a load is recomputed, a store never made readable), per direction.",
+        ("direction",),
+    ),
     MetricDef("flushes_total", "counter", "Store jobs the workers were told to finish early."),
     MetricDef("usage_bytes", "gauge", "Bytes of chunks held, per tier.", ("tier",)),
     MetricDef(

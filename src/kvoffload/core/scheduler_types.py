@@ -47,6 +47,7 @@ class Deferral(enum.Enum):
     PENDING = "pending"  # its next chunk is being stored to host memory
     LOOKUP = "lookup"  # a lower tier is being asked whether it holds the next chunks
     NO_ROOM = "no_room"  # the engine did not admit the request and ran nothing since
+    WEIGHTS = "weights"  # the workers' weights are being fingerprinted (start, after a reset)
 
 
 RETRY_LATER = None
@@ -187,6 +188,8 @@ SCHEDULER_SERIES: tuple[Series, ...] = (
     ("hits_declined_total", labels(tier="host", reason="transfer")),
     ("internal_errors_total", ()),
     ("resets_total", ()),
+    ("weights_checks_total", ()),
+    ("weights_changes_total", ()),
     ("flushes_total", ()),
 )
 """The scheduler half's fixed counter series, exported (at 0) from the start."""

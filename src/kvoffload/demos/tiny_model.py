@@ -1,9 +1,11 @@
 """Random-weight checkpoints written locally, for tests and demos (no hub access).
 
 Llama-shaped, Mistral-shaped with a sliding window on every layer
-(``architecture="mistral"``), or Gemma-3-shaped with sliding-window and
+(``architecture="mistral"``), Gemma-3-shaped with sliding-window and
 full-attention layers mixed (``architecture="gemma3"``, a hybrid model: vLLM's
-hybrid KV cache manager gives it several KV cache groups).
+hybrid KV cache manager gives it several KV cache groups), or Phi-3-shaped with
+LongRoPE scaling (``architecture="phi3"``: short or long rope factors, which vLLM
+picks from ``max_model_len``).
 
 ``ensure_model(preset)`` returns the directory of a Hugging Face checkpoint
 (``config.json`` + ``model.safetensors``) that vLLM and transformers can load. The
@@ -51,9 +53,10 @@ class ModelPreset:
     tie_word_embeddings: bool
     dtype: str = "float32"
     seed: int = 0
-    architecture: str = "llama"  # "llama" | "mistral" | "gemma3"
+    architecture: str = "llama"  # "llama" | "mistral" | "gemma3" | "phi3"
     sliding_window: int | None = None
     full_every: int = 6  # gemma3: layers 6, 12, ... are full attention (5:1)
+    original_max_position: int = 256  # phi3: LongRoPE's short-factor range
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -98,6 +101,9 @@ PRESETS["tiny-gemma3"] = replace(
     num_hidden_layers=6,
     sliding_window=64,
 )
+# The tiny shape as a Phi-3-style model with LongRoPE (128k-context Phi-3/3.5/4-mini
+# style): vLLM uses the long factors when max_model_len exceeds 256.
+PRESETS["tiny-longrope"] = replace(PRESETS["tiny"], name="tiny-longrope", architecture="phi3")
 # The demo's size as a Gemma-3-style hybrid (10 window layers, 2 full).
 PRESETS["demo-gemma3"] = replace(
     PRESETS["demo"], name="demo-gemma3", architecture="gemma3", sliding_window=512
@@ -166,6 +172,19 @@ def _preset(name: str) -> ModelPreset:
 
 def _architecture_args(spec: ModelPreset) -> dict[str, object]:
     """The config arguments that set the architecture apart."""
+    if spec.architecture == "phi3":
+        half = spec.hidden_size // spec.num_attention_heads // 2
+        return {
+            "initializer_range": 0.2,  # peaked logits: the factors change the tokens
+            "original_max_position_embeddings": spec.original_max_position,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0] * half,
+                "long_factor": [2.0**i for i in range(half)],
+                "original_max_position_embeddings": spec.original_max_position,
+            },
+        }
     if spec.architecture != "gemma3":
         return {} if spec.sliding_window is None else {"sliding_window": spec.sliding_window}
     layer_types = [
@@ -190,12 +209,15 @@ def _write(spec: ModelPreset, path: Path) -> None:
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
     )
 
     config_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
+        "phi3": (Phi3Config, Phi3ForCausalLM),
     }[spec.architecture]
     config = config_cls(
         **_architecture_args(spec),

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from kvoffload.core.scheduler import OffloadScheduler
     from kvoffload.core.scheduler_types import SchedulerConfig
     from kvoffload.core.tiering import DirectoryTier, LowerTier
+    from kvoffload.core.weights import WeightsState
 
 
 def _random_epoch() -> bytes:
@@ -174,8 +175,10 @@ def build_scheduler(
     spill_after_hits: int = 0,
     clock: Callable[[], float] = time.monotonic,
     new_epoch: Callable[[], bytes] = _random_epoch,
+    weights: WeightsState | None = None,
 ) -> OffloadScheduler:
-    """The scheduler half over ``host`` and the ``lower`` tiers (in order)."""
+    """The scheduler half over ``host`` and the ``lower`` tiers (in order); with
+    ``weights``, keyed by what its workers report of their weights (decision 0019)."""
     from kvoffload.core.scheduler import OffloadScheduler
 
     return OffloadScheduler(
@@ -186,4 +189,5 @@ def build_scheduler(
         spill_after_hits=spill_after_hits,
         clock=clock,
         new_epoch=new_epoch,
+        weights=weights,
     )

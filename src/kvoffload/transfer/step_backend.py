@@ -9,7 +9,9 @@ engine on a :class:`~kvoffload.transfer.staged_loads.StagedLoadLane`. A job with
 leg whose lane this worker lacks fails at once, none of its legs started: a tier job
 without a tier lane (``"no such tier"``), a tier load without staged loads (every
 chunk of that leg with ``error_failure``); a load with no leg (it only names invalid
-blocks) succeeds at once. Nothing here raises for a failed job. Besides the results,
+blocks) succeeds at once; while :attr:`TransferBackend.refusal` is set, every engine
+load and store fails at once with it (the worker's weights fence). Nothing here
+raises for a failed job. Besides the results,
 :meth:`TransferBackend.poll` notes which requests' loads finished and which engine
 blocks are invalid (a failed load's blocks and the invalid blocks a load names), for
 the engine to recompute.
@@ -107,6 +109,9 @@ class TransferBackend:
         self._invalid_blocks: set[int] = set()
         self._failed: set[str] = set()
         self.fail_by_request = fail_by_request
+        # Set by the worker half per plan: engine loads and stores fail at once with
+        # this error, none of their legs started (the weights fence, decision 0019).
+        self.refusal: str | None = None
 
     def begin(self, plan: StepPlan) -> None:
         self._step_loads = tuple(job.job_id for job in plan.loads)
@@ -119,6 +124,9 @@ class TransferBackend:
         done = self._instant if isinstance(job, EngineJob) else self._early
         if not job_legs:  # a load of invalid blocks only: nothing to copy
             done.append(JobResult(job.job_id, True))
+            return
+        if self.refusal is not None and isinstance(job, EngineJob):
+            done.append(JobResult(job.job_id, False, error=self.refusal))
             return
         for leg in job_legs:
             way = _WAYS[leg.route]

@@ -11,6 +11,7 @@ from vllm.config import VllmConfig
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
@@ -56,6 +57,7 @@ __all__ = [
     "KVCacheEvent",
     "KVCacheSpec",
     "KVConnectorBase_V1",
+    "KVConnectorHandshakeMetadata",
     "KVConnectorMetadata",
     "KVConnectorOutput",
     "KVConnectorPromMetrics",
@@ -82,3 +84,13 @@ def tensor_parallel_rank() -> int:
 
     tp, pp = get_tp_group(), get_pp_group()
     return pp.rank_in_group * tp.world_size + tp.rank_in_group
+
+
+def is_transfer_agent(connector: object) -> bool:
+    """Whether ``connector`` is this worker process's KV connector itself (vLLM's
+    agent), not one child of a ``MultiConnector``."""
+    from vllm.distributed.kv_transfer import kv_transfer_state
+
+    return kv_transfer_state.has_kv_transfer_group() and (
+        kv_transfer_state.get_kv_transfer_group() is connector
+    )

@@ -38,6 +38,7 @@ from kvoffload.adapters.vllm.compat import (
     KVCacheConfig,
     KVCacheEvent,
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorOutput,
     KVConnectorPromMetrics,
@@ -49,6 +50,7 @@ from kvoffload.adapters.vllm.compat import (
     SchedulerOutput,
     SupportsHMA,
     VllmConfig,
+    is_transfer_agent,
 )
 from kvoffload.adapters.vllm.deployment import check_deployment
 from kvoffload.adapters.vllm.load_failure import enforce_recompute
@@ -172,6 +174,13 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     def reset_cache(self) -> bool:
         return self._sched().reset_cache()
 
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        """vLLM's block pool, bound after the scheduler is built (also under
+        ``MultiConnector``): a reset of its prefix cache makes the workers check their
+        weights (``prefix_watch.py``, decision 0019)."""
+        if self.scheduler_side is not None:
+            self.scheduler_side.bind_block_pool(gpu_block_pool)
+
     # ------------------------------------------------------------ worker role
 
     def _work(self) -> WorkerSide:
@@ -227,6 +236,22 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         return self._work().build_connector_worker_meta()
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        """This worker's weights fingerprint, for the scheduler half before the first
+        step; None under ``MultiConnector`` (the handshake is the P/D connector's;
+        the fingerprint comes with the first report, ``messages.py``)."""
+        side = self.worker_side
+        if side is None:
+            return None
+        top = side.top_level if side.top_level is not None else is_transfer_agent(self)
+        return side.handshake() if top else None
+
+    def set_xfer_handshake_metadata(
+        self, metadata: dict[int, KVConnectorHandshakeMetadata]
+    ) -> None:
+        if self.scheduler_side is not None:
+            self.scheduler_side.handshake(metadata.values())
 
     def shutdown(self) -> None:
         if self.worker_side is not None:

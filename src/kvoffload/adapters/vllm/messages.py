@@ -3,15 +3,24 @@
 Scheduler -> workers: :class:`PlanMetadata` carries kvoffload's :class:`StepPlan`.
 Workers -> scheduler: :class:`ReportMetadata` carries each worker's
 :class:`WorkerReport`; vLLM merges the workers' metadata with ``aggregate`` and the
-scheduler half counts completions per rank. Both are immutable and picklable.
+scheduler half counts completions per rank. Once, at start, before the first step:
+:class:`WeightsHandshake`, each worker's weights fingerprint, through vLLM's
+connector handshake (only when kvoffload is the engine's connector itself: under
+``MultiConnector`` the handshake belongs to the P/D connector, and the fingerprints
+come with the first reports instead). All are immutable and picklable.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvoffload.adapters.vllm.compat import KVConnectorMetadata, KVConnectorWorkerMetadata
+from kvoffload.adapters.vllm.compat import (
+    KVConnectorHandshakeMetadata,
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
 from kvoffload.core.jobs import StepPlan, WorkerReport
+from kvoffload.core.weights import WeightsStamp
 
 
 @dataclass(frozen=True)
@@ -20,6 +29,9 @@ class PlanMetadata(KVConnectorMetadata):
     session: bytes | None = None
     """The engine's session on its node-shared host tier (None: a private one): each
     worker holds a lease on it before running the plan's jobs (decision 0016)."""
+    weights: WeightsStamp | None = None
+    """The weights check asked for and the fingerprints the plan's keys name; a worker
+    whose fingerprint differs refuses the plan's loads and stores (decision 0019)."""
 
 
 @dataclass(frozen=True)
@@ -28,8 +40,24 @@ class ReportMetadata(KVConnectorWorkerMetadata):
     namespaces: tuple[tuple[int, bytes], ...] = ()
     """(rank, namespace digest) each worker derived, sent once with its first report:
     the scheduler half checks they are its own (``SchedulerSide``)."""
+    weights: tuple[tuple[int, int, bytes], ...] = ()
+    """(rank, check, fingerprint) of each worker that fingerprinted its weights since
+    its last report: check 0 with its first report, then once per check a plan asked
+    for (decision 0019)."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, ReportMetadata):
             return self
-        return ReportMetadata(self.reports + other.reports, self.namespaces + other.namespaces)
+        return ReportMetadata(
+            self.reports + other.reports,
+            self.namespaces + other.namespaces,
+            self.weights + other.weights,
+        )
+
+
+@dataclass(frozen=True)
+class WeightsHandshake(KVConnectorHandshakeMetadata):
+    """A worker's weights fingerprint at start (check 0, decision 0019)."""
+
+    rank: int
+    fingerprint: bytes

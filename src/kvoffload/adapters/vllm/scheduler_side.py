@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from typing import cast
 
 from kvoffload.adapters.prometheus import MetricsEndpoint
@@ -29,6 +30,7 @@ from kvoffload.adapters.vllm.host_share import (
     share_settings,
 )
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.adapters.vllm.scheduler_weights import SchedulerWeights
 from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.anomalies import Anomaly
@@ -41,6 +43,7 @@ from kvoffload.core.metrics_view import MetricsReading, read_metrics
 from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering import LowerTier
+from kvoffload.core.weights import WeightsState
 from kvoffload.tiers.build import LowerTiers, build_scheduler, enabled_tiers, open_lower_tiers
 from kvoffload.tiers.spec import OpenedIndex
 
@@ -156,7 +159,9 @@ class SchedulerSide:
             g.namespace,
             self.lower.indexes,
             spill_after_hits=config.spill_after_hits,
+            weights=WeightsState(g.world_size),  # the workers report their fingerprints
         )
+        self.weights = SchedulerWeights(self.scheduler)  # decision 0019
         self.chunk_bytes = g.chunk_bytes * g.world_size  # one chunk, all workers
         self.link_counters = (
             LinkCounters(self.scheduler.metrics) if self.share is not None else None
@@ -200,6 +205,11 @@ class SchedulerSide:
         )
         return line if self.share is None else f"{line}, {self.share.describe()}"
 
+    def bind_block_pool(self, pool: object) -> None:
+        """vLLM's block pool: a reset of its prefix cache starts a weights check."""
+        with self.lock:
+            self.weights.bind_pool(pool)
+
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
@@ -207,6 +217,7 @@ class SchedulerSide:
             if self.guard.off:
                 return 0, False
             try:
+                self.weights.watch()
                 tokens = self.scheduler.lookup(request, num_computed_tokens)
             except Exception as exc:
                 self.guard.trip("get_num_new_matched_tokens", exc)
@@ -234,10 +245,11 @@ class SchedulerSide:
         with self.lock:
             if not self.guard.off:
                 try:
+                    self.weights.watch()
                     plan = self.scheduler.build_plan(step_input(output))
                     if self.events is not None:
                         self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
-                    return PlanMetadata(plan, self.session)
+                    return PlanMetadata(plan, self.session, self.scheduler.weights_stamp())
                 except Exception as exc:
                     self.guard.trip("build_connector_meta", exc)
             return PlanMetadata(self.guard.plan(), self.session)
@@ -251,6 +263,7 @@ class SchedulerSide:
                 return
             try:
                 self._check_namespaces(meta.namespaces)
+                self.weights.learn(meta.weights)
                 for report in meta.reports:
                     done = self.scheduler.on_report(report)
                     if self.events is not None:
@@ -273,6 +286,16 @@ class SchedulerSide:
                     f"{own.hex()}: its lower tiers' copies will not be found (the model's "
                     "configuration differs between the processes)",
                 )
+
+    def handshake(self, metadata: Iterable[object]) -> None:
+        """vLLM's handshake, before the first step (the workers' fingerprints)."""
+        with self.lock:
+            if self.guard.off:
+                return
+            try:
+                self.weights.handshake(metadata)
+            except Exception as exc:
+                self.guard.trip("set_xfer_handshake_metadata", exc)
 
     def request_finished(self, request: Request) -> None:
         with self.lock:

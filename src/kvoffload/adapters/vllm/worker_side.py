@@ -29,12 +29,14 @@ import torch
 from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_parallel_rank
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.host_share import WorkerShare, share_settings
-from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata, WeightsHandshake
 from kvoffload.adapters.vllm.startup import worker_summary
+from kvoffload.adapters.vllm.worker_weights import WorkerWeights
 from kvoffload.core.config import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.jobs import JobResult, TransferJob, WorkerReport
 from kvoffload.core.step_runner import StepRunner
+from kvoffload.core.weights import FENCED
 from kvoffload.tiers.build import enabled_tiers, open_tier_stores
 from kvoffload.tiers.host import HostSlab
 from kvoffload.tiers.spec import SessionHolder
@@ -75,6 +77,11 @@ class WorkerSide:
         self.clock: Callable[[], float] = time.monotonic  # tier I/O deadlines (harnesses)
         self.io_hook: Callable[[TransferJob], None] | None = None  # tests: hang tier I/O
         self._invalid_blocks: set[int] = set()
+        # The weights' identity (decision 0019); harnesses set ``weights.source``.
+        self.weights = WorkerWeights()
+        # Whether this connector is the engine's own (not a MultiConnector's child):
+        # None asks vLLM; harnesses set it.
+        self.top_level: bool | None = None
 
     @property
     def worker(self) -> TransferWorker | None:
@@ -105,6 +112,7 @@ class WorkerSide:
                 self.rank = tensor_parallel_rank()
             except (AssertionError, RuntimeError):
                 self.rank = 0  # no distributed environment: a single worker
+        self.weights.open(self.rank)
         worker = self._open_worker(kv_caches)
         tiers: TierWorker | None = None
         try:
@@ -224,22 +232,37 @@ class WorkerSide:
 
     def handle_preemptions(self, metadata: PlanMetadata) -> None:
         """Before the forward pass: the step's flush (its first call: idempotent)."""
-        self._hold_session(metadata)
+        self._prepare(metadata)
         if self.runner is not None:
             self.runner.flush(metadata.plan)
 
     def start_load_kv(self, metadata: PlanMetadata) -> None:
         """Submit the step's loads, spills and promotions (after the flush)."""
-        self._hold_session(metadata)
+        self._prepare(metadata)
         if self.runner is not None:
             self.runner.begin_step(metadata.plan)
 
     def wait_for_save(self, metadata: PlanMetadata) -> None:
         """After the forward pass: submit the step's remaining stores."""
-        self._hold_session(metadata)
+        self._prepare(metadata)
         if self.runner is not None:
             self.runner.flush(metadata.plan)
             self.runner.end_forward()
+
+    def _prepare(self, metadata: PlanMetadata) -> None:
+        """Before any job of the plan runs: hold its session, fingerprint the weights
+        when the plan asks for a new check or they were loaded anew, and fence the
+        plan's loads and stores unless this worker's weights are the ones its keys
+        name (decision 0019)."""
+        self._hold_session(metadata)
+        stamp = metadata.weights
+        if stamp is not None and self.runner is not None:
+            allowed = self.weights.admits(stamp)
+            self.runner.backend.refusal = None if allowed else FENCED
+
+    def handshake(self) -> WeightsHandshake | None:
+        """The weights' fingerprint taken at start, for vLLM's handshake."""
+        return self.weights.handshake()
 
     def _hold_session(self, metadata: PlanMetadata) -> None:
         """With a share: lease the session the plan names before any of its jobs run,
@@ -273,14 +296,16 @@ class WorkerSide:
     def build_connector_worker_meta(self) -> ReportMetadata | None:
         """This step's report; the first one also names the namespace this worker
         derived (its model configuration as it loaded the model), for the scheduler
-        half to check against its own."""
+        half to check against its own, and every report the weights' fingerprints
+        taken since the last one (decision 0019)."""
         announce = () if self._announced else ((self.rank, self.geometry.namespace.digest()),)
-        if not self._results and not self._released and not announce:
+        weights = self.weights.take_reports()
+        if not self._results and not self._released and not announce and not weights:
             return None
         self._announced = True
         results, self._results = tuple(self._results), []
         released, self._released = tuple(self._released), []
-        return ReportMetadata((WorkerReport(self.rank, results, released),), announce)
+        return ReportMetadata((WorkerReport(self.rank, results, released),), announce, weights)
 
     def shutdown(self) -> None:
         """Shut the staged loads, the tier lane (which closes the tier stores the

@@ -31,6 +31,7 @@ class Allocations:
         self.requests = ctx.requests
         self.deferral = ctx.deferral
         self.anomalies = ctx.anomalies
+        self.weights = ctx.weights
         self.loads = loads
         self.builder = builder
 
@@ -68,10 +69,11 @@ class Allocations:
 
     def _admit(self, state: RequestState, hit_tokens: int, blocks: GroupBlocks) -> None:
         """Admission bookkeeping: recency of the hit, reuse counts, the end of any
-        deferral, a fresh store cursor and the full block list."""
+        deferral, a fresh store cursor (never stored while the weights are not known:
+        its keys may not name the weights it is computed with) and the full block list."""
         keys = state.keys.extend(state.request.block_hashes)
         groups = self.config.kv_groups
         self.directory.touch(groups.all_keys(keys[: hit_tokens // self.config.chunk_tokens]))
         self.directory.record_lookups(groups.all_keys(keys))
         self.deferral.end(state)
-        state.admit(blocks)
+        state.admit(blocks, weights_known=self.weights.known)

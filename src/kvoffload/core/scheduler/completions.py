@@ -19,6 +19,7 @@ from kvoffload.core.scheduler.loads import LoadPlanner
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler.stores import StorePlanner
 from kvoffload.core.scheduler.tier_moves import TierMoves
+from kvoffload.core.weights import FENCED
 
 
 class Completions:
@@ -61,6 +62,8 @@ class Completions:
 
     def _complete(self, completion: Completion) -> None:
         job = completion.job
+        if not completion.success and completion.result.error == FENCED:
+            self.metrics.count("fenced_jobs_total", direction=job.kind.value)
         if isinstance(job, TierJob):
             self.moves.complete(job, completion.result)
         elif job.kind is JobKind.STORE:

@@ -12,6 +12,7 @@ from kvoffload.core.scheduler.deferral import DeferralClock
 from kvoffload.core.scheduler.requests import RequestTable
 from kvoffload.core.scheduler_types import SchedulerConfig, SchedulerStats
 from kvoffload.core.tier_planning import TierPlanner
+from kvoffload.core.weights import WeightsState
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class Context:
     """The collaborators (each the one owner of its state): the host directory, the
     tier planner (lower tiers), the request table (states; it holds the job
     tracker), the deferral clock, the job counts, the metrics recorder (every exported
-    counter), the anomaly log and the cost model (load or recompute)."""
+    counter), the anomaly log, the cost model (load or recompute) and what is known of
+    the weights (decision 0019; the façade alone mutates it)."""
 
     config: SchedulerConfig
     directory: Directory
@@ -30,3 +32,4 @@ class Context:
     metrics: MetricsRecorder
     anomalies: AnomalyLog
     cost: CostModel
+    weights: WeightsState

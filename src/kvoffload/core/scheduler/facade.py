@@ -36,6 +36,7 @@ from kvoffload.core.scheduler_types import (
 )
 from kvoffload.core.tier_planning import TierPlanner
 from kvoffload.core.tiering import LowerTier
+from kvoffload.core.weights import WeightsChange, WeightsStamp, WeightsState
 
 
 class OffloadScheduler:
@@ -56,7 +57,11 @@ class OffloadScheduler:
         spill_after_hits: int = 0,
         clock: Callable[[], float] = time.monotonic,
         new_epoch: Callable[[], bytes] = lambda: os.urandom(16),
+        weights: WeightsState | None = None,
     ) -> None:
+        """``weights``: what is known of the engine's weights (decision 0019): a
+        state its workers report fingerprints into (the vLLM connector), or None: a
+        fixed one (the reference engine and the simulator, whose workers report none)."""
         self.config = config
         self.directory = directory
         self.namespace = namespace
@@ -76,11 +81,13 @@ class OffloadScheduler:
         self.anomalies = AnomalyLog(self.metrics)
         self._new_epoch = new_epoch
         self._tracker = JobTracker(config.world_size)
+        self.weights = weights if weights is not None else WeightsState(1, fixed=b"")
         self.requests = RequestTable(
             namespace,
             config.hashes_per_chunk,
             self._tracker,
             self.metrics,
+            self.weights,
             groups=len(config.kv_groups),
         )
         self.deferral = DeferralClock(config, self.metrics, clock)
@@ -100,6 +107,7 @@ class OffloadScheduler:
             self.metrics,
             self.anomalies,
             self.cost,
+            self.weights,
         )
         self.loads = LoadPlanner(ctx)
         self.stores = StorePlanner(ctx)
@@ -123,8 +131,9 @@ class OffloadScheduler:
 
     @property
     def epoch(self) -> bytes:
-        """The key epoch: changes at every reset (decision 0005)."""
-        return self.requests.epoch
+        """The key epoch: changes at every reset (decision 0005) and whenever the
+        weights' fingerprints change (decision 0019)."""
+        return self.weights.epoch
 
     @property
     def param_errors(self) -> ParamErrorLog:
@@ -208,12 +217,45 @@ class OffloadScheduler:
         again, so nothing stored before the reset is served after it. The directories
         drop what they hold; jobs in flight still complete and release their requests,
         and what they stored is dropped."""
-        self.requests.epoch = self._new_epoch()
+        self.weights.reset(self._new_epoch())
         self.directory.reset()
         self.tiers.reset()
-        for state in self.requests:
-            state.rekey(self.namespace, self.requests.epoch)
+        self._rekey()
         self.metrics.count("resets_total")
+
+    # ------------------------------------------------------------------ weights
+
+    def weights_stamp(self) -> WeightsStamp:
+        """What the next plan tells its workers of the weights (decision 0019)."""
+        return self.weights.stamp()
+
+    def check_weights(self) -> None:
+        """The weights may have changed in place (the engine's prefix cache was
+        reset): every worker fingerprints its weights again before it runs the next
+        plan's jobs, refuses that plan's loads and stores if they no longer match the
+        keys, and reports; lookups go on meanwhile (decision 0019)."""
+        if not self.weights.fixed:
+            self.weights.request_check()
+            self.metrics.count("weights_checks_total")
+
+    def on_weights(self, rank: int, check: int, fingerprint: bytes) -> WeightsChange | None:
+        """Worker ``rank`` fingerprinted its weights for check ``check``. Once every
+        worker reported the latest check: weights seen for the first time, or other
+        than before, begin a new key epoch (nothing stored under other weights is
+        found; every live request's KV is the old weights' and is never stored, as
+        after a connector reset, but no tier is emptied: other engines may still run
+        the old weights). Returns the change, or None (waiting for other ranks, a
+        report of an older check)."""
+        change = self.weights.report(rank, check, fingerprint)
+        if change is not None and change.changed:
+            self._rekey()
+            if not change.first:
+                self.metrics.count("weights_changes_total")
+        return change
+
+    def _rekey(self) -> None:
+        for state in self.requests:
+            state.rekey(self.namespace, self.weights.epoch)
 
     def take_events(self) -> list[CacheEvent]:
         events = self.directory.take_events()

@@ -44,6 +44,7 @@ from kvoffload.core.scheduler_types import (
     SchedulerConfig,
 )
 from kvoffload.core.tier_planning import TierPlanner
+from kvoffload.core.weights import FENCED
 
 IDLE_STEPS_STALLED = 2
 """Consecutive engine steps that scheduled nothing after which a request the engine
@@ -66,6 +67,7 @@ class LoadPlanner:
         self.tiers = ctx.tiers
         self.requests = ctx.requests
         self.deferral = ctx.deferral
+        self.weights = ctx.weights
         self.stats = ctx.stats
         self.metrics = ctx.metrics
         self.anomalies = ctx.anomalies
@@ -91,6 +93,15 @@ class LoadPlanner:
                 promoting = tracker.has_promotion(request_id)
                 busy = Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT
                 self.deferral.defer(state, busy)
+                return RETRY_LATER
+            self.metrics.count("deferral_timeouts_total")
+            state.lookup_hit = local_only
+            return 0
+        if not self.weights.known:
+            # The keys may not name the weights the workers run (decision 0019): wait
+            # for their fingerprints (a step or two), then recompute past the bound.
+            if not self.deferral.expired(state):
+                self.deferral.defer(state, Deferral.WEIGHTS)
                 return RETRY_LATER
             self.metrics.count("deferral_timeouts_total")
             state.lookup_hit = local_only
@@ -248,7 +259,9 @@ class LoadPlanner:
         """The directory side of a finished load: unpin its host chunks (a tier load's
         tier chunks are released in the tier planner); on failure the copy may be
         torn, so nobody loads these host chunks again (and the request recomputes
-        instead of retrying: no retry loops) unless only tier chunks failed."""
+        instead of retrying: no retry loops) unless only tier chunks failed, or the
+        worker refused the load under the weights fence (nothing was copied; the
+        chunks are another weights' and never found under the new keys)."""
         job = completion.job
         assert isinstance(job, EngineJob)  # the completions route only loads here
         keys = job.keys if job.tier is None else tuple(job.keys[i] for i in job.host_chunks())
@@ -261,7 +274,8 @@ class LoadPlanner:
         self.stats.load_failures += 1
         if completion.result.failed_chunks:
             return  # the tier's chunks failed (counted under its labels)
-        self.directory.discard(keys)
+        if completion.result.error != FENCED:  # refused by the weights fence: nothing torn
+            self.directory.discard(keys)  # (the chunks may serve engines on other weights)
         self.metrics.count("failed_chunks_total", len(keys), direction="load", tier="host")
 
 

@@ -167,12 +167,13 @@ class RequestState:
         controls: RequestControls = DEFAULT,
         *,
         groups: int = 1,
+        extra: bytes = b"",
     ):
         self.request = request
         self.request_id: str = request.request_id  # the same for every request object it is given
         self.controls = controls  # what the request lets kvoffload do (request_controls.py)
         self.phase = Phase.WAITING
-        self.keys = KeyChain(namespace, hashes_per_chunk, epoch)
+        self.keys = KeyChain(namespace, hashes_per_chunk, epoch, extra)
         self.blocks = BlockTables(groups)
         self.stored_chunks = 0
         self.computed_tokens = 0
@@ -183,7 +184,7 @@ class RequestState:
         self.load_failed = False  # a load of this request failed: it recomputes from now on
         self.promotion: PromotionWish | None = None  # wished by lookup, taken by the plan
         self.no_promotion = False  # a promotion could not be planned: none until admitted
-        self.stale_kv = False  # its KV predates a connector reset: never stored
+        self.stale_kv = False  # its KV's weights are not the current keys': never stored
 
     @property
     def finished(self) -> bool:
@@ -201,23 +202,26 @@ class RequestState:
         self.phase = target
 
     def rekey(self, namespace: Namespace, epoch: bytes) -> None:
-        """A connector reset began key epoch ``epoch`` (the weights changed): derive
-        the keys anew (lazily, from the block hashes) and forget a wished promotion
+        """Key epoch ``epoch`` began (a connector reset, or the weights changed or
+        were first learned, decision 0019): derive the keys anew (lazily, from the
+        block hashes; the request's own ``extra`` kept) and forget a wished promotion
         (it names old keys). The KV this request holds in the engine, and any it
-        computes from it, is the old weights': it is never stored (``stale_kv``) until
-        the request is admitted again (preempted and recomputed)."""
-        self.keys = KeyChain(namespace, self.keys.blocks_per_chunk, epoch)
+        computes from it, was computed before the new epoch: it is never stored
+        (``stale_kv``) until the request is admitted again (preempted and recomputed)."""
+        self.keys = KeyChain(namespace, self.keys.blocks_per_chunk, epoch, self.keys.extra)
         self.promotion = None
         self.stale_kv = True
 
-    def admit(self, blocks: GroupBlocks) -> None:
+    def admit(self, blocks: GroupBlocks, *, weights_known: bool = True) -> None:
         """The engine admitted the request (an allocation after a lookup) with
         ``blocks``, its whole allocation (per KV cache group): a fresh store cursor,
-        no promotion wished or refused, its KV computed (or loaded) afresh from here.
+        no promotion wished or refused, its KV computed (or loaded) afresh from here,
+        stored unless the weights it is computed with are not known
+        (``weights_known`` False: never stored, decision 0019).
         The caller ends the deferral (:meth:`DeferralClock.end`) and moves the phase (RUNNING or
         LOADING)."""
         self.stored_chunks = 0
         self.promotion = None
         self.no_promotion = False
-        self.stale_kv = False
+        self.stale_kv = not weights_known
         self.blocks.replace(blocks)

@@ -19,6 +19,12 @@ from kvoffload.core.request_controls import parse_controls
 from kvoffload.core.scheduler.job_tracker import JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import EngineRequest
+from kvoffload.core.weights import WeightsState
+
+
+def no_extra(request: EngineRequest) -> bytes:
+    """A request adds nothing to its keys beyond vLLM's block hashes."""
+    return b""
 
 
 class RequestTable:
@@ -28,6 +34,7 @@ class RequestTable:
         hashes_per_chunk: int,
         tracker: JobTracker,
         metrics: MetricsRecorder,
+        weights: WeightsState,
         *,
         groups: int = 1,
     ) -> None:
@@ -36,7 +43,10 @@ class RequestTable:
         self.hashes_per_chunk = hashes_per_chunk
         self.tracker = tracker
         self.param_errors = ParamErrorLog(metrics)
-        self.epoch = b""  # the key epoch new states start in (decision 0005)
+        self.weights = weights  # read only: the key epoch new states start in
+        # What a request adds to its key chain's seed (the adapter's: a LoRA adapter's
+        # content digest, decision 0019); read once, when its state is created.
+        self.key_extra: Callable[[EngineRequest], bytes] = no_extra
         self._states: dict[str, RequestState] = {}
         # The state of a request id, or None: the dict's own lookup (the hottest call
         # of the scheduler half; ``_states`` is never rebound).
@@ -47,7 +57,13 @@ class RequestTable:
         if refused is not None:
             self.param_errors.note(request.request_id, refused)
         state = RequestState(
-            request, self.namespace, self.hashes_per_chunk, self.epoch, controls, groups=self.groups
+            request,
+            self.namespace,
+            self.hashes_per_chunk,
+            self.weights.epoch,
+            controls,
+            groups=self.groups,
+            extra=self.key_extra(request),
         )
         self._states[request.request_id] = state
         return state

@@ -171,6 +171,7 @@ def _drive(scenario: Scenario, h: VllmHarness, env: Environment, outcome: Outcom
         [r.arrival for r in scenario.requests]
         + [a[0] for a in scenario.aborts]
         + [r.step for r in scenario.resets]
+        + [u.step for u in scenario.weight_updates]
         + ([down.end] if down is not None else [])
     )
     arrived: set[str] = set()
@@ -231,6 +232,10 @@ def _fire_events(
                     raise
                 done = False
             outcome.stats["resets_done" if done else "resets_refused"] += 1
+    for update in scenario.weight_updates:
+        if update.step == step:
+            done = h.update_weights(update.running)
+            outcome.stats["weight_updates_done" if done else "weight_updates_refused"] += 1
     down = scenario.fault(FaultKind.REDIS_DOWN)
     if down is not None and scenario.tiers is Tiers.REDIS:
         if step == down.start:
@@ -289,6 +294,9 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         load_failures=s.load_failures,
         store_failures=s.store_failures,
         connector_resets=m.value("resets_total"),
+        weights_changes=m.value("weights_changes_total"),
+        fenced_loads=m.value("fenced_jobs_total", direction="load"),
+        fenced_stores=m.value("fenced_jobs_total", direction="store"),
     )
     for unit in h.beside:
         other = unit.side.scheduler

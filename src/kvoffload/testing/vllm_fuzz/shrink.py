@@ -1,7 +1,7 @@
 """Shrinking a failing scenario to a small reproduction.
 
 Greedy: try each simplification (drop a request with its aborts, an abort, a reset,
-a fault; one rank instead of two; no connector beside kvoffload; store everything)
+a weight update, a fault; one rank instead of two; no connector beside kvoffload; store everything)
 and keep the first that still fails with the same category of failure; repeat until
 nothing simpler fails or the budget of runs is spent.
 """
@@ -20,6 +20,10 @@ def simpler(scenario: Scenario) -> Iterator[Scenario]:
         yield replace(scenario, faults=tuple(f for f in scenario.faults if f is not fault))
     for reset in scenario.resets:
         yield replace(scenario, resets=tuple(r for r in scenario.resets if r is not reset))
+    for update in scenario.weight_updates:
+        yield replace(
+            scenario, weight_updates=tuple(u for u in scenario.weight_updates if u is not update)
+        )
     for abort in scenario.aborts:
         yield replace(scenario, aborts=tuple(a for a in scenario.aborts if a is not abort))
     for request in scenario.requests:

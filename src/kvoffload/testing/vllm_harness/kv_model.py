@@ -48,6 +48,10 @@ class KVModel:
         self.salts: dict[str, str] = {}  # a request's cache salt seeds its digests
         self._values: dict[tuple[bytes, int, int, int, int], float] = {}
 
+    def fingerprint(self, rank: int) -> bytes:
+        """Rank ``rank``'s weights fingerprint: a function of the weights version."""
+        return f"kv-model:v{self.version}:r{rank}".encode()
+
     def digests(self, request_id: str, tokens: list[int], end: int) -> list[bytes]:
         """Digests of ``tokens[: p + 1]`` for p < ``end``."""
         prefix = self._prefixes.get(request_id)

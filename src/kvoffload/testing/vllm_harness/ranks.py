@@ -91,6 +91,7 @@ def make_rank(
     *,
     clock: Callable[[], float],
     hangs: IoHangs,
+    weights: Callable[[int], bytes] | None = None,
 ) -> Rank:
     """Rank ``rank``'s connector, registered over ``kv`` (``[layers, blocks, ...]``) as
     vLLM registers a hybrid model's KV: every group's layer names, layer ``i`` of
@@ -99,7 +100,8 @@ def make_rank(
     every kvoffload child is gated. Tier I/O deadlines run on ``clock``; tier calls
     may be hung by ``hangs``; every copy of a staged tier load is recorded (a copy of
     a load already reported timed out is a late write into engine blocks vLLM has
-    back: ``late_copies``)."""
+    back: ``late_copies``). ``weights(rank)`` is the rank's weights fingerprint as
+    the fake model's weights stand (decision 0019)."""
     connector: KVConnectorBase_V1
     if isinstance(vllm_config.kv_transfer_config, KVTransferConfig) and (
         vllm_config.kv_transfer_config.kv_connector == "MultiConnector"
@@ -115,6 +117,9 @@ def make_rank(
         kid.worker_side.rank_override = rank
         kid.worker_side.clock = clock
         kid.worker_side.io_hook = hangs.hook(rank)
+        kid.worker_side.top_level = kid is connector  # not a MultiConnector's child
+        if weights is not None:
+            kid.worker_side.weights.source = lambda: weights(rank)
     groups = len(kv_cache_config.kv_cache_groups)
     connector.register_kv_caches(
         {name: kv[i] for g in range(groups) for i, name in enumerate(layer_names(g))}
@@ -246,4 +251,4 @@ def _ordered(
                 entry.timed_out_loads.add(result.job_id)  # (ids of tier jobs never copy)
         ordered = tuple(policy.order(rank, step, results))
         reports.append(WorkerReport(report.rank, ordered, report.released))
-    return ReportMetadata(tuple(reports), meta.namespaces)
+    return ReportMetadata(tuple(reports), meta.namespaces, meta.weights)

@@ -13,7 +13,7 @@ from tests.unit.test_scheduler import ok
 
 from kvoffload.core.cost import LaneCosts, ProbeState, Verdict, fixed_timing
 from kvoffload.core.cost.probing import FIRST_BACKOFF_S, PROBE_SHARE, LaneProbe
-from kvoffload.core.failures import timeout_failure
+from kvoffload.core.failures import error_failure, timeout_failure
 from kvoffload.core.jobs import EngineJob, JobResult, WorkerReport
 from kvoffload.core.scheduler_types import StepInput
 
@@ -169,6 +169,25 @@ def test_a_probe_that_times_out_needs_the_credit_of_its_deadline() -> None:
     rig.clock.now += 2 * FIRST_BACKOFF_S
     assert rig.ask("q") == 0  # the backoff is over; the credit is not
     assert declined_until_probed(rig) == 311  # 500 ms / 5% = 10 s: 313 hits of 32 ms
+
+
+def test_a_probe_that_fails_teaches_nothing_and_ends() -> None:
+    """A probe's read failing for another reason than its deadline says nothing about
+    the lane's speed: the window keeps its samples; the probe ends all the same (the
+    backoff doubles), and its request recomputes."""
+    rig = declined_rig()
+    earn_credit(rig)
+    rig.clock.now += FIRST_BACKOFF_S
+    assert rig.ask("p") == PROBE
+    rig.admit("p")
+    (load,) = rig.s.build_plan(StepInput()).loads
+    error = error_failure("disk read failed")
+    rig.s.on_report(WorkerReport(0, (JobResult(load.job_id, False, failed_chunks=((0, error),)),)))
+    probe = rig.s.cost.probes["disk"]
+    assert probe.state is ProbeState.WAITING and probe.backoff_s == 2 * FIRST_BACKOFF_S
+    assert rig.s.cost.lane("disk").samples == 3  # disk_takes' three, untouched
+    assert rig.s.stats.load_failures == 1
+    rig.s.check_integrity()
 
 
 def test_a_due_probe_waits_for_a_tier_that_cannot_tell_yet() -> None:

@@ -414,10 +414,11 @@ def test_the_exporter_puts_each_label_value_under_its_own_label(endpoint: str) -
 
 def test_the_cost_model_s_lanes_and_declines(capsys: pytest.CaptureFixture[str]) -> None:
     """The load-or-recompute lines (decision 0013): the prefill speed, each lane the
-    model decided on with its estimate, queue, verdict and declines by reason."""
+    model decided on with its estimate, queue, verdict, declines by reason and probes."""
     r = recorder()
     r.count("hits_declined_total", 5, tier="disk", reason="transfer")
     r.count("hits_declined_total", 2, tier="disk", reason="queue")
+    r.count("cost_probes_total", 3, tier="disk")
     gauges = {
         **GAUGES,
         ("cost_prefill_tokens_per_second", ()): 3200.0,
@@ -448,6 +449,6 @@ def test_the_cost_model_s_lanes_and_declines(capsys: pytest.CaptureFixture[str])
     assert out[at + 1 : at + 4] == [
         "  host: loads (0.10 ms + 0.50 ms/chunk, 7.8 GiB/s; 0 chunks queued)",
         "  disk: recomputes (2.00 ms + 25.00 ms/chunk; 8 chunks queued); declined queue=2 "
-        "transfer=5",
+        "transfer=5; probes 3",
         "  redis: loads (unmeasured; 1 chunks queued)",
     ]

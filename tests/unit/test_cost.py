@@ -162,10 +162,14 @@ class Rig:
     """A scheduler half under ``load_policy: cost`` with a disk tier holding DOC's four
     chunks (host memory holds none), a fixed prefill seed and no step timed."""
 
-    def __init__(self, policy: str = "cost") -> None:
+    def __init__(self, policy: str = "cost", **config_fields: Any) -> None:
         self.clock = Clock()
         config = SchedulerConfig(
-            block_size=BS, load_policy=policy, prefill_tokens_per_s=RATE, world_size=1
+            block_size=BS,
+            load_policy=policy,
+            prefill_tokens_per_s=RATE,
+            world_size=1,
+            **config_fields,
         )
         self.disk = DirectoryTier(Directory(16, tier="disk"))
         self.s = OffloadScheduler(

@@ -156,8 +156,9 @@ _TAIL: tuple[Option, ...] = (
         "Which hits are loaded: cost offers a hit's part held by a tier only when its "
         "expected ready time (the work queued on the tier's lane plus its transfer, "
         "learned from the tier's own jobs) beats recomputing it at the engine's measured "
-        "prefill speed (a slow tier's tail is recomputed; decision 0013); always loads "
-        "every hit, however slow its tier. "
+        "prefill speed (a slow tier's tail is recomputed, and the tier re-measured now and "
+        "then by loading one chunk of a hit, so it is used again once fast; decision "
+        "0013); always loads every hit, however slow its tier. "
         'A request may override it: ``"kvoffload": {"load": "always"}``.',
         lambda v: v in ("cost", "always"),
     ),

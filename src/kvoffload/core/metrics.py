@@ -177,13 +177,24 @@ METRICS: tuple[MetricDef, ...] = (
         "(an idle lane would have loaded them: the work queued on it was why), unmeasured "
         "(the tier's first load, which measures it, had been in flight longer than "
         "recomputing them takes), unanswered (the tier could not tell yet and its lane "
-        "stood at recompute: its answer was not waited for). Counted per lookup.",
+        "stood at recompute: its answer was not waited for). Counted per lookup; a part "
+        "loaded in part as its lane's probe is counted in cost_probes_total instead.",
         ("tier", "reason"),
     ),
     MetricDef(
         "declined_tokens_total",
         "counter",
         "Tokens of declined hits (recomputed instead of loaded), by the tier that held them.",
+        ("tier",),
+    ),
+    MetricDef(
+        "cost_probes_total",
+        "counter",
+        "Probes of a lane the cost model declined (load_policy cost): loads of the first "
+        "chunk of a hit's part on it, planned to re-measure the lane; at most one in flight "
+        "per lane, due once a backoff (1 s, doubling to 64 s while the lane stays slow) has "
+        "passed and the hits declined on it since the last probe would take 20 times its "
+        "cost to recompute. By tier.",
         ("tier",),
     ),
     MetricDef(

@@ -119,6 +119,8 @@ def _lane(lane: LaneHealth) -> str:
         cost += f", {human_bytes(round(lane.bytes_per_second))}/s"
     queued = "-" if lane.queued_chunks is None else f"{lane.queued_chunks:.0f}"
     declined = " ".join(f"{r}={n}" for r, n in lane.declined.items() if n)
-    return f"{lane.tier}: {verdict} ({cost}; {queued} chunks queued)" + (
-        f"; declined {declined}" if declined else ""
+    return (
+        f"{lane.tier}: {verdict} ({cost}; {queued} chunks queued)"
+        + (f"; declined {declined}" if declined else "")
+        + (f"; probes {lane.probes}" if lane.probes else "")
     )

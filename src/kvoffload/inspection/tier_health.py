@@ -63,7 +63,8 @@ class LaneHealth:
     """One lane of the load-or-recompute cost model (decision 0013), from its gauges:
     ``latency_s`` and ``seconds_per_chunk`` learned from its jobs (None: unmeasured),
     ``bytes_per_second``, ``queued_chunks`` in flight, ``loads`` (its standing
-    verdict), and ``declined``: hits it recomputed, by reason."""
+    verdict), ``declined``: hits it recomputed, by reason, and ``probes``: loads that
+    re-measured it while it was declined."""
 
     tier: str
     latency_s: float | None
@@ -72,6 +73,7 @@ class LaneHealth:
     queued_chunks: float | None
     loads: bool | None
     declined: dict[str, int]
+    probes: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ def _lanes(series: _Series, tiers: list[str]) -> list[LaneHealth]:
                 queued_chunks=series.gauge("cost_lane_queued_chunks", tier=tier),
                 loads=None if verdict is None else verdict > 0,
                 declined=declined,
+                probes=series.total("cost_probes_total", tier=tier) or 0,
             )
         )
     return lanes

@@ -3,6 +3,7 @@
 - :mod:`.lanes`: one lane's transfer time learned online from its jobs' timings;
 - :mod:`.prefill`: the engine's prefill speed learned from step timings;
 - :mod:`.decision`: the pure load-or-recompute decision with its hysteresis verdicts;
+- :mod:`.probing`: a declined lane's probe, which re-measures it, and its backoff;
 - :mod:`.model`: :class:`CostModel`, the scheduler half's one owner of all of it.
 
 Pure Python; imports neither torch nor vllm.
@@ -12,14 +13,18 @@ from kvoffload.core.cost.decision import Decline, Verdict, decide_lane
 from kvoffload.core.cost.lanes import LaneModel
 from kvoffload.core.cost.model import CostModel, JobTiming, LaneCosts, fixed_timing
 from kvoffload.core.cost.prefill import PrefillMeter
+from kvoffload.core.cost.probing import PROBE_CHUNKS, LaneProbe, ProbeState
 
 __all__ = [
+    "PROBE_CHUNKS",
     "CostModel",
     "Decline",
     "JobTiming",
     "LaneCosts",
     "LaneModel",
+    "LaneProbe",
     "PrefillMeter",
+    "ProbeState",
     "Verdict",
     "decide_lane",
     "fixed_timing",

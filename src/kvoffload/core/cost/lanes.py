@@ -48,6 +48,21 @@ class LaneModel:
         if nbytes > 0:
             self.bytes_per_chunk = nbytes / chunks
 
+    def restart(self, chunks: int, nbytes: int, seconds: float, ahead: int = 0) -> None:
+        """A probe's timing (:mod:`~kvoffload.core.cost.probing`): the first evidence
+        since the lane was declined, so it starts the window again (among the old
+        samples it would weigh a tenth, and a tier that turned fast would need some
+        twenty probes to be believed). The latency fitted so far becomes the seed (the
+        fit clamps it to the probe's time), so a one-chunk probe of a lane bound by its
+        latency (a round trip) is not read as a cost per chunk. Nonsense is ignored."""
+        if chunks < 1 or ahead < 0 or not math.isfinite(seconds) or seconds < 0:
+            return
+        fitted = self.fit()
+        if fitted is not None:
+            self.seed_latency_s = fitted[0]
+        self._samples.clear()
+        self.observe(chunks, nbytes, seconds, ahead)
+
     @property
     def samples(self) -> int:
         return len(self._samples)

@@ -1,11 +1,14 @@
 """The scheduler half's cost model: lanes, prefill speed, verdicts (decision 0013).
 
 :class:`CostModel` is the one owner of the lane models (one per lane: ``host`` for
-host memory -> engine, one per lower tier for its reads), the prefill meter and each
-lane's verdict. It learns from completed jobs (:meth:`observe`: successful loads and
-promotions; stores and spills move the other way and teach nothing about reads) and
-from plans (:meth:`on_step`), and decides one part of a hit (:meth:`decide`), reading
-the work queued on the lane from the jobs in flight it is given.
+host memory -> engine, one per lower tier for its reads), the prefill meter, each
+lane's verdict and each lower tier's lane's probe. It learns from completed jobs
+(:meth:`observe`: successful loads and promotions; stores and spills move the other
+way and teach nothing about reads) and from plans (:meth:`on_step`), and decides one
+part of a hit (:meth:`decide`), reading the work queued on the lane from the jobs in
+flight it is given. A lower tier's lane it declined is re-measured by a probe now and
+then (:meth:`offer_probe`, :mod:`.probing`), so a tier that turns fast again is loaded
+from again.
 
 Job timings are read through ``timing`` (default: the worker's measured seconds). The
 harnesses replace it with :func:`fixed_timing` so decisions are reproducible whatever
@@ -20,6 +23,7 @@ from typing import NamedTuple
 from kvoffload.core.cost.decision import Decline, LaneDecision, Verdict, decide_lane
 from kvoffload.core.cost.lanes import LaneModel
 from kvoffload.core.cost.prefill import PrefillMeter
+from kvoffload.core.cost.probing import PROBE_CHUNKS, LaneProbe, ProbeState
 from kvoffload.core.failures import FailureKind
 from kvoffload.core.jobs import NO_SLOT, JobKind, JobResult, TierJob, TransferJob
 
@@ -110,6 +114,8 @@ class CostModel:
         self.prefill = PrefillMeter(prefill_tokens_per_s)
         self.lanes: dict[str, LaneModel] = {}
         self.verdicts: dict[str, Verdict] = {}
+        self.probes: dict[str, LaneProbe] = {}  # lower tiers' lanes decided on
+        self._plans = 0  # plans counted by on_step (an offered probe lapses by them)
         self._in_flight = in_flight
         self._clock = clock
         self._probe_since: dict[str, float] = {}  # unmeasured lanes: their probe's start
@@ -121,33 +127,56 @@ class CostModel:
             lane = self.lanes[name] = LaneModel(name)
         return lane
 
-    def planned(self, job: TransferJob) -> None:
+    def planned(self, job: TransferJob) -> bool:
         """``job`` is about to be tracked: the chunks queued on its lane ahead of it are
-        remembered until it completes (its timing counts them). Call before tracking."""
+        remembered until it completes (its timing counts them). Call before tracking.
+        True when ``job`` is its lane's probe (planned for the request the probe was
+        offered to): the caller counts it (``cost_probes_total``)."""
         part = lane_part(job)
         if part is None:
-            return
+            return False
         if len(self._ahead) >= MAX_REMEMBERED:  # keep only the jobs still in flight
             live = {j.job_id for j in self._in_flight()}
             self._ahead = {k: v for k, v in self._ahead.items() if k in live}
         self._ahead[job.job_id] = self.queued_chunks(part[0])
+        probe = self.probes.get(part[0])
+        return probe is not None and probe.planned(job.job_id, job.request_id, self._clock())
 
     def observe(self, job: TransferJob, result: JobResult) -> None:
         """One worker's result of ``job``: teaches its lane (successful reads, and reads
         that timed out: they took at least their deadline, which the worker reports as
         their seconds). Every worker's result counts the job's queue ahead; completed
         jobs' entries are pruned in bulk (:meth:`planned`), so memory stays bounded,
-        O(1) amortized."""
+        O(1) amortized. The first result of a lane's probe ends the probe (whatever it
+        says; what it cost prices the next one) and, when it teaches, starts the lane's
+        window again (:meth:`LaneModel.restart`)."""
         part = lane_part(job)
-        ahead = self._ahead.get(job.job_id, 0)
-        if part is None or not (result.success or timed_out(result)):
+        if part is None:
             return
         name, chunks = part
+        seconds = self.timing(job, result)
+        probe = self.probes.get(name)
+        first_of_probe = probe is not None and probe.result(job.job_id, self._clock(), seconds)
+        if not (result.success or timed_out(result)):
+            return
         nbytes = result.nbytes * chunks // max(1, len(job.keys))
-        self.lane(name).observe(chunks, nbytes, self.timing(job, result), ahead)
+        ahead = self._ahead.get(job.job_id, 0)
+        lane = self.lane(name)
+        (lane.restart if first_of_probe else lane.observe)(chunks, nbytes, seconds, ahead)
 
     def on_step(self, now: float, scheduled_tokens: int) -> None:
+        """A plan at ``now`` scheduled ``scheduled_tokens``: the prefill meter learns; a
+        probe offered and not planned by the second plan since lapses, one in flight
+        whose job left the tracker without a result ends."""
         self.prefill.step(now, scheduled_tokens)
+        self._plans += 1
+        probes = [p for p in self.probes.values() if p.state is not ProbeState.IDLE]
+        if not probes:
+            return
+        flying = any(p.state is ProbeState.IN_FLIGHT for p in probes)
+        live = {j.job_id for j in self._in_flight()} if flying else set()
+        for probe in probes:
+            probe.on_plan(self._plans, now, live)
 
     def queued_chunks(self, name: str) -> int:
         """Chunks of the jobs in flight that read on lane ``name``."""
@@ -167,7 +196,11 @@ class CostModel:
     def slower(self, name: str, chunks: int, recompute_s: float) -> bool:
         """Whether loading ``chunks`` chunks on lane ``name`` is known to be slower than
         ``recompute_s``: its idle estimate is, or (unmeasured) its probe has been in
-        flight longer. No side effect."""
+        flight longer; never while the lane's probe is due (its hit would be loaded as
+        the probe). No side effect."""
+        probe = self.probes.get(name)
+        if probe is not None and probe.due(self._clock()):
+            return False
         idle = self.lane(name).seconds(chunks)
         if idle is not None:
             return idle > recompute_s
@@ -185,8 +218,9 @@ class CostModel:
     def decide(self, name: str, chunks: int, tokens: int, *, shared: bool = False) -> LaneDecision:
         """Load ``chunks`` chunks (``tokens`` tokens) on lane ``name``, or recompute
         them (``shared``: other requests share the engine; see
-        :data:`SHARED_ENGINE_WEIGHT`); moves the lane's verdict (hysteresis). Never
-        raises."""
+        :data:`SHARED_ENGINE_WEIGHT`); moves the lane's verdict (hysteresis), and a
+        lower tier's probe with it (a lane turned to recompute waits for its first
+        probe; one that loads needs none). Never raises."""
         lane = self.lane(name)
         idle, in_flight = lane.seconds(chunks), self.queued_chunks(name)
         queued = lane.seconds(chunks + in_flight) if idle is not None else None
@@ -197,16 +231,42 @@ class CostModel:
             else:
                 self._probe_since.setdefault(name, self._clock())
             probe_age = self._probe_age(name, in_flight)
+        recompute_s = self.recompute_s(tokens, shared=shared)
         decision = decide_lane(
             self.verdicts.get(name, Verdict.LOAD),
             load_s=queued,
             idle_load_s=idle,
-            recompute_s=self.recompute_s(tokens, shared=shared),
+            recompute_s=recompute_s,
             hysteresis=HYSTERESIS,
             probe_age_s=probe_age,
         )
         self.verdicts[name] = decision.verdict
+        if name != HOST:
+            self._follow(name, decision.verdict, recompute_s, in_flight)
         return decision
+
+    def _follow(self, name: str, verdict: Verdict, recompute_s: float, in_flight: int) -> None:
+        """Lower tier lane ``name``'s probe follows its new ``verdict``: none needed
+        while it loads; a part declined adds its ``recompute_s`` to the probe's credit
+        (the first probe's cost: one chunk's read behind the ``in_flight`` chunks, as
+        the lane model expects it)."""
+        probe = self.probes.get(name)
+        if probe is None:
+            probe = self.probes[name] = LaneProbe()
+        if verdict is Verdict.LOAD:
+            probe.loads()
+            return
+        cost = self.lane(name).seconds(PROBE_CHUNKS + in_flight)
+        probe.declined(self._clock(), recompute_s, cost or 0.0)
+
+    def offer_probe(self, name: str, request_id: str) -> bool:
+        """Whether the part of ``request_id``'s hit on lane ``name`` that :meth:`decide`
+        just declined is loaded anyway, its first
+        :data:`~kvoffload.core.cost.probing.PROBE_CHUNKS` chunk, as the lane's probe
+        (due, or already offered to that request); the offer holds the lane's one
+        probe until the request's load is planned or the offer lapses. Never raises."""
+        probe = self.probes.get(name)
+        return probe is not None and probe.offer(self._clock(), request_id, self._plans)
 
 
 __all__ = ["HOST", "CostModel", "Decline", "JobTiming", "LaneCosts", "fixed_timing"]

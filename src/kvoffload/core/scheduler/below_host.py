@@ -2,22 +2,33 @@
 flight (wait), a lower tier that cannot tell yet (wait), or a lower tier's run (a tier
 hit to offer now, or, with ``direct_tier_loads`` off, a promotion to wish and wait
 for), each lower tier's run first passed through the load-or-recompute decision the
-caller gives (decision 0013). Pure over the state given; mutates only
+caller gives (decision 0013): taken whole, cut to its first chunk (a declined lane's
+probe, which re-measures it), or recomputed. Pure over the state given; mutates only
 ``state.promotion``.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import NamedTuple
 
 from kvoffload.core.chunk_state import ChunkState
+from kvoffload.core.cost import PROBE_CHUNKS
 from kvoffload.core.directory import Directory
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.group_chunks import wanted_entries
 from kvoffload.core.scheduler.request_state import PromotionWish, RequestState
 from kvoffload.core.scheduler_types import Deferral, SchedulerConfig
 from kvoffload.core.tier_planning import UNKNOWN, Found, Lookup, TierPlanner
+
+
+class Take(enum.Enum):
+    """The load-or-recompute decision on a lower tier's part of a hit."""
+
+    ALL = "all"  # load it
+    PROBE = "probe"  # load its first PROBE_CHUNKS chunk as its lane's probe; recompute the rest
+    NONE = "none"  # recompute it
 
 
 class TierHit(NamedTuple):
@@ -37,7 +48,7 @@ def next_chunks_wait(
     directory: Directory,
     tiers: TierPlanner,
     config: SchedulerConfig,
-    take: Callable[[str, int, int], bool] = lambda tier, chunks, tokens: True,
+    take: Callable[[str, int, int], Take] = lambda tier, chunks, tokens: Take.ALL,
     waits: Callable[[str], bool] | None = None,
 ) -> tuple[Deferral | TierHit | None, bool]:
     """Whether the chunks after the readable prefix (``readable`` chunks of ``keys``)
@@ -46,8 +57,10 @@ def next_chunks_wait(
     (their promotion is then wished in ``state.promotion``, for the next plan); with
     ``direct_tier_loads`` a lower tier's run is a :class:`TierHit` to offer now.
     A lower tier's run is neither offered nor promoted unless ``take(tier, chunks,
-    tokens)`` (the load-or-recompute decision) accepts it, and a lower tier that cannot
-    tell yet is waited for only if ``waits(tier)`` (default: always).
+    tokens)`` (the load-or-recompute decision) takes it, whole or, as its lane's probe,
+    cut to the hit the request's first :data:`PROBE_CHUNKS` chunks past the host prefix
+    make (as if its keys ended there); a lower tier that cannot tell yet is waited for
+    only if ``waits(tier)`` (default: always).
     Returns the reason to wait or the tier hit (None: neither) and whether the
     promotion wish is new."""
     if state.no_promotion:
@@ -70,8 +83,19 @@ def next_chunks_wait(
     tier, hit, wanted, wanted_groups = found
     if hit * chunk - local < chunk:
         return None, False  # less than a chunk past the engine's own hit
-    if not take(tier, len(wanted), hit * chunk - max(local, readable * chunk)):
+    taken = take(tier, len(wanted), hit * chunk - max(local, readable * chunk))
+    if taken is Take.NONE:
         return None, False  # recomputing the tier's part is faster: never wait for it
+    if taken is Take.PROBE:
+        cut = keys[: readable + PROBE_CHUNKS]
+        found = _run_below(
+            state, cut, readable, directory=directory, tiers=tiers, config=config, waits=waits
+        )
+        if not isinstance(found, tuple) or found[0] != tier:
+            return None, False  # the offer lapses (counted nowhere: nothing loaded)
+        tier, hit, wanted, wanted_groups = found
+        if hit * chunk - local < chunk:
+            return None, False
     if config.direct_tier_loads:
         return TierHit(tier, hit), False
     new = state.promotion is None

@@ -11,7 +11,9 @@ run is instead promoted into host memory first while the request waits. With
 ``load_policy`` ``cost`` a lower tier's part of a hit (the tail past the host-held
 head) is offered only when the cost model says loading it beats recomputing it
 (:meth:`LoadPlanner.worth`; decision 0013): a declined part is recomputed at once,
-never waited for. The host-held head is always loaded (a host copy is memcpy-fast).
+never waited for, except now and then its first chunk, loaded as its lane's probe (the
+cost model's bound), which re-measures a lane that may have turned fast. The
+host-held head is always loaded (a host copy is memcpy-fast).
 What lookup finds past the host prefix is :mod:`.below_host`. The
 functions below it are pure over the state they are given (they mutate only what their
 docstrings name).
@@ -26,7 +28,7 @@ from kvoffload.core.cost import Decline
 from kvoffload.core.directory import Directory, LookupStatus
 from kvoffload.core.jobs import NO_BLOCK, NO_SLOT, EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.scheduler.below_host import TierHit, next_chunks_wait
+from kvoffload.core.scheduler.below_host import Take, TierHit, next_chunks_wait
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.group_chunks import (
@@ -173,21 +175,25 @@ class LoadPlanner:
         state.lookup_hit = state.lookup_tier = None
         return RETRY_LATER
 
-    def worth(self, state: RequestState, lane: str, chunks: int, tokens: int) -> bool:
+    def worth(self, state: RequestState, lane: str, chunks: int, tokens: int) -> Take:
         """Whether ``chunks`` chunks (``tokens`` tokens past what the engine holds) read
         on ``lane`` are worth loading rather than recomputing: always under
         ``load_policy`` ``always`` (the configuration's, or the request's own), else the
         cost model's decision (the engine is shared when the scheduler half tracks
-        another request), which moves the lane's verdict; a decline is counted
+        another request), which moves the lane's verdict. A declined part is loaded in
+        part as the lane's probe when the cost model offers it one (counted as
+        ``cost_probes_total`` once planned), else recomputed and counted
         (``hits_declined_total``, ``declined_tokens_total``)."""
         if self._loads_always(state):
-            return True
+            return Take.ALL
         decision = self.cost.decide(lane, chunks, tokens, shared=self._shared())
         if decision.decline is None:
-            return True
+            return Take.ALL
+        if self.cost.offer_probe(lane, state.request_id):
+            return Take.PROBE
         self.metrics.count("hits_declined_total", tier=lane, reason=decision.decline.value)
         self.metrics.count("declined_tokens_total", tokens, tier=lane)
-        return False
+        return Take.NONE
 
     def waits_for(self, state: RequestState, tier: str, chunks: int) -> bool:
         """Whether lookup waits for lower tier ``tier``'s answer (its index cannot tell
@@ -243,7 +249,8 @@ class LoadPlanner:
             new_id=self.requests.tracker.new_id,
             anomalies=self.anomalies,
         )
-        self.cost.planned(job)
+        if self.cost.planned(job) and job.tier is not None:
+            self.metrics.count("cost_probes_total", tier=job.tier)
         self.requests.tracker.add(job)
         if job.keys:
             self.stats.loads += 1

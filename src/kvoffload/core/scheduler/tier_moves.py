@@ -25,6 +25,7 @@ class TierMoves:
         self.tiers = ctx.tiers
         self.requests = ctx.requests
         self.cost = ctx.cost
+        self.metrics = ctx.metrics
         self._lower = bool(ctx.tiers)  # lower tiers are fixed at construction
         self.quarantine = Quarantine(ctx.directory)
 
@@ -55,7 +56,8 @@ class TierMoves:
             if job is None:
                 state.no_promotion = True
                 continue
-            self.cost.planned(job)
+            if self.cost.planned(job):  # a declined lane's probe, by promotion
+                self.metrics.count("cost_probes_total", tier=job.tier)
             self.requests.tracker.add(job)
             state.move(Phase.PROMOTING)
             jobs.append(job)

@@ -99,3 +99,19 @@ def test_the_choices_of_vllm_rotary_embeddings_are_read(tiny_longrope_model: Any
             built[max_model_len] = rotary_choices(Model())
     assert built[256] != built[1024]
     assert "use_long_rope" in str(built[1024])
+
+
+def test_weights_that_cannot_be_fingerprinted_never_fail_the_worker() -> None:
+    from kvoffload.adapters.vllm.worker_weights import WorkerWeights
+    from kvoffload.core.weights import WeightsStamp
+
+    weights = WorkerWeights()
+
+    def broken() -> bytes:
+        raise RuntimeError("an unreadable model")
+
+    weights.source = broken
+    weights.open(0)
+    assert weights.fingerprint == UNIDENTIFIED
+    assert weights.take_reports() == ((0, 0, UNIDENTIFIED),)
+    assert weights.admits(WeightsStamp(1, (UNIDENTIFIED,)))  # checks go on, constant

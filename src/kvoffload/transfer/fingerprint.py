@@ -30,13 +30,17 @@ _FORMAT = b"kvoffload/tensor-fingerprint/v1"
 
 def checksum(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s bytes as two int64 sums on its device (a ``[2]`` tensor); a
-    tensor without readable storage (meta) sums to zeros, on the host."""
+    tensor without readable storage (meta) sums to zeros, one whose bytes cannot be
+    viewed to -1s, on the host (such a tensor's changes are not seen)."""
     device = tensor.device
     if device.type == "meta":
         return torch.zeros(2, dtype=torch.int64)  # no bytes to read: on the host
     if tensor.numel() == 0:
         return torch.zeros(2, dtype=torch.int64, device=device)
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    try:
+        raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    except (RuntimeError, TypeError):  # a tensor whose bytes cannot be viewed (sparse)
+        return torch.full((2,), -1, dtype=torch.int64)
     whole = raw.numel() // 8 * 8
     words = raw[:whole].view(torch.int64)
     total = torch.zeros(2, dtype=torch.int64, device=device)

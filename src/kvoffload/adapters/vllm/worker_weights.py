@@ -17,11 +17,18 @@ the live weights' dirty flag).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
-from kvoffload.adapters.vllm.live_identity import LiveWeights, live_weights_source
+from kvoffload.adapters.vllm.live_identity import (
+    UNIDENTIFIED,
+    LiveWeights,
+    live_weights_source,
+)
 from kvoffload.adapters.vllm.messages import WeightsHandshake
 from kvoffload.core.weights import WeightsStamp
+
+logger = logging.getLogger("kvoffload")
 
 
 class WorkerWeights:
@@ -76,6 +83,15 @@ class WorkerWeights:
     def _take(self, check: int) -> None:
         assert self.source is not None
         self._loaded = False
-        self.fingerprint = self.source()
+        try:
+            self.fingerprint = self.source()
+        except Exception as exc:  # a model kvoffload cannot read: never fail the worker
+            if self.fingerprint != UNIDENTIFIED:
+                logger.warning(
+                    "kvoffload: the weights could not be fingerprinted (%s); weights updated "
+                    "in place are not detected: reset the connector after an update",
+                    exc,
+                )
+            self.fingerprint = UNIDENTIFIED
         self._checked = check
         self._reports.append((self.rank, check, self.fingerprint))

@@ -27,11 +27,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvoffload.core.errors import ContractViolation
+from kvoffload.core.errors import ContractViolation, KvOffloadError
 from kvoffload.share.backing import Backing
+from kvoffload.share.files import open_checked
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
 from kvoffload.share.paths import SharePaths
+from kvoffload.share.peer import credentials, trusted
 from kvoffload.share.protocol import (
     HELLO,
     ONE_WAY,
@@ -55,16 +57,28 @@ class Welcome:
     slot_bytes: int
     ranks: int
     fresh: bool  # the session is new to this node process (it holds no booking of it)
+    slab_id: bytes = b""  # the share's slab files' id (see .geometry)
+
+    @property
+    def identity(self) -> tuple[int, bytes]:
+        """Which node process this is: its generation and its slab files' id (after
+        the share's directory was deleted wholesale, generations count from 1 again
+        under another slab id)."""
+        return self.generation, self.slab_id
 
 
 def connect(
     paths: SharePaths, session: bytes, role: Role, namespace: bytes, timeout_s: float
 ) -> tuple[socket.socket, Welcome] | None:
-    """A connection with its HELLO answered, or None (nobody listens, or no answer)."""
+    """A connection with its HELLO answered, or None (nobody listens, no answer, or
+    the process listening is not one the share trusts: ``SO_PEERCRED``)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
         sock.connect(str(paths.socket))
+        peer = credentials(sock)
+        if not trusted(peer, paths.policy):
+            raise FrameError(f"the socket's process (uid {peer.uid}) is not trusted")
         sock.sendall(frame(Op.HELLO, HELLO.pack(session, role, len(namespace)) + namespace))
         status, payload = read_frame(sock)
         if status != Status.OK or len(payload) != WELCOME.size:
@@ -72,15 +86,19 @@ def connect(
     except (OSError, FrameError):
         sock.close()
         return None
-    generation, pid, slots, slot_bytes, ranks, fresh = WELCOME.unpack(payload)
-    return sock, Welcome(generation, pid, slots, slot_bytes, ranks, bool(fresh))
+    generation, pid, slots, slot_bytes, ranks, fresh, slab_id = WELCOME.unpack(payload)
+    if pid != peer.pid:
+        sock.close()
+        return None
+    welcome = Welcome(generation, pid, slots, slot_bytes, ranks, bool(fresh), slab_id)
+    return sock, welcome
 
 
 class Lease:
     """Holds session ``session`` open from a daemon thread (see the module docstring).
 
-    ``on_lost(generation)`` runs in that thread when a connection to that
-    generation's node process closes. :meth:`close` ends the lease (and its thread).
+    ``on_lost(welcome)`` runs in that thread when a connection to the node process
+    that sent ``welcome`` closes. :meth:`close` ends the lease (and its thread).
     """
 
     def __init__(
@@ -89,7 +107,7 @@ class Lease:
         session: bytes,
         *,
         retry_s: float = 0.05,
-        on_lost: Callable[[int], None] | None = None,
+        on_lost: Callable[[Welcome], None] | None = None,
     ) -> None:
         self._paths = paths
         self._session = session
@@ -127,7 +145,7 @@ class Lease:
                 self._sock = None
             sock.close()
             if self._on_lost is not None and not self._closed.is_set():
-                self._on_lost(welcome.generation)
+                self._on_lost(welcome)
 
     def close(self) -> None:
         """End the lease, then run :attr:`on_close` (what its opener attached to it)."""
@@ -189,8 +207,8 @@ class Link:
         descriptor kept open; the kernel drops a dead process's lock at once)."""
         if self._lock_fd < 0:
             try:
-                self._lock_fd = os.open(self.paths.server_lock, os.O_RDONLY)
-            except OSError:
+                self._lock_fd = open_checked(self.paths.server_lock, os.O_RDONLY, self.paths.policy)
+            except (OSError, KvOffloadError):
                 return False
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -263,16 +281,34 @@ class Link:
         if opened is None:
             self._next_attempt = self.clock() + self.retry_s
             if self.start_server:
-                spawned = spawn_server(self.paths, self.geometry, self.backing)
-                if spawned is not None:
-                    self.stats["server_starts"] += 1
-                    self.spawned = spawned
+                self._start_server()
             return None
+        self._forget_server_lock()  # the server lock file may be another one now
         self._sock, self.welcome = opened
         self.stats["connects"] += 1
         if self.on_connected is not None:
             self.on_connected(self.welcome)
         return self._sock
+
+    def _start_server(self) -> None:
+        """Start a node process unless one runs (never raises: a share whose files
+        cannot be made, e.g. another user squats its directory, is an ``errors``
+        count, and calls go on missing)."""
+        try:
+            spawned = spawn_server(self.paths, self.geometry, self.backing)
+        except (OSError, KvOffloadError):
+            self.stats["errors"] += 1
+            return
+        if spawned is not None:
+            self.stats["server_starts"] += 1
+            if self.spawned is not None:
+                self.spawned.close()
+            self.spawned = spawned
+
+    def _forget_server_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Connect now, waiting up to ``timeout_s`` for a node process this engine
@@ -289,8 +325,6 @@ class Link:
 
     def close(self) -> None:
         self.drop()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        self._forget_server_lock()
         if self.spawned is not None:
             self.spawned.close()

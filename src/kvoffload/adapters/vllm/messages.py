@@ -20,6 +20,10 @@ class PlanMetadata(KVConnectorMetadata):
     session: bytes | None = None
     """The engine's session on its node-shared host tier (None: a private one): each
     worker holds a lease on it before running the plan's jobs (decision 0016)."""
+    slab_id: bytes | None = None
+    """The id of the share's slab files the plan's host slots are in (None: a private
+    host tier, or no node process answered): a worker whose slab is another fails
+    the plan's jobs that touch host slots (decision 0018)."""
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from pathlib import Path
 from kvoffload.core.directory import LookupStatus
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.paths import SharePaths, remove_share
+from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.fleet_disk import DiskShareWatch, disk_directory
@@ -314,5 +314,4 @@ class SharedFleet:
         self.host.close()
         if self.disk is not None:
             self.disk.close()
-        remove_share(self.paths)
         shutil.rmtree(self.root, ignore_errors=True)

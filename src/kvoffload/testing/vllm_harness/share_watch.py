@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.launch import server_alive
+from kvoffload.share.lifecycle import recorded_pid
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
@@ -55,7 +56,12 @@ class ShareWatch:
         """Connect the observer to the share at ``paths`` (its node process runs)."""
         self.paths = paths
         self.observer = ShareDirectory(
-            paths, timeout_s=self.timeout_s, retry_s=0.0, start_server=False, lease=False
+            paths,
+            timeout_s=self.timeout_s,
+            retry_s=0.0,
+            start_server=False,
+            lease=False,
+            users=False,  # not an engine: a removal is refused for the engines alone
         )
 
     def wait(self, condition: Callable[[], bool], what: str) -> None:
@@ -116,10 +122,9 @@ class ShareWatch:
             self.observer.close()
         if self.paths is None:
             return
-        with contextlib.suppress(OSError):
-            holder = self.paths.server_lock.read_bytes()[:4]
-            if len(holder) == 4:
-                self.pids.add(int.from_bytes(holder, "little"))
+        holder = recorded_pid(self.paths)
+        if holder is not None:
+            self.pids.add(holder)
         for pid in self.pids:
             if self.serves(pid):
                 with contextlib.suppress(ProcessLookupError):

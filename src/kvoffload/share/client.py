@@ -43,7 +43,6 @@ the attachment that a node process died.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -51,7 +50,7 @@ from dataclasses import replace
 
 from kvoffload.core.directory import PreparedStore
 from kvoffload.core.directory.directory import DIRECTORY_COUNTERS
-from kvoffload.core.errors import ContractViolation, KvOffloadError
+from kvoffload.core.errors import ContractViolation
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.recorder import CounterScope
@@ -121,17 +120,17 @@ class ShareDirectory(ShareQueries):
         self.link = Link(
             paths, self.session, namespace, geometry, timeout_s=timeout_s, retry_s=retry_s,
             start_server=start_server, on_connected=self._connected, backing=backing,
+            users=self.users,
         )  # fmt: skip
         self.lease = (
-            Lease(paths, self.session, retry_s=retry_s, on_lost=self._lost) if lease else None
+            Lease(paths, self.session, retry_s=retry_s, on_lost=self._lost, users=self.users)
+            if lease
+            else None
         )
 
     # ------------------------------------------------------------ connection life
 
     def _connected(self, welcome: Welcome) -> None:
-        if self.users is not None:  # the directory may have been made anew
-            with contextlib.suppress(OSError, KvOffloadError):
-                self.users.refresh()
         held = self.attachment.connected(welcome)
         if held is not None:  # bookings made by calls whose reply was lost are released
             storing, pins = held
@@ -140,6 +139,14 @@ class ShareDirectory(ShareQueries):
 
     def _lost(self, welcome: Welcome) -> None:
         self.attachment.lost(welcome)
+
+    def saw_go(self, identity: tuple[int, bytes]) -> bool:
+        """Whether this engine knows that the node process of ``identity`` is gone, or
+        was never attached to it through its lease (its next call finds out then):
+        a harness waits for this before the engine's next step."""
+        leased = self.lease.welcome if self.lease is not None else None
+        on_it = leased is not None and leased.identity == identity
+        return self.attachment.identity != identity or not on_it
 
     def seal_plan(self) -> bytes | None:
         """The slab id the plan just built moves bytes of (its metadata names it for

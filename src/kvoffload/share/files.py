@@ -100,18 +100,21 @@ def check_root(root: Path, policy: FilePolicy) -> None:
         )
 
 
-def make_private_dir(path: Path, policy: FilePolicy) -> None:
-    """Create directory ``path`` with the policy's mode (and group) unless it exists,
-    then check it with ``lstat``: a real directory (not a link), trusted as the
-    policy says, with the policy's mode bits; else a :class:`ConfigError`."""
+def make_private_dir(path: Path, policy: FilePolicy, *, create: bool = True) -> None:
+    """Create directory ``path`` with the policy's mode (and group) unless it exists
+    (``create`` False: ``FileNotFoundError`` then), then check it with ``lstat``: a
+    real directory (not a link), trusted as the policy says, with the policy's mode
+    bits; else a :class:`ConfigError`."""
     try:
-        os.mkdir(path, 0o700)
+        if create:
+            os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     else:
-        if policy.group is not None:
-            os.chown(path, -1, policy.group)
-        os.chmod(path, policy.dir_mode)
+        if create:
+            if policy.group is not None:
+                os.chown(path, -1, policy.group)
+            os.chmod(path, policy.dir_mode)
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         raise policy.refuse(path, "is a symbolic link")

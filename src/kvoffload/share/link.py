@@ -14,10 +14,14 @@ its process lives (the node process releases a session's bookings when its last
 connection closes), and notices a node process's death (``on_lost``) without any
 call. It reconnects every ``retry_s`` from a daemon thread. Every engine worker
 holds one (see :mod:`.opening`), as does the :class:`Link` itself.
+
+Both hold the share's ``users.lock`` (:mod:`.users`), when given one, in the share's
+directory as it is when they (re)connect: refreshed before every attempt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -45,6 +49,7 @@ from kvoffload.share.protocol import (
     frame,
     read_frame,
 )
+from kvoffload.share.users import UsersHold
 
 
 @dataclass(frozen=True)
@@ -108,21 +113,27 @@ class Lease:
         *,
         retry_s: float = 0.05,
         on_lost: Callable[[Welcome], None] | None = None,
+        users: UsersHold | None = None,
     ) -> None:
         self._paths = paths
         self._session = session
         self._retry_s = retry_s
         self._on_lost = on_lost
+        self._users = users
         self.on_close: list[Callable[[], None]] = []  # run by close(), once
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self.connected = threading.Event()
+        # The node process it is connected to: set once connected, cleared only after
+        # ``on_lost`` returned (so a reader that sees another one knows it was told).
+        self.welcome: Welcome | None = None
         self._thread = threading.Thread(target=self._run, name="kvoffload-share-lease", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._closed.is_set():
+            _refresh(self._users)
             opened = connect(self._paths, self._session, Role.LEASE, b"", 1.0)
             if opened is None:
                 self._closed.wait(self._retry_s)
@@ -133,6 +144,7 @@ class Lease:
                     sock.close()
                     return
                 self._sock = sock
+            self.welcome = welcome
             self.connected.set()
             sock.settimeout(None)
             try:
@@ -146,6 +158,7 @@ class Lease:
             sock.close()
             if self._on_lost is not None and not self._closed.is_set():
                 self._on_lost(welcome)
+            self.welcome = None
 
     def close(self) -> None:
         """End the lease, then run :attr:`on_close` (what its opener attached to it)."""
@@ -179,8 +192,10 @@ class Link:
         on_connected: Callable[[Welcome], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         backing: Backing | None = None,
+        users: UsersHold | None = None,
     ) -> None:
         self.paths = paths
+        self.users = users  # refreshed before each connection (see .users)
         self.backing = backing  # a backed share's: the node process it starts serves it
         self.session = session
         self.namespace = namespace
@@ -277,6 +292,7 @@ class Link:
             and not self.spawned.wait_ready(0)
         ):
             return None  # the node process this engine started is still starting
+        _refresh(self.users)
         opened = connect(self.paths, self.session, Role.DIRECTORY, self.namespace, self.timeout_s)
         if opened is None:
             self._next_attempt = self.clock() + self.retry_s
@@ -328,3 +344,12 @@ class Link:
         self._forget_server_lock()
         if self.spawned is not None:
             self.spawned.close()
+
+
+def _refresh(users: UsersHold | None) -> None:
+    """Hold the ``users.lock`` of the share's directory now, before connecting to its
+    node process (never raises: a directory that cannot be made is found again by
+    the connection, or by the node process's start)."""
+    if users is not None:
+        with contextlib.suppress(OSError, KvOffloadError):
+            users.refresh()

@@ -50,6 +50,7 @@ from kvoffload.share.link import Lease, connect
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
 from kvoffload.share.protocol import Role
 from kvoffload.share.slab import SharedSlab
+from kvoffload.share.users import UsersHold
 
 
 @dataclass(frozen=True)
@@ -225,9 +226,12 @@ def open_share_slab(
     return SharedSlab(settings.paths, recorded, rank, chunk_bytes)
 
 
-def open_share_lease(settings: ShareSettings, session: bytes) -> Lease:
-    """A worker's lease on its engine's session (close it when the worker ends)."""
-    return Lease(settings.paths, session)
+def open_share_lease(
+    settings: ShareSettings, session: bytes, users: UsersHold | None = None
+) -> Lease:
+    """A worker's lease on its engine's session (close it when the worker ends); it
+    refreshes the worker's ``users`` hold before each connection (see :mod:`.users`)."""
+    return Lease(settings.paths, session, users=users)
 
 
 class SessionLease:

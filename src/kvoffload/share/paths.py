@@ -88,14 +88,15 @@ class SharePaths:
         """The share's own directory: every file of the share, nothing else."""
         return self.user_dir / self.name
 
-    def ensure_dir(self) -> None:
+    def ensure_dir(self, *, create: bool = True) -> None:
         """Check the root and create (or check) the per-user directory and the share's
         (see :mod:`.files`); a :class:`ConfigError` naming ``host_share_root`` when
-        another user made one of them or could replace it."""
+        another user made one of them or could replace it. ``create`` False: only
+        check them (``FileNotFoundError`` when one is missing)."""
         policy = self.policy
         check_root(self.root, policy)
-        make_private_dir(self.user_dir, policy)
-        make_private_dir(self.dir, policy)
+        make_private_dir(self.user_dir, policy, create=create)
+        make_private_dir(self.dir, policy, create=create)
 
     @property
     def socket(self) -> Path:

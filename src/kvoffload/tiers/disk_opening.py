@@ -117,7 +117,7 @@ def open_disk_share_lease(
     except BaseException:
         hold.release()
         raise
-    lease = Lease(paths, session)
+    lease = Lease(paths, session, users=users)
     lease.on_close += [users.release, hold.release]
     return lease
 

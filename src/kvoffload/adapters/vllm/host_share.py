@@ -146,7 +146,7 @@ class WorkerShare:
         except BaseException:
             self.users.release()
             raise
-        self.lease = SessionLease(lambda session: open_share_lease(settings, session))
+        self.lease = SessionLease(lambda session: open_share_lease(settings, session, self.users))
         self.remaps = 0  # times the slab was remapped to the share's new files
 
     def hold(self, session: bytes | None) -> None:

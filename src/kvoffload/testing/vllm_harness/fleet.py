@@ -19,6 +19,12 @@ What is checked, beyond each engine's own checks at every step:
   in-flight stores is readable;
 - :meth:`kill_node` (the node process SIGKILLed by pid): engines see misses, never
   wrong KV nor an exception, and recover with a node process one of them starts;
+- :meth:`stop_share` (``kvoffload share stop``, verified, then ``remove``, which must
+  refuse while engines are attached and leave every file) and :meth:`wipe_share`
+  (the share root's per-user directory deleted wholesale, as systemd's
+  ``RemoveIPC`` does, its node processes alive or killed first): engines go on, start
+  a node process themselves, and their workers move to the new slab files (or fail
+  the jobs of plans that name another): never wrong KV;
 - :meth:`quiescent`: nothing is stored or pinned anywhere in the share.
 
 Determinism: the share's call deadline is generous (:data:`CALL_TIMEOUT_MS`, so a
@@ -42,6 +48,7 @@ from pathlib import Path
 from kvoffload.core.directory import LookupStatus
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
+from kvoffload.share.lifecycle import remove_share
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
@@ -59,6 +66,12 @@ so no deadline decides an outcome (a dead node process fails calls at once)."""
 
 def _sessions(counts: ShareCounts | None) -> int | None:
     return None if counts is None else counts.sessions
+
+
+def _remaps(h: VllmHarness) -> int:
+    """Times the workers of engine ``h`` mapped the share's new slab files."""
+    shares = [child.side.share for entry in h.ranks for child in entry.children]
+    return sum(share.remaps for share in shares if share is not None)
 
 
 class SharedFleet:
@@ -91,7 +104,8 @@ class SharedFleet:
         self.engines: list[VllmHarness | None] = []
         self.names: list[str] = []  # each engine's incarnation ("e1", "e1'", ...)
         self.retired: list[VllmHarness] = []  # killed engines (their loads checked count)
-        self._generations: dict[int, int] = {}
+        self._identities: dict[int, tuple[int, bytes]] = {}  # each engine's node process
+        self._killed_remaps = 0  # slab remaps of the workers of killed engines
         try:
             for i in range(engines):
                 self.engines.append(self._start(i))
@@ -171,10 +185,10 @@ class SharedFleet:
         welcome = share.directory.link.welcome if share is not None else None
         if welcome is None:
             return
-        before = self._generations.get(index)
-        if before is not None and welcome.generation != before:
+        before = self._identities.get(index)
+        if before is not None and welcome.identity != before:
             self.stats["recoveries"] += 1  # attached to a node process started since
-        self._generations[index] = welcome.generation
+        self._identities[index] = welcome.identity
 
     # ------------------------------------------------------------ the share
 
@@ -229,10 +243,11 @@ class SharedFleet:
         the keys of those stores."""
         h = self.engine(index)
         spills = spills_in_flight(h)
+        self._killed_remaps += _remaps(h)
         keys = sigkill(h)
         self.engines[index] = None
         self.retired.append(h)
-        self._generations.pop(index, None)
+        self._identities.pop(index, None)
         self.stored.difference_update(keys)
         self.stats["engine_kills"] += 1
         self._await_sessions()  # (the observer is connected now)
@@ -270,14 +285,55 @@ class SharedFleet:
         """SIGKILL the node process by pid and wait until it is gone and every live
         engine's lease noticed; it restarts when an engine calls next."""
 
-        def noticed(dead: int) -> bool:
-            shares = [h.side.share for h in self.live()]
-            return all(s is None or s.directory.attachment.generation != dead for s in shares)
-
-        if not self.host.kill_node(noticed):
+        if not self.host.kill_node(self._noticed):
             return  # none runs
         self.stored.clear()  # a new node process starts empty
         self.stats["node_kills"] += 1
+
+    def _noticed(self, dead: tuple[int, bytes]) -> bool:
+        """Every live engine saw the node process of identity ``dead`` go."""
+        shares = [h.side.share for h in self.live()]
+        return all(s is None or s.directory.saw_go(dead) for s in shares)
+
+    def stop_share(self) -> None:
+        """``kvoffload share stop`` under live engines (verified, waited for), then
+        ``kvoffload share remove``, which must refuse (the engines are attached) and
+        leave every file of the share as it was; the engines start a node process on
+        their own when they call next. Nothing happens when no engine lives or no
+        node process runs."""
+        if not self.live() or not self.host.stop_node(self._noticed):
+            return
+        self.stored.clear()  # the next node process starts empty
+        files = sorted(os.listdir(self.paths.dir))
+        code, line = remove_share(self.paths)
+        if code == 0 or "engines are attached" not in line:
+            raise HarnessViolation(f"share remove under live engines: {line}")
+        if sorted(os.listdir(self.paths.dir)) != files:
+            raise HarnessViolation("a refused share remove changed the share's files")
+        self.stats["share_stops"] += 1
+
+    def wipe_share(self, kill_first: bool) -> None:
+        """The share root's per-user directory deleted wholesale (what systemd's
+        ``RemoveIPC`` does to /dev/shm), the node processes killed first or alive (a
+        live one leaves at its next ``prepare_store``: see
+        :meth:`~.share_watch.ShareWatch.left_deleted_files`). Every live engine goes
+        on; the next node process makes new slab files."""
+        if kill_first:
+            self.kill_node()
+            self.kill_disk_node()
+        host = self.host.running()
+        disk = self.disk.running() if self.disk is not None else None
+        shutil.rmtree(self.paths.user_dir, ignore_errors=True)
+        self.host.left_deleted_files(host, self._noticed)
+        if self.disk is not None:
+            self.disk.left_deleted_files(disk, self.disk.noticed(self.live()))
+        self.stored.clear()  # the next node process starts empty, in new files
+        self.stats["share_wipes"] += 1
+
+    @property
+    def slab_remaps(self) -> int:
+        """Times a worker of any engine (alive or killed) mapped new slab files."""
+        return self._killed_remaps + sum(_remaps(h) for h in self.live())
 
     def kill_disk_node(self) -> None:
         """SIGKILL the shared disk tier's node process (see :mod:`.fleet_disk`); the

@@ -48,8 +48,9 @@ class Booking(enum.Enum):
 
 
 class Attachment:
-    def __init__(self, paths: SharePaths, *, bind_plans: bool = False) -> None:
+    def __init__(self, paths: SharePaths, *, bind_plans: bool = False, fence: bool = True) -> None:
         self._paths = paths
+        self._fence = fence  # hold generation locks (an engine; not an observer)
         self._guard = threading.Lock()
         self.bookings = Bookings()
         self.attached: Welcome | None = None  # the node process the bookings are with
@@ -77,7 +78,7 @@ class Attachment:
             same = welcome.identity == self.identity and not welcome.fresh
             if not same:
                 self.bookings.lose_current()
-                if all(identity != welcome.identity for identity, _ in self._holds):
+                if self._fence and all(identity != welcome.identity for identity, _ in self._holds):
                     hold = GenerationHold(self._paths, welcome.generation)
                     self._holds.append((welcome.identity, hold))
             self.attached = welcome

@@ -86,7 +86,10 @@ class ShareDirectory(ShareQueries):
     can end the session while transfers it booked are in flight); ``backing``: a backed
     share's (:mod:`.backing`), so that a node process this engine starts serves it;
     ``users``: hold the share's ``users.lock`` while open (an engine's process; an
-    observer need not); ``bind_plans``: a scheduler half's (see the module docstring).
+    observer need not); ``fence``: hold the generation lock of each node process
+    it attaches to (:mod:`.fence`; an observer that books nothing must not: it would
+    keep the next node process fenced until its next call); ``bind_plans``: a
+    scheduler half's (see the module docstring).
     Opening creates the share's directories if missing (:class:`ConfigError` naming
     ``host_share_root`` when another user made them).
     """
@@ -105,6 +108,7 @@ class ShareDirectory(ShareQueries):
         lease: bool = True,
         backing: Backing | None = None,
         users: bool = True,
+        fence: bool = True,
         bind_plans: bool = False,
     ) -> None:
         self.paths = paths
@@ -114,7 +118,7 @@ class ShareDirectory(ShareQueries):
         self.metrics.declare(*DIRECTORY_COUNTERS)
         self.on_evict: Callable[[tuple[ChunkKey, ...]], None] | None = None
         self.on_close: list[Callable[[], None]] = []  # run by close(), once
-        self.attachment = Attachment(paths, bind_plans=bind_plans)
+        self.attachment = Attachment(paths, bind_plans=bind_plans, fence=fence)
         self.users = UsersHold(paths) if users else None
         self._events: list[CacheEvent] = []
         self.link = Link(

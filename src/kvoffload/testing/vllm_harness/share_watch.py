@@ -68,6 +68,7 @@ class ShareWatch:
             start_server=False,
             lease=False,
             users=False,  # not an engine: a removal is refused for the engines alone
+            fence=False,  # it books nothing: it never fences a new node process
         )
 
     def wait(self, condition: Callable[[], bool], what: str) -> None:

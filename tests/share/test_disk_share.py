@@ -24,7 +24,7 @@ from kvoffload.share.index import IndexReader
 from kvoffload.share.launch import server_alive, spawn_server
 from kvoffload.share.lifecycle import recorded_pid
 from kvoffload.share.serve import main as share_main
-from kvoffload.share.server import open_server
+from kvoffload.share.server_start import open_server
 from kvoffload.testing.share_process import stop_node_process
 from kvoffload.tiers.disk import PAYLOAD_OFFSET, DiskStore
 from kvoffload.tiers.disk_backing import DiskBacking, DiskBackingOptions

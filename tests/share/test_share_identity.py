@@ -22,7 +22,8 @@ from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.opening import ShareSettings
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareUnavailable
-from kvoffload.share.server import ShareServer, open_server
+from kvoffload.share.server import ShareServer
+from kvoffload.share.server_start import open_server
 from kvoffload.share.slab import SharedSlab
 from kvoffload.share.slab_files import HEADER_BYTES, slab_id_of
 from kvoffload.testing.share_process import stop_node_process

@@ -15,7 +15,7 @@ from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import server_alive, spawn_server
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.serve import main as share_main
-from kvoffload.share.server import AlreadyServing, open_server
+from kvoffload.share.server_start import AlreadyServing, open_server
 from kvoffload.share.slab import SharedSlab
 from kvoffload.share.slab_files import HEADER_BYTES
 

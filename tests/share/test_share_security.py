@@ -25,13 +25,14 @@ from other_user import NOBODY, as_other_user, outcome
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
+from kvoffload.share.connection import connect
 from kvoffload.share.files import FilePolicy
 from kvoffload.share.geometry import ShareGeometry
-from kvoffload.share.link import connect
 from kvoffload.share.opening import ShareSettings, open_share_directory
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import HELLO, Op, Role, frame
-from kvoffload.share.server import ShareServer, open_server
+from kvoffload.share.server import ShareServer
+from kvoffload.share.server_start import open_server
 from kvoffload.share.slab import SharedSlab
 from kvoffload.share.slab_files import HEADER_BYTES, header, slab_id_of
 

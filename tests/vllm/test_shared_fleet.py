@@ -16,6 +16,7 @@ from kvoffload.share.launch import server_alive
 from kvoffload.testing.vllm_fuzz.shared_host import BLOCK_BYTES
 from kvoffload.testing.vllm_harness import HarnessSpec
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
+from kvoffload.testing.vllm_harness.share_faults import stop_share, wipe_share
 
 PREFIX = list(range(10, 58))  # three chunks of 16 tokens
 OTHER = list(range(200, 248))
@@ -150,7 +151,7 @@ def test_a_share_wiped_under_live_engines_never_serves_what_a_dead_mapping_holds
     a = fleet.engine(0)
     a.add_request("a", [*PREFIX, 1], 3)
     fleet.step(0, complete=False)  # stores booked in the old slab, their copies held
-    fleet.wipe_share(kill_first=False)  # the node process leaves its deleted files
+    wipe_share(fleet, kill_first=False)  # the node process leaves its deleted files
     for n in range(4):  # engine 1 starts a node process with new slab files
         serve(fleet, 1, f"b{n}", [*OTHER, n])
     assert fleet.slab_remaps == 1  # engine 1's worker moved to them
@@ -176,7 +177,7 @@ def test_share_stop_and_a_refused_remove_under_live_engines(fleet: SharedFleet) 
     refused (the fleet checks it, and that every file stays), the engines start a
     node process on their own, which keeps the slab files: no worker remaps."""
     serve(fleet, 0, "a", [*PREFIX, 1])
-    fleet.stop_share()
+    stop_share(fleet)
     assert fleet.stats["share_stops"] == 1
     for n in range(4):
         serve(fleet, 1, f"b{n}", [*OTHER, n])

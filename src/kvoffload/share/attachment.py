@@ -7,7 +7,7 @@ and from its lease's thread (a node process seen dying), so every method takes t
 guard. It sends nothing itself: it tells the client what to send.
 
 A node process is known by its identity, ``(generation, slab id)``
-(:attr:`~.link.Welcome.identity`). Rules (see :mod:`.fence` and :mod:`.bookings`):
+(:attr:`~.connection.Welcome.identity`). Rules (see :mod:`.fence` and :mod:`.bookings`):
 
 - attached to a node process, the engine holds its generation's lock (shared); a
   generation it left is released once no booking of it is left (stale bookings
@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from kvoffload.core.errors import KvOffloadError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.bookings import Booked, Bookings
+from kvoffload.share.connection import Welcome
 from kvoffload.share.fence import GenerationHold
 from kvoffload.share.index import IndexReader
-from kvoffload.share.link import Welcome
 from kvoffload.share.paths import SharePaths
 
 Identity = tuple[int, bytes]

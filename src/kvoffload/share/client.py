@@ -35,7 +35,7 @@ What differs from a private directory, by design:
 
 Ownership: the directory state lives in the node process; this object owns its
 events, its :class:`~.attachment.Attachment` (its bookings, generation holds and
-index view), its :class:`~.link.Link`, its :class:`~.link.Lease` and its hold on
+index view), its :class:`~.link.Link`, its :class:`~.lease.Lease` and its hold on
 the share's ``users.lock`` (:mod:`.users`: ``kvoffload share remove`` refuses while
 it is held). One thread calls it (the scheduler half's); the lease thread only tells
 the attachment that a node process died.
@@ -56,8 +56,10 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.core.recorder import CounterScope
 from kvoffload.share.attachment import Attachment, Booking
 from kvoffload.share.backing import Backing
+from kvoffload.share.connection import Welcome
 from kvoffload.share.geometry import ShareGeometry
-from kvoffload.share.link import Lease, Link, Welcome
+from kvoffload.share.lease import Lease
+from kvoffload.share.link import Link
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import (
     FLAG_ADMIT_ALL,

@@ -1,175 +1,37 @@
-"""An engine's connection to its share's node process: calls with a deadline, a
-lease that keeps its session open, reconnection and restarts that never block.
+"""An engine's calls to its share's node process: each with a deadline, reconnection
+and restarts that never block.
 
 :class:`Link` makes the calls of one scheduler half. Every call is bounded by
 ``timeout_s`` (each send and each receive); a call that fails (timed out, refused,
 connection lost) returns None, counted in ``stats``, and closes the connection (a
 late reply would be read as the next call's). The next call made ``retry_s`` or
-more later reconnects; if nobody listens it starts a node process
-(:mod:`.launch`) and returns None at once: the engine never waits for the share.
-:meth:`Link.wait_ready` (tests, start-up) is the only call that waits.
-
-:class:`Lease` is a connection that makes no calls: it keeps its session open while
-its process lives (the node process releases a session's bookings when its last
-connection closes), and notices a node process's death (``on_lost``) without any
-call. It reconnects every ``retry_s`` from a daemon thread. Every engine worker
-holds one (see :mod:`.opening`), as does the :class:`Link` itself.
-
-Both hold the share's ``users.lock`` (:mod:`.users`), when given one, in the share's
-directory as it is when they (re)connect: refreshed before every attempt.
+more later reconnects (:mod:`.connection`; the engine's ``users.lock`` hold refreshed
+first); if nobody listens it starts a node process (:mod:`.launch`) and returns None
+at once: the engine never waits for the share. :meth:`Link.wait_ready` (tests,
+start-up) is the only call that waits. Its session is held open by a
+:class:`~kvoffload.share.lease.Lease` besides.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import socket
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kvoffload.core.errors import ContractViolation, KvOffloadError
 from kvoffload.share.backing import Backing
+from kvoffload.share.connection import Welcome, connect, refresh_users
 from kvoffload.share.files import open_checked
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
 from kvoffload.share.paths import SharePaths
-from kvoffload.share.peer import credentials, trusted
-from kvoffload.share.protocol import (
-    HELLO,
-    ONE_WAY,
-    WELCOME,
-    FrameError,
-    Op,
-    Role,
-    Status,
-    frame,
-    read_frame,
-)
+from kvoffload.share.protocol import ONE_WAY, FrameError, Op, Role, Status, frame, read_frame
 from kvoffload.share.users import UsersHold
 
-
-@dataclass(frozen=True)
-class Welcome:
-    """What the node process said when a connection opened."""
-
-    generation: int
-    pid: int
-    num_slots: int
-    slot_bytes: int
-    ranks: int
-    fresh: bool  # the session is new to this node process (it holds no booking of it)
-    slab_id: bytes = b""  # the share's slab files' id (see .geometry)
-
-    @property
-    def identity(self) -> tuple[int, bytes]:
-        """Which node process this is: its generation and its slab files' id (after
-        the share's directory was deleted wholesale, generations count from 1 again
-        under another slab id)."""
-        return self.generation, self.slab_id
-
-
-def connect(
-    paths: SharePaths, session: bytes, role: Role, namespace: bytes, timeout_s: float
-) -> tuple[socket.socket, Welcome] | None:
-    """A connection with its HELLO answered, or None (nobody listens, no answer, or
-    the process listening is not one the share trusts: ``SO_PEERCRED``)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
-    try:
-        sock.connect(str(paths.socket))
-        peer = credentials(sock)
-        if not trusted(peer, paths.policy):
-            raise FrameError(f"the socket's process (uid {peer.uid}) is not trusted")
-        sock.sendall(frame(Op.HELLO, HELLO.pack(session, role, len(namespace)) + namespace))
-        status, payload = read_frame(sock)
-        if status != Status.OK or len(payload) != WELCOME.size:
-            raise FrameError("refused")
-    except (OSError, FrameError):
-        sock.close()
-        return None
-    generation, pid, slots, slot_bytes, ranks, fresh, slab_id = WELCOME.unpack(payload)
-    if pid != peer.pid:
-        sock.close()
-        return None
-    welcome = Welcome(generation, pid, slots, slot_bytes, ranks, bool(fresh), slab_id)
-    return sock, welcome
-
-
-class Lease:
-    """Holds session ``session`` open from a daemon thread (see the module docstring).
-
-    ``on_lost(welcome)`` runs in that thread when a connection to the node process
-    that sent ``welcome`` closes. :meth:`close` ends the lease (and its thread).
-    """
-
-    def __init__(
-        self,
-        paths: SharePaths,
-        session: bytes,
-        *,
-        retry_s: float = 0.05,
-        on_lost: Callable[[Welcome], None] | None = None,
-        users: UsersHold | None = None,
-    ) -> None:
-        self._paths = paths
-        self._session = session
-        self._retry_s = retry_s
-        self._on_lost = on_lost
-        self._users = users
-        self.on_close: list[Callable[[], None]] = []  # run by close(), once
-        self._closed = threading.Event()
-        self._sock: socket.socket | None = None
-        self._lock = threading.Lock()
-        self.connected = threading.Event()
-        # The node process it is connected to: set once connected, cleared only after
-        # ``on_lost`` returned (so a reader that sees another one knows it was told).
-        self.welcome: Welcome | None = None
-        self._thread = threading.Thread(target=self._run, name="kvoffload-share-lease", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._closed.is_set():
-            _refresh(self._users)
-            opened = connect(self._paths, self._session, Role.LEASE, b"", 1.0)
-            if opened is None:
-                self._closed.wait(self._retry_s)
-                continue
-            sock, welcome = opened
-            with self._lock:
-                if self._closed.is_set():
-                    sock.close()
-                    return
-                self._sock = sock
-            self.welcome = welcome
-            self.connected.set()
-            sock.settimeout(None)
-            try:
-                while sock.recv(64):
-                    pass  # the node process never writes to a lease
-            except OSError:
-                pass
-            self.connected.clear()
-            with self._lock:
-                self._sock = None
-            sock.close()
-            if self._on_lost is not None and not self._closed.is_set():
-                self._on_lost(welcome)
-            self.welcome = None
-
-    def close(self) -> None:
-        """End the lease, then run :attr:`on_close` (what its opener attached to it)."""
-        self._closed.set()
-        with self._lock:
-            if self._sock is not None:
-                self._sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join()
-        for release in self.on_close:
-            release()
-        self.on_close.clear()
+__all__ = ["Link"]
 
 
 class Link:
@@ -292,7 +154,7 @@ class Link:
             and not self.spawned.wait_ready(0)
         ):
             return None  # the node process this engine started is still starting
-        _refresh(self.users)
+        refresh_users(self.users)
         opened = connect(self.paths, self.session, Role.DIRECTORY, self.namespace, self.timeout_s)
         if opened is None:
             self._next_attempt = self.clock() + self.retry_s
@@ -344,12 +206,3 @@ class Link:
         self._forget_server_lock()
         if self.spawned is not None:
             self.spawned.close()
-
-
-def _refresh(users: UsersHold | None) -> None:
-    """Hold the ``users.lock`` of the share's directory now, before connecting to its
-    node process (never raises: a directory that cannot be made is found again by
-    the connection, or by the node process's start)."""
-    if users is not None:
-        with contextlib.suppress(OSError, KvOffloadError):
-            users.refresh()

@@ -28,7 +28,8 @@ from kvoffload.share.files import resolve_group
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.lifecycle import remove_share, stop_share
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
-from kvoffload.share.server import AlreadyServing, ShareServer, open_server
+from kvoffload.share.server import ShareServer
+from kvoffload.share.server_start import AlreadyServing, open_server
 
 
 def main(argv: list[str] | None = None, options: BackingOptions | None = None) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 from kvoffload.core.errors import ConfigError
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.geometry import ShareGeometry
-from kvoffload.share.link import Lease
+from kvoffload.share.lease import Lease
 from kvoffload.share.opening import NotStarted, start_and_wait
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.users import UsersHold

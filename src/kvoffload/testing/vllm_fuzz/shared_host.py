@@ -32,6 +32,7 @@ from kvoffload.testing.vllm_fuzz.groups import BLOCK_SIZE, MAX_BATCHED_TOKENS
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation
 from kvoffload.testing.vllm_harness.checks import failure_message
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
+from kvoffload.testing.vllm_harness.share_faults import stop_share, wipe_share
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes
 
@@ -227,10 +228,10 @@ def _drive(scenario: SharedScenario, fleet: SharedFleet, outcome: SharedOutcome)
         if t in scenario.disk_node_kills:
             fleet.kill_disk_node()
         for _ in range(scenario.share_stops.count(t)):
-            fleet.stop_share()
+            stop_share(fleet)
         for step, kill_first in scenario.share_wipes:
             if step == t:
-                fleet.wipe_share(kill_first)
+                wipe_share(fleet, kill_first)
         if fleet.alive(engine) and fleet.engine(engine).busy():
             fleet.step(engine, complete)
     for _ in range(DRAIN_STEPS):

@@ -19,12 +19,10 @@ What is checked, beyond each engine's own checks at every step:
   in-flight stores is readable;
 - :meth:`kill_node` (the node process SIGKILLed by pid): engines see misses, never
   wrong KV nor an exception, and recover with a node process one of them starts;
-- :meth:`stop_share` (``kvoffload share stop``, verified, then ``remove``, which must
-  refuse while engines are attached and leave every file) and :meth:`wipe_share`
-  (the share root's per-user directory deleted wholesale, as systemd's
-  ``RemoveIPC`` does, its node processes alive or killed first): engines go on, start
-  a node process themselves, and their workers move to the new slab files (or fail
-  the jobs of plans that name another): never wrong KV;
+- share-lifecycle faults (:mod:`.share_faults`: ``kvoffload share stop`` then a
+  refused ``remove``; the share root's per-user directory deleted wholesale): engines
+  go on, start a node process themselves, and their workers move to new slab files
+  (or fail the jobs of plans that name another): never wrong KV;
 - :meth:`quiescent`: nothing is stored or pinned anywhere in the share.
 
 Determinism: the share's call deadline is generous (:data:`CALL_TIMEOUT_MS`, so a
@@ -48,7 +46,6 @@ from pathlib import Path
 from kvoffload.core.directory import LookupStatus
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.lifecycle import remove_share
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
@@ -285,50 +282,15 @@ class SharedFleet:
         """SIGKILL the node process by pid and wait until it is gone and every live
         engine's lease noticed; it restarts when an engine calls next."""
 
-        if not self.host.kill_node(self._noticed):
+        if not self.host.kill_node(self.noticed):
             return  # none runs
         self.stored.clear()  # a new node process starts empty
         self.stats["node_kills"] += 1
 
-    def _noticed(self, dead: tuple[int, bytes]) -> bool:
+    def noticed(self, dead: tuple[int, bytes]) -> bool:
         """Every live engine saw the node process of identity ``dead`` go."""
         shares = [h.side.share for h in self.live()]
         return all(s is None or s.directory.saw_go(dead) for s in shares)
-
-    def stop_share(self) -> None:
-        """``kvoffload share stop`` under live engines (verified, waited for), then
-        ``kvoffload share remove``, which must refuse (the engines are attached) and
-        leave every file of the share as it was; the engines start a node process on
-        their own when they call next. Nothing happens when no engine lives or no
-        node process runs."""
-        if not self.live() or not self.host.stop_node(self._noticed):
-            return
-        self.stored.clear()  # the next node process starts empty
-        files = sorted(os.listdir(self.paths.dir))
-        code, line = remove_share(self.paths)
-        if code == 0 or "engines are attached" not in line:
-            raise HarnessViolation(f"share remove under live engines: {line}")
-        if sorted(os.listdir(self.paths.dir)) != files:
-            raise HarnessViolation("a refused share remove changed the share's files")
-        self.stats["share_stops"] += 1
-
-    def wipe_share(self, kill_first: bool) -> None:
-        """The share root's per-user directory deleted wholesale (what systemd's
-        ``RemoveIPC`` does to /dev/shm), the node processes killed first or alive (a
-        live one leaves at its next ``prepare_store``: see
-        :meth:`~.share_watch.ShareWatch.left_deleted_files`). Every live engine goes
-        on; the next node process makes new slab files."""
-        if kill_first:
-            self.kill_node()
-            self.kill_disk_node()
-        host = self.host.running()
-        disk = self.disk.running() if self.disk is not None else None
-        shutil.rmtree(self.paths.user_dir, ignore_errors=True)
-        self.host.left_deleted_files(host, self._noticed)
-        if self.disk is not None:
-            self.disk.left_deleted_files(disk, self.disk.noticed(self.live()))
-        self.stored.clear()  # the next node process starts empty, in new files
-        self.stats["share_wipes"] += 1
 
     @property
     def slab_remaps(self) -> int:

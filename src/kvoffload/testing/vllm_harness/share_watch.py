@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvoffload.share.client import ShareDirectory
+from kvoffload.share.connection import Welcome
 from kvoffload.share.launch import server_alive
 from kvoffload.share.lifecycle import recorded_pid, stop_share
-from kvoffload.share.link import Welcome
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation

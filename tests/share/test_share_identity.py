@@ -54,6 +54,17 @@ def stop(server: ShareServer, thread: threading.Thread) -> None:
     thread.join()
 
 
+def wipe(paths: SharePaths) -> None:
+    """Delete the share root's per-user directory wholesale (what systemd's RemoveIPC
+    does); again while an engine's lease thread, reconnecting, made its users.lock
+    anew in it meanwhile (it may under RemoveIPC too)."""
+    for _ in range(100):
+        shutil.rmtree(paths.user_dir, ignore_errors=True)
+        if not paths.user_dir.exists():
+            return
+    raise AssertionError(f"{paths.user_dir} could not be deleted")
+
+
 def test_the_slab_id_is_kept_with_the_files_and_new_when_they_are_made_anew(
     share_root: Path,
 ) -> None:
@@ -84,7 +95,7 @@ def test_a_slab_is_remapped_in_place_to_the_shares_new_files(share_root: Path) -
     view = slab.slot_tensor(2)  # a view the copy paths hold on to
     view[:] = 5
     stop(server, thread)
-    shutil.rmtree(paths.user_dir)  # what systemd's RemoveIPC does
+    wipe(paths)
     server, thread = serve(paths)
     try:
         new_id = server.geometry.slab_id
@@ -113,7 +124,7 @@ def test_a_worker_runs_a_plans_host_jobs_only_on_the_slab_it_names(share_root: P
         assert worker.admit(own, busy=True) is None
         assert "names no slab" in str(worker.admit(None, busy=False))
         assert stop_node_process("w", share_root)
-        shutil.rmtree(settings.paths.user_dir)
+        wipe(settings.paths)
         starter = WorkerShare(settings, chunk_bytes=4096, rank=0, ranks=1)  # new files
         new = starter.slab.slab_id
         starter.close()
@@ -146,7 +157,7 @@ def test_bookings_of_another_slab_than_the_plans_are_undone(share_root: Path) ->
         engine.complete_store(stored.keys, success=True)
         assert engine.seal_plan() == old_id
         stop(server, thread)
-        shutil.rmtree(paths.user_dir)
+        wipe(paths)
         server, thread = serve(paths)
         assert engine.prepare_store([K(2)]).no_room  # the old node process: gone
         refused = engine.prepare_store([K(2)])  # answered in the new slab: undone
@@ -187,7 +198,7 @@ def test_a_stale_pin_never_yields_a_slot(share_root: Path) -> None:
         engine.complete_store(stored.keys, success=True)
         engine.prepare_load([K(1)])  # a spill queue's pin, say
         stop(server, thread)
-        shutil.rmtree(paths.user_dir)
+        wipe(paths)
         server, thread = serve(paths)
         other = ShareDirectory(paths, timeout_s=30.0, start_server=False)
         assert other.wait_ready(30.0)
@@ -214,7 +225,7 @@ def test_a_node_process_whose_files_are_gone_stops_serving(
     engine = ShareDirectory(paths, timeout_s=30.0, start_server=False)
     try:
         assert engine.wait_ready(30.0) and server.check_own()
-        shutil.rmtree(paths.user_dir)
+        wipe(paths)
         assert engine.prepare_store([K(1)]).no_room  # its prepare_store looks first
         thread.join(30.0)
         assert not thread.is_alive() and server.gone is not None and "removed" in server.gone

@@ -121,18 +121,18 @@ def test_a_worker_runs_a_plans_host_jobs_only_on_the_slab_it_names(share_root: P
     worker = WorkerShare(settings, chunk_bytes=4096, rank=0, ranks=1)
     try:
         own = worker.slab.slab_id
-        assert worker.admit(own, busy=True) is None
-        assert "names no slab" in str(worker.admit(None, busy=False))
+        assert worker.admit(own, busy=lambda: True) is None
+        assert "names no slab" in str(worker.admit(None, busy=lambda: False))
         assert stop_node_process("w", share_root)
         wipe(settings.paths)
         starter = WorkerShare(settings, chunk_bytes=4096, rank=0, ranks=1)  # new files
         new = starter.slab.slab_id
         starter.close()
         assert new != own and worker.slab.file_slab_id() == new
-        assert "not the share's file" in str(worker.admit(os.urandom(16), busy=False))
-        assert "still in flight" in str(worker.admit(new, busy=True))
+        assert "not the share's file" in str(worker.admit(os.urandom(16), busy=lambda: False))
+        assert "still in flight" in str(worker.admit(new, busy=lambda: True))
         assert worker.remaps == 0 and worker.slab.slab_id == own
-        assert worker.admit(new, busy=False) is None
+        assert worker.admit(new, busy=lambda: False) is None
         assert worker.remaps == 1 and worker.slab.slab_id == new
         assert settings.paths.users_lock.exists()  # held again, in the new directory
     finally:

@@ -28,7 +28,7 @@ each worker owns its :class:`WorkerShare`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -154,12 +154,12 @@ class WorkerShare:
         jobs; a later session (the scheduler half restarted) replaces it."""
         self.lease.hold(session)
 
-    def admit(self, slab_id: bytes | None, busy: bool) -> str | None:
+    def admit(self, slab_id: bytes | None, busy: Callable[[], bool]) -> str | None:
         """Before any job of a plan naming ``slab_id`` runs: None when this worker's
         slab is that one, else why the plan's jobs that touch host slots must fail.
 
         When the share's rank file now carries ``slab_id`` (its files were made anew)
-        and nothing of this worker is in flight on the old mapping (``busy`` False:
+        and nothing of this worker is in flight on the old mapping (``busy()`` False:
         those copies belong to a node process that is gone, and are settled by the
         scheduler half, never made readable), the slab is remapped to it first, and
         the ``users.lock`` hold taken again in the new directory. Never raises."""
@@ -173,11 +173,11 @@ class WorkerShare:
                 f"host share: the plan's slab {slab_id.hex()} is not the share's file "
                 f"{slab.paths.slab(slab.rank)} (its node process was replaced)"
             )
-        if busy:
+        if busy():
             return "host share: copies on the share's old slab are still in flight"
         try:
             remapped = slab.remap(slab_id)
-        except OSError as exc:
+        except (OSError, KvOffloadError) as exc:  # (a CUDA registration refused, say)
             return f"host share: remapping the slab failed ({exc})"
         if not remapped:
             return f"host share: the slab {slab_id.hex()} could not be mapped"

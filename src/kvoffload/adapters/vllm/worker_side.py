@@ -251,7 +251,7 @@ class WorkerSide:
             self.share.hold(metadata.session)
             if self.runner is not None:
                 backend = self.runner.backend
-                backend.host_refusal = self.share.admit(metadata.slab_id, backend.host_busy())
+                backend.host_refusal = self.share.admit(metadata.slab_id, backend.host_busy)
         for store in self._session_stores:
             store.hold(metadata.session)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -34,7 +35,7 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import spawn_server
-from kvoffload.share.paths import SharePaths, remove_share
+from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import Op, pack_keys
 
 SLOTS = 300_000
@@ -166,8 +167,7 @@ def main() -> None:
     finally:
         spawned.process.kill()
         spawned.process.wait()
-        remove_share(paths)
-        os.rmdir(root)
+        shutil.rmtree(root)
     p50, p99 = shm_index_lookup(prefix, args.reps)
     print(
         f"  {'shm numpy index (b)':<22} {'lookup 1k':<20} p50 {p50:8.1f} us  p99 {p99:8.1f} us  "

@@ -58,7 +58,7 @@ def main() -> None:
     assert welcome is not None
     from kvoffload.share.geometry import ShareGeometry
 
-    geometry = ShareGeometry.read(paths.meta)
+    geometry = ShareGeometry.read(paths)
     assert geometry is not None
     slab = SharedSlab(paths, geometry, 0, geometry.slot_bytes, pin_memory=False)
     print("ready", flush=True)

@@ -11,7 +11,8 @@ from pathlib import Path
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import SharePaths
-from kvoffload.share.server import ShareServer, open_server
+from kvoffload.share.server import ShareServer
+from kvoffload.share.server_start import open_server
 
 AGENT = Path(__file__).with_name("agent.py")
 

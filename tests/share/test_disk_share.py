@@ -22,8 +22,9 @@ from kvoffload.share.fence import GenerationHold
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexReader
 from kvoffload.share.launch import server_alive, spawn_server
+from kvoffload.share.lifecycle import recorded_pid
 from kvoffload.share.serve import main as share_main
-from kvoffload.share.server import open_server
+from kvoffload.share.server_start import open_server
 from kvoffload.testing.share_process import stop_node_process
 from kvoffload.tiers.disk import PAYLOAD_OFFSET, DiskStore
 from kvoffload.tiers.disk_backing import DiskBacking, DiskBackingOptions
@@ -60,7 +61,7 @@ class Engine:
             chunk_bytes=PAYLOAD, ranks=ranks, policy="lru", session=os.urandom(16),
             timeout_s=30.0, wait_s=60.0,
         )  # fmt: skip
-        geometry = ShareGeometry.read(backing.paths(share_root).meta)
+        geometry = ShareGeometry.read(backing.paths(share_root))
         assert geometry is not None
         self.stores = [
             DiskStore(backing.root, NS, rank, PAYLOAD, geometry.num_slots, attach=True)
@@ -122,7 +123,8 @@ def engines(share_root: Path, backing: DiskBacking) -> Iterator[Callable[..., En
 def kill_node_process(share_root: Path, backing: DiskBacking) -> None:
     """SIGKILL the share's node process and wait until it is gone (through a pidfd)."""
     paths = backing.paths(share_root)
-    pid = int.from_bytes(paths.server_lock.read_bytes()[:4], "little")
+    pid = recorded_pid(paths)
+    assert pid is not None
     exited = os.pidfd_open(pid)
     try:
         os.kill(pid, 9)
@@ -139,7 +141,8 @@ def test_the_share_name_is_derived_from_the_real_path_and_the_namespace(tmp_path
     assert one.share_name() == DiskBacking(tmp_path / "link", NS).share_name()
     assert one.share_name() != DiskBacking(tmp_path / "disk", bytes(16)).share_name()
     assert one.share_name().startswith("disk-") and len(one.share_name()) == 21
-    assert one.paths(tmp_path).socket.parent == tmp_path  # a valid name; runtime files there
+    paths = one.paths(tmp_path)  # a valid name; runtime files in a directory of their own
+    assert paths.socket.parent == tmp_path / f"kvoffload-u{os.geteuid()}" / one.share_name()
 
 
 def test_two_engines_share_one_disk_tier(engines: Callable[..., Engine]) -> None:
@@ -278,7 +281,7 @@ def test_the_serve_loop_recovers_once_the_fence_opens_without_a_call(
         server.serve_round(0)  # no call: the loop looks at the fence by itself
         assert server.recovery == Recovered(adopted=1, ignored=0)
         assert server.book.directory.slot_of(K(7)) == 3
-        assert IndexReader(paths.index).readable_prefix([K(7)]) == 1
+        assert IndexReader(paths).readable_prefix([K(7)]) == 1
     finally:
         server.close()
 
@@ -378,15 +381,10 @@ def test_stop_and_remove_keep_the_disk_slabs(
     backed = ["--disk-root", str(backing.root), "--namespace", NS.hex()]
     with pytest.raises(UsageError, match=f"named {backing.share_name()}, not other"):
         share_main(["serve", "other", *backed, "--root", str(share_root)], DiskBackingOptions())
-    pid = int.from_bytes(paths.server_lock.read_bytes()[:4], "little")
-    exited = os.pidfd_open(pid)
-    try:
-        assert share_main(["stop", backing.share_name(), "--root", str(share_root)]) == 0
-        assert select.select([exited], [], [], 60.0)[0]
-    finally:
-        os.close(exited)
+    assert share_main(["stop", backing.share_name(), "--root", str(share_root)]) == 0
+    assert not server_alive(paths)  # stop waits until it exited
     assert share_main(["remove", backing.share_name(), "--root", str(share_root)]) == 0
-    assert list(share_root.glob(f"kvoffload-{backing.share_name()}.*")) == []
+    assert not paths.dir.exists()
     report = inspect_disk(backing.root, None, verify=True, world_size=1)  # format unchanged
     assert report.stray == 0 and report.bad_total == 0, report
     assert [ns.complete_chunks for ns in report.namespaces] == [1]

@@ -3,6 +3,7 @@ never an exception into the step or a wait; completions are fenced by session.""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
@@ -55,6 +56,7 @@ def test_an_unreachable_share_answers_misses_and_refusals(share_root: Path) -> N
 def mute_share(share_root: Path) -> Iterator[SharePaths]:
     """A node process that welcomes one connection, then never answers a call."""
     paths = SharePaths("mute", share_root)
+    paths.ensure_dir()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(paths.socket))
     listener.listen(4)
@@ -63,7 +65,7 @@ def mute_share(share_root: Path) -> Iterator[SharePaths]:
     def serve() -> None:
         conn, _ = listener.accept()
         read_frame(conn)
-        conn.sendall(frame(Status.OK, WELCOME.pack(1, 1, 8, 64, 1, 1)))
+        conn.sendall(frame(Status.OK, WELCOME.pack(1, os.getpid(), 8, 64, 1, 1, bytes(16))))
         done.wait()
         conn.close()
 

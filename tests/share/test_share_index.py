@@ -8,6 +8,13 @@ from pathlib import Path
 
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.index import IndexReader, IndexWriter, capacity_for
+from kvoffload.share.paths import SharePaths
+
+
+def share(tmp_path: Path) -> SharePaths:
+    paths = SharePaths("index", tmp_path)
+    paths.ensure_dir()
+    return paths
 
 
 def clustered(i: int) -> ChunkKey:
@@ -16,9 +23,9 @@ def clustered(i: int) -> ChunkKey:
 
 
 def test_the_index_holds_exactly_the_readable_set(tmp_path: Path) -> None:
-    path = tmp_path / "index"
-    writer = IndexWriter(path, num_slots=64, generation=3)
-    reader = IndexReader(path)
+    paths = share(tmp_path)
+    writer = IndexWriter(paths, num_slots=64, generation=3)
+    reader = IndexReader(paths)
     assert reader.generation == 3 and capacity_for(64) == 1024 and capacity_for(200) == 2048
     rng = random.Random(7)
     readable: set[ChunkKey] = set()
@@ -40,9 +47,9 @@ def test_the_index_holds_exactly_the_readable_set(tmp_path: Path) -> None:
 
 
 def test_a_new_generation_starts_empty(tmp_path: Path) -> None:
-    path = tmp_path / "index"
-    IndexWriter(path, num_slots=8, generation=1).insert([clustered(1)])
-    reader = IndexReader(path)
+    paths = share(tmp_path)
+    IndexWriter(paths, num_slots=8, generation=1).insert([clustered(1)])
+    reader = IndexReader(paths)
     assert reader.readable_prefix([clustered(1)]) == 1
-    IndexWriter(path, num_slots=8, generation=2)  # the same file, cleared
+    IndexWriter(paths, num_slots=8, generation=2)  # the same file, cleared
     assert reader.generation == 2 and reader.readable_prefix([clustered(1)]) == 0

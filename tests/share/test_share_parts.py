@@ -15,17 +15,19 @@ from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import server_alive, spawn_server
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.serve import main as share_main
-from kvoffload.share.server import AlreadyServing, open_server
+from kvoffload.share.server_start import AlreadyServing, open_server
 from kvoffload.share.slab import SharedSlab
 from kvoffload.share.slab_files import HEADER_BYTES
 
 
 def test_geometry_from_a_budget_and_its_meta_file(tmp_path: Path) -> None:
-    g = ShareGeometry.for_budget(1 << 20, 4096, ranks=2, policy="arc")
+    g = ShareGeometry.for_budget(1 << 20, 4096, ranks=2, policy="arc").with_slab_id(b"i" * 16)
     assert (g.num_slots, g.slot_bytes, g.ranks, g.policy) == (128, 4096, 2, "arc")
-    g.write(tmp_path / "meta")
-    assert ShareGeometry.read(tmp_path / "meta") == g
-    assert ShareGeometry.read(tmp_path / "absent") is None
+    paths = SharePaths("meta", tmp_path)
+    assert ShareGeometry.read(paths) is None
+    paths.ensure_dir()
+    g.write(paths)
+    assert ShareGeometry.read(paths) == g
     with pytest.raises(ConfigError, match="cpu_bytes"):
         ShareGeometry.for_budget(4095, 4096)
     with pytest.raises(ConfigError, match="host_share"):
@@ -96,12 +98,12 @@ def test_the_share_command(share_root: Path, capsys: pytest.CaptureFixture[str])
     paths = SharePaths("cmd", share_root)
     server = open_server(paths, ShareGeometry(num_slots=2, slot_bytes=64))
     try:
-        assert cli_main(["share", "remove", "cmd", *root]) == 2
-        assert "stop it first" in capsys.readouterr().err
+        assert cli_main(["share", "remove", "cmd", *root]) == 1
+        assert "its node process runs" in capsys.readouterr().err
     finally:
         server.close()
     assert share_main(["remove", "cmd", *root]) == 0
-    assert list(share_root.glob("kvoffload-cmd.*")) == []
+    assert not paths.dir.exists() and paths.user_dir.exists()
 
 
 def test_a_node_process_stops_on_the_stop_command(share_root: Path) -> None:

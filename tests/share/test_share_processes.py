@@ -35,7 +35,7 @@ def engine(paths: SharePaths, **options: object) -> tuple[ShareDirectory, Shared
     options.setdefault("start_server", False)
     directory = ShareDirectory(paths, **options)  # type: ignore[arg-type]
     assert directory.wait_ready(60.0)
-    geometry = ShareGeometry.read(paths.meta)
+    geometry = ShareGeometry.read(paths)
     assert geometry is not None
     return directory, SharedSlab(paths, geometry, 0, geometry.slot_bytes, pin_memory=False)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from kvoffload.core.jobs import JobKind
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import SharePaths
-from kvoffload.share.server import open_server
+from kvoffload.share.server_start import open_server
 from kvoffload.share.slab import SharedSlab
 from kvoffload.transfer import TransferWorker, register_kv_caches
 

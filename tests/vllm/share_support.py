@@ -49,7 +49,9 @@ def stop_node_process(extra: dict[str, Any], timeout_s: float = 30.0) -> None:
 def counts(extra: dict[str, Any]) -> Any:
     """The whole share's counts, asked of its node process by a bare client."""
     paths = SharePaths(extra["host_share"], Path(extra["host_share_root"]))
-    client = ShareDirectory(paths, start_server=False, lease=False, timeout_s=5.0)
+    client = ShareDirectory(
+        paths, start_server=False, lease=False, timeout_s=5.0, users=False, fence=False
+    )
     try:
         assert client.wait_ready(5.0)
         return client.share_counts()

@@ -18,6 +18,7 @@ import pytest
 from llm_support import CHUNK_BYTES, PROMPTS
 from share_support import Child, counts, share_config, stop_node_process
 
+from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import HEADER_BYTES
 
 MARK = "KVSHARE "
@@ -38,8 +39,8 @@ def share(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 def slab_bytes(extra: dict[str, Any]) -> int:
     """Bytes of slots in the share's slab files (each also holds a small header)."""
-    root = Path(extra["host_share_root"])
-    files = list(root.glob(f"kvoffload-{extra['host_share']}.slab.*"))
+    share_dir = SharePaths(extra["host_share"], Path(extra["host_share_root"])).dir
+    files = [p for p in share_dir.iterdir() if p.name.startswith("slab.")]
     assert len(files) == 1  # one rank
     return sum(p.stat().st_size - HEADER_BYTES for p in files)
 

@@ -30,6 +30,7 @@ from test_serve import (
     transfer_config,
 )
 
+from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import HEADER_BYTES
 from kvoffload.testing.serve import VllmServer
 
@@ -66,7 +67,8 @@ def test_server_b_is_served_from_what_server_a_stored(served_model: Path, tmp_pa
                 assert after.get(HIT_TOKENS, 0) >= 768, "B's first request was not a host hit"
                 assert after.get(LOADED, 0) >= 24
                 assert "host share" in b.log_text() and "found running" in b.log_text()
-        slabs = list((tmp_path / "shm").glob(f"kvoffload-{extra['host_share']}.slab.*"))
+        share_dir = SharePaths(extra["host_share"], tmp_path / "shm").dir
+        slabs = [p for p in share_dir.iterdir() if p.name.startswith("slab.")]
         assert len(slabs) == 1  # one share for both servers (one rank each)
         assert slabs[0].stat().st_size - HEADER_BYTES <= SHARE_BYTES
     finally:

@@ -16,9 +16,11 @@ from kvoffload.share.launch import server_alive
 from kvoffload.testing.vllm_fuzz.shared_host import BLOCK_BYTES
 from kvoffload.testing.vllm_harness import HarnessSpec
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
+from kvoffload.testing.vllm_harness.share_faults import stop_share, wipe_share
 
 PREFIX = list(range(10, 58))  # three chunks of 16 tokens
 OTHER = list(range(200, 248))
+THIRD = list(range(300, 348))
 
 
 @pytest.fixture
@@ -133,4 +135,56 @@ def test_an_engine_killed_while_no_node_process_runs(fleet: SharedFleet) -> None
     for n in range(4):  # engine 1 starts a new one, empty
         b = serve(fleet, 1, f"b{n}", [*PREFIX, 2, n])
     assert b.loaded_tokens("b0") == 0
+    fleet.quiescent()
+
+
+def test_a_share_wiped_under_live_engines_never_serves_what_a_dead_mapping_holds(
+    fleet: SharedFleet,
+) -> None:
+    """Regression (issue 30, bug 4): the share's directory deleted wholesale (systemd's
+    RemoveIPC) while engine 0 has stores in flight on its slab mapping. A new node
+    process makes new slab files, a restarted engine 1 maps them; engine 0's stores
+    planned for them fail while its old copies are in flight (never readable), its
+    workers then map the new slab, and engine 1 loads exactly the KV engine 0
+    computed, never the zero bytes of the new file (without the slab id check it
+    does: engine 0 kept writing its dead mapping)."""
+    a = fleet.engine(0)
+    a.add_request("a", [*PREFIX, 1], 3)
+    fleet.step(0, complete=False)  # stores booked in the old slab, their copies held
+    wipe_share(fleet, kill_first=False)  # the node process leaves its deleted files
+    for n in range(4):  # engine 1 starts a node process with new slab files
+        serve(fleet, 1, f"b{n}", [*OTHER, n])
+    assert fleet.slab_remaps == 1  # engine 1's worker moved to them
+    fleet.kill(1)
+    fleet.restart(1)  # a new engine process: it maps the new slab file from the start
+    a.add_request("a2", [*THIRD, 2], 3)
+    for _ in range(8):  # its first copies still held: it reconnects, plans for the new slab
+        fleet.step(0, complete=False)
+    while a.busy():
+        fleet.step(0)
+    assert a.output_tokens("a2") == a.model.reference_output("a2", [*THIRD, 2], 3)
+    assert a.scheduler_half.stats.store_failures >= 1  # planned for the new slab, refused
+    serve(fleet, 0, "a3", [*THIRD, 3])  # stored into the new slab now
+    assert fleet.slab_remaps == 2  # engine 0's worker too, once its copies were done
+    b = serve(fleet, 1, "c", [*THIRD, 4])
+    assert b.loaded_tokens("c") == len(THIRD) and b.loads_checked == 1  # its KV, checked
+    assert fleet.stats["share_wipes"] == 1
+    fleet.quiescent()
+
+
+def test_share_stop_and_a_refused_remove_under_live_engines(fleet: SharedFleet) -> None:
+    """``kvoffload share stop`` then ``remove`` under live engines: the remove is
+    refused (the fleet checks it, and that every file stays), the engines start a
+    node process on their own, which keeps the slab files: no worker remaps."""
+    serve(fleet, 0, "a", [*PREFIX, 1])
+    stop_share(fleet)
+    assert fleet.stats["share_stops"] == 1
+    for n in range(4):
+        serve(fleet, 1, f"b{n}", [*OTHER, n])
+    assert server_alive(fleet.paths)
+    for n in range(4):  # engine 0's first call fails: it reconnects a few steps on
+        serve(fleet, 0, f"a{n}", [500 + n, 7, 8])
+    assert fleet.slab_remaps == 0  # the same slab files, kept by the new node process
+    a = serve(fleet, 0, "c", [*OTHER, 99])  # engine 0 loads what engine 1 stored since
+    assert a.loaded_tokens("c") == len(OTHER)
     fleet.quiescent()

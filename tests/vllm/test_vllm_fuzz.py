@@ -138,8 +138,10 @@ SHARED_SEEDS = 6
 
 def test_the_shared_host_shape_shares_kills_and_recovers(tiny_model: Path) -> None:
     """Several engines over one node-shared host tier, engines and the node process
-    killed: nothing breaks, and what the shape claims happened (cross-engine loads,
-    kills, restarts, recoveries from a new node process)."""
+    killed, the share stopped (a remove refused) and its directory deleted under
+    them: nothing breaks, and what the shape claims happened (cross-engine loads,
+    kills, restarts, recoveries from a new node process, workers moved to new slab
+    files)."""
     totals: Counter[str] = Counter()
     for seed in range(SHARED_SEEDS):
         for is_async in (False, True):
@@ -151,6 +153,7 @@ def test_the_shared_host_shape_shares_kills_and_recovers(tiny_model: Path) -> No
     assert totals["shared_loads_checked"] >= totals["cross_engine_loads"]
     assert totals["engine_kills"] > 0 and totals["engine_restarts"] > 0
     assert totals["node_kills"] > 0 and totals["recoveries"] > 0
+    assert totals["share_stops"] > 0 and totals["share_wipes"] > 0 and totals["slab_remaps"] > 0
     assert totals["shared_requests_checked"] > 0
 
 

@@ -59,6 +59,7 @@ class OffloadConfig:
     host_share: str | None = None
     host_share_timeout_ms: float = 5
     host_share_root: str = "/dev/shm"
+    host_share_group: str | int | None = None
     tier_io_timeout_ms: int = 5000
     lower_tier_admission: str | int = "write_through"
     lower_tier_loads: str = "direct"

@@ -8,6 +8,7 @@ drift. Pure data and predicates; nothing here raises.
 
 from __future__ import annotations
 
+import grp
 import re
 from typing import Any
 
@@ -29,6 +30,24 @@ _SHARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 def _share_name(v: Any) -> bool:
     return v is None or (isinstance(v, str) and _SHARE_NAME.match(v) is not None)
+
+
+def _group(v: Any) -> bool:
+    """Unset, or a group that exists (by name, gid, or gid's digits)."""
+    if v is None:
+        return True
+    try:
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            grp.getgrgid(v)
+        elif isinstance(v, str) and v.isdigit():
+            grp.getgrgid(int(v))
+        elif isinstance(v, str) and v:
+            grp.getgrnam(v)
+        else:
+            return False
+    except (KeyError, OverflowError):
+        return False
+    return True
 
 
 def _policy(v: Any) -> bool:
@@ -114,8 +133,20 @@ _SHARE: tuple[Option, ...] = (
         "a directory path",
         "/dev/shm",
         "Where the share's files (slabs, index, socket, meta, log) live: a memory "
-        "file system for the slabs to be memory.",
+        "file system for the slabs to be memory. They are in a directory of this user's "
+        "own, ROOT/kvoffload-u<UID>/NAME (mode 0700; decision 0018); ROOT must not be "
+        "writable by other users unless sticky (as /dev/shm and /tmp are).",
         lambda v: isinstance(v, str) and bool(v),
+    ),
+    Option(
+        "host_share_group",
+        "a group name or gid, or unset",
+        None,
+        "Trust the members of this group with the share's files and socket as their "
+        "owner is trusted: they live in ROOT/kvoffload-g<GID>/NAME (mode 2770), files "
+        "0660 of that group. Unset: only this user's processes (decision 0018). Every "
+        "engine of the share must name the same group.",
+        _group,
     ),
 )
 

@@ -7,15 +7,20 @@ socket, and that mirrors the readable set into a shared-memory index engines loo
 directly; the slots are mapped by every engine's workers directly. Decision 0016
 (``docs/decisions/0016-node-shared-host-tier.md``) gives the design and measurements.
 
-- :mod:`.paths`: the share's files; :mod:`.geometry`: its shape and meta file;
-- :mod:`.protocol`: the wire format; :mod:`.book`, :mod:`.dispatch`, :mod:`.server`:
-  the node process (its directory and sessions, request handling, socket loop);
+- :mod:`.paths`: the share's files, in a directory of this user's own;
+  :mod:`.files`: opening and making them so that no other local user can plant or read
+  one; :mod:`.peer`: who is on the other end of the socket; :mod:`.users`: engines
+  attached; :mod:`.lifecycle`: the verified ``stop`` and the exact ``remove``
+  (decision 0018); :mod:`.geometry`: its shape, slab id and meta file;
+- :mod:`.protocol`: the wire format; :mod:`.book`, :mod:`.dispatch`, :mod:`.server`,
+  :mod:`.server_start`: the node process (its directory and sessions, request
+  handling, socket loop, start-up);
 - :mod:`.fence`: fencing node-process generations; :mod:`.launch`: starting a node
   process from an engine; :mod:`.serve`: ``kvoffload share serve|stop|remove``;
 - :mod:`.index`: the readable set in shared memory (written by the node process);
-- :mod:`.link`, :mod:`.bookings`, :mod:`.attachment`, :mod:`.queries`, :mod:`.client`:
-  the engine's side of the directory (:class:`~.client.ShareDirectory`, the interface
-  of the scheduler half's directory);
+- :mod:`.connection`, :mod:`.link`, :mod:`.lease`, :mod:`.bookings`, :mod:`.attachment`,
+  :mod:`.queries`, :mod:`.client`: the engine's side of the directory
+  (:class:`~.client.ShareDirectory`, the interface of the scheduler half's directory);
 - :mod:`.slab_files`, :mod:`.slab`: the rank slab files and their mapping
   (:class:`~.slab.SharedSlab`, the interface of the worker's host slab);
 - :mod:`.opening`: opening a share from an engine's configuration.

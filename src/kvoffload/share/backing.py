@@ -56,8 +56,8 @@ class Backing(Protocol):
     def share_name(self) -> str:
         """The share's name, derived from where the slots live."""
 
-    def paths(self, share_root: Path = DEFAULT_ROOT) -> SharePaths:
-        """The share's runtime files under ``share_root``."""
+    def paths(self, share_root: Path = DEFAULT_ROOT, group: int | None = None) -> SharePaths:
+        """The share's runtime files under ``share_root`` (trusted to ``group`` too)."""
 
     def arguments(self) -> list[str]:
         """The node process's command-line options naming this backing."""

@@ -27,12 +27,18 @@ What differs from a private directory, by design:
   here and never sent (:mod:`.bookings`); after a reconnection to the same node
   process, bookings whose reply was lost are released (a SYNC call).
 - ``restore`` is not offered (a share starts empty, see :mod:`.server`).
+- A scheduler half's directory binds its bookings to plans (``bind_plans``): every
+  plan names the slab id its host slots are in (:meth:`ShareDirectory.seal_plan`),
+  and a booking answered by a node process of another slab id is undone at once
+  (a ``prepare_store`` answers ``no_room``, a ``prepare_load`` raises
+  :class:`ShareUnavailable`) until the next plan (:mod:`.attachment`).
 
 Ownership: the directory state lives in the node process; this object owns its
 events, its :class:`~.attachment.Attachment` (its bookings, generation holds and
-index view), its :class:`~.link.Link` and its :class:`~.link.Lease`. One thread
-calls it (the scheduler half's); the lease thread only tells the attachment that a
-node process died.
+index view), its :class:`~.link.Link`, its :class:`~.lease.Lease` and its hold on
+the share's ``users.lock`` (:mod:`.users`: ``kvoffload share remove`` refuses while
+it is held). One thread calls it (the scheduler half's); the lease thread only tells
+the attachment that a node process died.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from kvoffload.core.directory import PreparedStore
 from kvoffload.core.directory.directory import DIRECTORY_COUNTERS
@@ -47,10 +54,12 @@ from kvoffload.core.errors import ContractViolation
 from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.recorder import CounterScope
-from kvoffload.share.attachment import Attachment
+from kvoffload.share.attachment import Attachment, Booking
 from kvoffload.share.backing import Backing
+from kvoffload.share.connection import Welcome
 from kvoffload.share.geometry import ShareGeometry
-from kvoffload.share.link import Lease, Link, Welcome
+from kvoffload.share.lease import Lease
+from kvoffload.share.link import Link
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import (
     FLAG_ADMIT_ALL,
@@ -63,6 +72,7 @@ from kvoffload.share.protocol import (
     unpack_u32,
 )
 from kvoffload.share.queries import ShareCounts, ShareQueries, ShareUnavailable
+from kvoffload.share.users import UsersHold
 
 __all__ = ["ShareCounts", "ShareDirectory", "ShareUnavailable"]
 
@@ -76,7 +86,14 @@ class ShareDirectory(ShareQueries):
     label (scopes ``reset``); ``lease``: hold the session open from a thread of its
     own (turn it off in tests only: without a lease or a worker's, a timed-out call
     can end the session while transfers it booked are in flight); ``backing``: a backed
-    share's (:mod:`.backing`), so that a node process this engine starts serves it.
+    share's (:mod:`.backing`), so that a node process this engine starts serves it;
+    ``users``: hold the share's ``users.lock`` while open (an engine's process; an
+    observer need not); ``fence``: hold the generation lock of each node process
+    it attaches to (:mod:`.fence`; an observer that books nothing must not: it would
+    keep the next node process fenced until its next call); ``bind_plans``: a
+    scheduler half's (see the module docstring).
+    Opening creates the share's directories if missing (:class:`ConfigError` naming
+    ``host_share_root`` when another user made them).
     """
 
     def __init__(
@@ -92,6 +109,9 @@ class ShareDirectory(ShareQueries):
         start_server: bool = True,
         lease: bool = True,
         backing: Backing | None = None,
+        users: bool = True,
+        fence: bool = True,
+        bind_plans: bool = False,
     ) -> None:
         self.paths = paths
         self.tier = tier
@@ -100,14 +120,18 @@ class ShareDirectory(ShareQueries):
         self.metrics.declare(*DIRECTORY_COUNTERS)
         self.on_evict: Callable[[tuple[ChunkKey, ...]], None] | None = None
         self.on_close: list[Callable[[], None]] = []  # run by close(), once
-        self.attachment = Attachment(paths)
+        self.attachment = Attachment(paths, bind_plans=bind_plans, fence=fence)
+        self.users = UsersHold(paths) if users else None
         self._events: list[CacheEvent] = []
         self.link = Link(
             paths, self.session, namespace, geometry, timeout_s=timeout_s, retry_s=retry_s,
             start_server=start_server, on_connected=self._connected, backing=backing,
+            users=self.users,
         )  # fmt: skip
         self.lease = (
-            Lease(paths, self.session, retry_s=retry_s, on_lost=self._lost) if lease else None
+            Lease(paths, self.session, retry_s=retry_s, on_lost=self._lost, users=self.users)
+            if lease
+            else None
         )
 
     # ------------------------------------------------------------ connection life
@@ -119,8 +143,22 @@ class ShareDirectory(ShareQueries):
             payload = struct.pack("<I", len(storing)) + pack_keys(storing) + pack_keys(pins)
             self.link.call(Op.SYNC, payload)
 
-    def _lost(self, generation: int) -> None:
-        self.attachment.lost(generation)
+    def _lost(self, welcome: Welcome) -> None:
+        self.attachment.lost(welcome)
+
+    def saw_go(self, identity: tuple[int, bytes]) -> bool:
+        """Whether this engine knows that the node process of ``identity`` is gone, or
+        was never attached to it through its lease (its next call finds out then):
+        a harness waits for this before the engine's next step."""
+        leased = self.lease.welcome if self.lease is not None else None
+        on_it = leased is not None and leased.identity == identity
+        return self.attachment.identity != identity or not on_it
+
+    def seal_plan(self) -> bytes | None:
+        """The slab id the plan just built moves bytes of (its metadata names it for
+        the workers); the next plan's bookings are bound to the node process attached
+        now (see :mod:`.attachment`)."""
+        return self.attachment.seal_plan()
 
     def wait_ready(self, timeout_s: float = 30.0) -> bool:
         """Connect now, waiting up to ``timeout_s`` for a node process this engine
@@ -135,6 +173,8 @@ class ShareDirectory(ShareQueries):
         if self.lease is not None:
             self.lease.close()
         self.attachment.close()
+        if self.users is not None:
+            self.users.release()
         for release in self.on_close:
             release()
         self.on_close.clear()
@@ -168,8 +208,12 @@ class ShareDirectory(ShareQueries):
         reply = self.link.call(Op.PREPARE_LOAD, pack_keys(keys))
         if reply is None:
             raise ShareUnavailable("host share: prepare_load unanswered")
-        if not self.attachment.book_pins(self.link.welcome, keys):
+        booked = self.attachment.book_pins(self.link.welcome, keys)
+        if booked is Booking.DEAD:
             raise ShareUnavailable("host share: the node process died while answering")
+        if booked is Booking.OFF_PLAN:
+            self.complete_load(keys)
+            raise ShareUnavailable("host share: pinned in another slab than the plan's")
         return tuple(unpack_u32(reply))
 
     def complete_load(self, keys: Sequence[ChunkKey]) -> None:
@@ -206,8 +250,14 @@ class ShareDirectory(ShareQueries):
             tuple(keys[i] for i in new), tuple(slots), tuple(evicted),
             tuple(keys[i] for i in refused), no_room,
         )  # fmt: skip
-        if not self.attachment.book_stores(self.link.welcome, prepared.keys):
+        booked = self.attachment.book_stores(self.link.welcome, prepared.keys)
+        if booked is Booking.DEAD:
             self.metrics.count("no_room_total")  # answered by a node process now dead
+            return PreparedStore(no_room=True)
+        if booked is Booking.OFF_PLAN:  # slots of another slab than the plan's: undone
+            if prepared.keys:
+                self.complete_store(prepared.keys, success=False)
+            self._count(replace(prepared, keys=(), slots=(), refused=(), no_room=True))
             return PreparedStore(no_room=True)
         self._count(prepared)
         return prepared

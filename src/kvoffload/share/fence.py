@@ -6,7 +6,8 @@ had booked. Its successor starts with an empty directory and would hand those sl
 out again, so a late write could tear a new chunk (or a late read see one being
 written). Hence:
 
-- an engine's scheduler half holds a *shared* lock on ``gen-G.lock`` from the moment
+- an engine's scheduler half holds a *shared* lock on ``gen-G.lock`` (in the share's
+  directory, :mod:`.paths`) from the moment
   it is connected to generation G (before it books anything) until it has lost that
   connection and every transfer it booked there has completed
   (:class:`GenerationHold`);
@@ -22,15 +23,20 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 from pathlib import Path
 
-from kvoffload.share.paths import SharePaths
+from kvoffload.core.errors import ConfigError
+from kvoffload.share.files import FilePolicy, open_or_create
+from kvoffload.share.paths import GENERATION_LOCK, SharePaths
 
 
-def _try_lock(path: Path, mode: int) -> int | None:
-    """An open descriptor of ``path`` locked with ``mode`` (non-blocking), or None."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+def _try_lock(path: Path, mode: int, policy: FilePolicy) -> int | None:
+    """An open descriptor of ``path`` locked with ``mode`` (non-blocking), or None
+    (also when the file cannot be opened, or is not one this share trusts)."""
+    try:
+        fd = open_or_create(path, os.O_RDWR, policy)
+    except (OSError, ConfigError):
+        return None
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except OSError:
@@ -44,7 +50,7 @@ class GenerationHold:
 
     def __init__(self, paths: SharePaths, generation: int) -> None:
         self.generation = generation
-        self._fd = _try_lock(paths.generation_lock(generation), fcntl.LOCK_SH)
+        self._fd = _try_lock(paths.generation_lock(generation), fcntl.LOCK_SH, paths.policy)
 
     @property
     def held(self) -> bool:
@@ -62,19 +68,19 @@ class GenerationFence:
     def __init__(self, paths: SharePaths, generation: int) -> None:
         self._paths = paths
         self._generation = generation
-        self._pattern = re.compile(rf"^kvoffload-{re.escape(paths.name)}\.gen-(\d+)\.lock$")
 
     def older(self) -> list[Path]:
+        """The lock files of older generations in the share's directory."""
         return [
-            path
-            for path in self._paths.root.iterdir()
-            if (m := self._pattern.match(path.name)) and int(m.group(1)) < self._generation
+            self._paths.dir / name
+            for name in os.listdir(self._paths.dir)
+            if (m := GENERATION_LOCK.match(name)) and int(m.group(1)) < self._generation
         ]
 
     def open(self) -> bool:
         """True once every older generation's lock could be taken (then removed)."""
         for path in self.older():
-            fd = _try_lock(path, fcntl.LOCK_EX)
+            fd = _try_lock(path, fcntl.LOCK_EX, self._paths.policy)
             if fd is None:
                 return False
             path.unlink(missing_ok=True)

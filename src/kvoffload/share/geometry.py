@@ -8,7 +8,14 @@ restart) and read back by every later engine and restarted node process, so a sh
 never changes shape while it exists. An engine whose chunks differ gets a
 :class:`ConfigError` when it opens the share (:meth:`ShareGeometry.check_fits`).
 
-The meta file is replaced atomically (written beside it, then renamed).
+``slab_id`` (16 random bytes) names the incarnation of the share's slab files: the
+same in every rank's slab header and in the meta file, kept by a node process that
+keeps the files, new whenever they are made anew (:mod:`.slab_files`). A node process
+is identified by ``(generation, slab_id)``: after the share's directory was deleted
+wholesale its successor counts generations from 1 again, with another slab id.
+
+The meta file is replaced atomically (written beside it, then renamed) and read only
+when it passes the checks of :mod:`.files` (else it is treated as absent).
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
+from kvoffload.share.files import read_checked, replace_atomically
+from kvoffload.share.paths import SharePaths
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,7 @@ class ShareGeometry:
     store_threshold: int = 1
     max_admission_counters: int = 65536
     generation: int = 0
+    slab_id: bytes = b""
 
     @classmethod
     def for_budget(
@@ -73,18 +82,30 @@ class ShareGeometry:
     def next_generation(self) -> ShareGeometry:
         return replace(self, generation=self.generation + 1)
 
-    def write(self, path: Path) -> None:
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(asdict(self)))
-        os.replace(temporary, path)
+    def with_slab_id(self, slab_id: bytes) -> ShareGeometry:
+        return replace(self, slab_id=slab_id)
+
+    def write(self, paths: SharePaths) -> None:
+        """Replace the share's meta file with this geometry (node process only)."""
+        fields = {**asdict(self), "slab_id": self.slab_id.hex()}
+        data = json.dumps(fields).encode()
+        replace_atomically(paths.meta, paths.policy, lambda fd: _write_all(fd, data))
 
     @classmethod
-    def read(cls, path: Path) -> ShareGeometry | None:
-        """The recorded geometry, or None when there is none (or it is unreadable)."""
+    def read(cls, paths: SharePaths) -> ShareGeometry | None:
+        """The recorded geometry, or None when there is none (or it is unreadable, or
+        fails the checks of :mod:`.files`: a file another user could have made)."""
         try:
-            fields = json.loads(path.read_text())
+            fields = json.loads(read_checked(paths.meta, paths.policy))
             policy = str(fields.pop("policy"))
+            slab_id = bytes.fromhex(str(fields.pop("slab_id", "")))
             counts = {name: int(value) for name, value in fields.items()}
-            return cls(policy=policy, **counts)
+            return cls(policy=policy, slab_id=slab_id, **counts)
         except (OSError, ValueError, TypeError):
             return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -7,7 +7,8 @@ engine's hit is confirmed by ``prepare_load`` at the node process, which may ref
 engine recomputes. Everything else (pending stores, pins, slots) stays in the node
 process's directory.
 
-File ``kvoffload-NAME.index``::
+File ``index`` of the share's directory (opened and made as :mod:`.files` says; its
+space reserved when it is made)::
 
     offset 0      4 KiB header: magic b"KVSI", u32 version, u64 generation, u64 capacity
     offset 4096   capacity rows of three u64: key bytes 0-8, key bytes 8-16, state
@@ -33,12 +34,15 @@ import mmap
 import os
 import struct
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
+from kvoffload.share.files import open_checked, replace_atomically
+from kvoffload.share.paths import SharePaths
+from kvoffload.share.slab_files import allocate, reserve
 
 HEADER_BYTES = 4096
 EMPTY, READABLE = 0, 1
@@ -56,8 +60,9 @@ def _keys(keys: Sequence[ChunkKey]) -> npt.NDArray[np.uint64]:
 
 
 class _Table:
-    def __init__(self, path: Path, writable: bool) -> None:
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    def __init__(self, paths: SharePaths, writable: bool) -> None:
+        path = paths.index
+        fd = open_checked(path, os.O_RDWR if writable else os.O_RDONLY, paths.policy)
         try:
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             self._map = mmap.mmap(fd, 0, access=access)
@@ -78,10 +83,12 @@ class _Table:
 
 
 class IndexReader:
-    """An engine's read-only view of the index (see the module docstring)."""
+    """An engine's read-only view of the index (see the module docstring); opening
+    it raises ``OSError``, ``ValueError`` (not an index) or :class:`ConfigError`
+    (a file this share does not trust)."""
 
-    def __init__(self, path: Path) -> None:
-        self._table = _Table(path, writable=False)
+    def __init__(self, paths: SharePaths) -> None:
+        self._table = _Table(paths, writable=False)
 
     @property
     def generation(self) -> int:
@@ -112,22 +119,23 @@ class IndexReader:
 
 
 class IndexWriter:
-    """The node process's side: creates (or zeroes) the file and keeps it equal to
-    the readable set of its directory. One thread calls it."""
+    """The node process's side: keeps (zeroed) or makes anew the file, and keeps it
+    equal to the readable set of its directory. One thread calls it. No space for a
+    new file: :class:`ConfigError` naming ``host_share_root``."""
 
-    def __init__(self, path: Path, num_slots: int, generation: int) -> None:
+    def __init__(self, paths: SharePaths, num_slots: int, generation: int) -> None:
         capacity = capacity_for(num_slots)
         size = HEADER_BYTES + 24 * capacity
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            head = _HEADER.pack(_MAGIC, _VERSION, 0, capacity)
-            if os.fstat(fd).st_size != size or os.pread(fd, _HEADER.size, 0)[:4] != _MAGIC:
-                os.ftruncate(fd, 0)
-                os.ftruncate(fd, size)
-            os.pwrite(fd, head, 0)  # generation 0 while the table is being cleared
-        finally:
-            os.close(fd)
-        self._table = _Table(path, writable=True)
+        head = _HEADER.pack(_MAGIC, _VERSION, 0, capacity)  # generation 0 while cleared
+        if not _reusable(paths, size, head):
+            reserve(paths, size, "its index")
+
+            def make(fd: int) -> None:
+                allocate(paths, fd, size)
+                os.pwrite(fd, head, 0)
+
+            replace_atomically(paths.index, paths.policy, make)
+        self._table = _Table(paths, writable=True)
         self._table.rows[:] = 0
         struct.pack_into("<Q", self._table._map, 8, generation)
 
@@ -166,3 +174,19 @@ class IndexWriter:
                     rows[probe, 2] = EMPTY
                     hole = probe
                 probe = (probe + 1) & mask
+
+
+def _reusable(paths: SharePaths, size: int, head: bytes) -> bool:
+    """Whether the index file there is this share's, of ``size``: then ``head`` is
+    written into it (the table is cleared next); else it is made anew."""
+    try:
+        fd = open_checked(paths.index, os.O_RDWR, paths.policy)
+    except (OSError, ConfigError):
+        return False
+    try:
+        if os.fstat(fd).st_size != size or os.pread(fd, 4, 0) != _MAGIC:
+            return False
+        os.pwrite(fd, head, 0)
+        return True
+    finally:
+        os.close(fd)

@@ -17,16 +17,19 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from kvoffload.core.errors import KvOffloadError
 from kvoffload.share.backing import Backing
+from kvoffload.share.files import open_checked, open_or_create
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import SharePaths
 
 
 def server_alive(paths: SharePaths) -> bool:
-    """Whether a node process holds the share's server lock now."""
+    """Whether a node process holds the share's server lock now (a lock file this
+    share does not trust, or none: no)."""
     try:
-        fd = os.open(paths.server_lock, os.O_RDWR)
-    except FileNotFoundError:
+        fd = open_checked(paths.server_lock, os.O_RDWR, paths.policy)
+    except (OSError, KvOffloadError):
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -67,6 +70,8 @@ def serve_arguments(
     """The arguments of the node process of this share (``python -m`` :mod:`.serve`,
     or a backed share's module, with its ``backing``'s options)."""
     args = [paths.name, "--root", str(paths.root)]
+    if paths.group is not None:
+        args += ["--group", str(paths.group)]
     if backing is not None:
         args += backing.arguments()
     if geometry is not None:
@@ -83,12 +88,14 @@ def spawn_server(
     paths: SharePaths, geometry: ShareGeometry | None, backing: Backing | None = None
 ) -> Spawned | None:
     """Start a node process unless one holds the lock (None then); a backed share's
-    with its ``backing``."""
+    with its ``backing``. Makes the share's directories first (:class:`ConfigError`
+    naming ``host_share_root`` when another user made them, or made its log)."""
     module = "kvoffload.share.serve" if backing is None else backing.module
+    paths.ensure_dir()
     if server_alive(paths):
         return None
+    log = open_or_create(paths.log, os.O_WRONLY | os.O_APPEND, paths.policy)
     read_fd, write_fd = os.pipe()
-    log = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", module, *serve_arguments(paths, geometry, backing),
@@ -101,7 +108,7 @@ def spawn_server(
         )  # fmt: skip
     except OSError:
         os.close(read_fd)
-        return None
+        raise
     finally:
         os.close(write_fd)
         os.close(log)

@@ -1,19 +1,15 @@
-"""An engine's connection to its share's node process: calls with a deadline, a
-lease that keeps its session open, reconnection and restarts that never block.
+"""An engine's calls to its share's node process: each with a deadline, reconnection
+and restarts that never block.
 
 :class:`Link` makes the calls of one scheduler half. Every call is bounded by
 ``timeout_s`` (each send and each receive); a call that fails (timed out, refused,
 connection lost) returns None, counted in ``stats``, and closes the connection (a
 late reply would be read as the next call's). The next call made ``retry_s`` or
-more later reconnects; if nobody listens it starts a node process
-(:mod:`.launch`) and returns None at once: the engine never waits for the share.
-:meth:`Link.wait_ready` (tests, start-up) is the only call that waits.
-
-:class:`Lease` is a connection that makes no calls: it keeps its session open while
-its process lives (the node process releases a session's bookings when its last
-connection closes), and notices a node process's death (``on_lost``) without any
-call. It reconnects every ``retry_s`` from a daemon thread. Every engine worker
-holds one (see :mod:`.opening`), as does the :class:`Link` itself.
+more later reconnects (:mod:`.connection`; the engine's ``users.lock`` hold refreshed
+first); if nobody listens it starts a node process (:mod:`.launch`) and returns None
+at once: the engine never waits for the share. :meth:`Link.wait_ready` (tests,
+start-up) is the only call that waits. Its session is held open by a
+:class:`~kvoffload.share.lease.Lease` besides.
 """
 
 from __future__ import annotations
@@ -21,124 +17,21 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from kvoffload.core.errors import ContractViolation
+from kvoffload.core.errors import ContractViolation, KvOffloadError
 from kvoffload.share.backing import Backing
+from kvoffload.share.connection import Welcome, connect, refresh_users
+from kvoffload.share.files import open_checked
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
 from kvoffload.share.paths import SharePaths
-from kvoffload.share.protocol import (
-    HELLO,
-    ONE_WAY,
-    WELCOME,
-    FrameError,
-    Op,
-    Role,
-    Status,
-    frame,
-    read_frame,
-)
+from kvoffload.share.protocol import ONE_WAY, FrameError, Op, Role, Status, frame, read_frame
+from kvoffload.share.users import UsersHold
 
-
-@dataclass(frozen=True)
-class Welcome:
-    """What the node process said when a connection opened."""
-
-    generation: int
-    pid: int
-    num_slots: int
-    slot_bytes: int
-    ranks: int
-    fresh: bool  # the session is new to this node process (it holds no booking of it)
-
-
-def connect(
-    paths: SharePaths, session: bytes, role: Role, namespace: bytes, timeout_s: float
-) -> tuple[socket.socket, Welcome] | None:
-    """A connection with its HELLO answered, or None (nobody listens, or no answer)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
-    try:
-        sock.connect(str(paths.socket))
-        sock.sendall(frame(Op.HELLO, HELLO.pack(session, role, len(namespace)) + namespace))
-        status, payload = read_frame(sock)
-        if status != Status.OK or len(payload) != WELCOME.size:
-            raise FrameError("refused")
-    except (OSError, FrameError):
-        sock.close()
-        return None
-    generation, pid, slots, slot_bytes, ranks, fresh = WELCOME.unpack(payload)
-    return sock, Welcome(generation, pid, slots, slot_bytes, ranks, bool(fresh))
-
-
-class Lease:
-    """Holds session ``session`` open from a daemon thread (see the module docstring).
-
-    ``on_lost(generation)`` runs in that thread when a connection to that
-    generation's node process closes. :meth:`close` ends the lease (and its thread).
-    """
-
-    def __init__(
-        self,
-        paths: SharePaths,
-        session: bytes,
-        *,
-        retry_s: float = 0.05,
-        on_lost: Callable[[int], None] | None = None,
-    ) -> None:
-        self._paths = paths
-        self._session = session
-        self._retry_s = retry_s
-        self._on_lost = on_lost
-        self.on_close: list[Callable[[], None]] = []  # run by close(), once
-        self._closed = threading.Event()
-        self._sock: socket.socket | None = None
-        self._lock = threading.Lock()
-        self.connected = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvoffload-share-lease", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._closed.is_set():
-            opened = connect(self._paths, self._session, Role.LEASE, b"", 1.0)
-            if opened is None:
-                self._closed.wait(self._retry_s)
-                continue
-            sock, welcome = opened
-            with self._lock:
-                if self._closed.is_set():
-                    sock.close()
-                    return
-                self._sock = sock
-            self.connected.set()
-            sock.settimeout(None)
-            try:
-                while sock.recv(64):
-                    pass  # the node process never writes to a lease
-            except OSError:
-                pass
-            self.connected.clear()
-            with self._lock:
-                self._sock = None
-            sock.close()
-            if self._on_lost is not None and not self._closed.is_set():
-                self._on_lost(welcome.generation)
-
-    def close(self) -> None:
-        """End the lease, then run :attr:`on_close` (what its opener attached to it)."""
-        self._closed.set()
-        with self._lock:
-            if self._sock is not None:
-                self._sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join()
-        for release in self.on_close:
-            release()
-        self.on_close.clear()
+__all__ = ["Link"]
 
 
 class Link:
@@ -161,8 +54,10 @@ class Link:
         on_connected: Callable[[Welcome], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         backing: Backing | None = None,
+        users: UsersHold | None = None,
     ) -> None:
         self.paths = paths
+        self.users = users  # refreshed before each connection (see .users)
         self.backing = backing  # a backed share's: the node process it starts serves it
         self.session = session
         self.namespace = namespace
@@ -189,8 +84,8 @@ class Link:
         descriptor kept open; the kernel drops a dead process's lock at once)."""
         if self._lock_fd < 0:
             try:
-                self._lock_fd = os.open(self.paths.server_lock, os.O_RDONLY)
-            except OSError:
+                self._lock_fd = open_checked(self.paths.server_lock, os.O_RDONLY, self.paths.policy)
+            except (OSError, KvOffloadError):
                 return False
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -259,20 +154,39 @@ class Link:
             and not self.spawned.wait_ready(0)
         ):
             return None  # the node process this engine started is still starting
+        refresh_users(self.users)
         opened = connect(self.paths, self.session, Role.DIRECTORY, self.namespace, self.timeout_s)
         if opened is None:
             self._next_attempt = self.clock() + self.retry_s
             if self.start_server:
-                spawned = spawn_server(self.paths, self.geometry, self.backing)
-                if spawned is not None:
-                    self.stats["server_starts"] += 1
-                    self.spawned = spawned
+                self._start_server()
             return None
+        self._forget_server_lock()  # the server lock file may be another one now
         self._sock, self.welcome = opened
         self.stats["connects"] += 1
         if self.on_connected is not None:
             self.on_connected(self.welcome)
         return self._sock
+
+    def _start_server(self) -> None:
+        """Start a node process unless one runs (never raises: a share whose files
+        cannot be made, e.g. another user squats its directory, is an ``errors``
+        count, and calls go on missing)."""
+        try:
+            spawned = spawn_server(self.paths, self.geometry, self.backing)
+        except (OSError, KvOffloadError):
+            self.stats["errors"] += 1
+            return
+        if spawned is not None:
+            self.stats["server_starts"] += 1
+            if self.spawned is not None:
+                self.spawned.close()
+            self.spawned = spawned
+
+    def _forget_server_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Connect now, waiting up to ``timeout_s`` for a node process this engine
@@ -289,8 +203,6 @@ class Link:
 
     def close(self) -> None:
         self.drop()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        self._forget_server_lock()
         if self.spawned is not None:
             self.spawned.close()

@@ -32,7 +32,7 @@ from kvoffload.core.keys import KEY_BYTES, ChunkKey
 HEADER = struct.Struct("<IB")
 MAX_FRAME = 64 << 20
 HELLO = struct.Struct("<16sBH")  # session id, role, namespace length (namespace follows)
-WELCOME = struct.Struct("<QIIQHB")  # generation, pid, num_slots, slot_bytes, ranks, fresh
+WELCOME = struct.Struct("<QIIQHB16s")  # generation, pid, slots, slot bytes, ranks, fresh, slab id
 STATS = struct.Struct("<8I")
 
 

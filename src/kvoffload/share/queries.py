@@ -6,6 +6,12 @@ index, :mod:`.index`, when it is the attached node process's and that process ho
 the server lock) and the two counts of this engine's own bookings. Unanswered, each
 answers as an empty, full share (a miss, 0, FREE, None), except ``slots_of`` and
 ``groups_of`` (:class:`ShareUnavailable`).
+
+The slots a plan moves bytes of (``slot_of``, ``slots_of``, ``groups_of``) are those
+of the plan's slab (:mod:`.attachment`): asked of a node process of another slab id
+they are unanswered. And a chunk this engine pins only under a node process since
+lost has no slot: the node process attached now may hold that key (stored again by
+another engine) in a slot this engine has not pinned.
 """
 
 from __future__ import annotations
@@ -94,20 +100,28 @@ class ShareQueries:
         return 0 if rows is None else rows[0][1]
 
     def slot_of(self, key: ChunkKey) -> int | None:
-        rows = self._states([key])
-        return None if rows is None or rows[0][2] < 0 else rows[0][2]
+        rows = self._slots_rows([key])
+        if rows is None or rows[0][2] < 0 or self.attachment.stale_only([key]):
+            return None
+        return rows[0][2]
 
     def slots_of(self, keys: Sequence[ChunkKey]) -> tuple[int, ...]:
-        rows = self._states(keys)
+        rows = self._slots_rows(keys)
         if rows is None:
             raise ShareUnavailable("host share: slots_of unanswered")
-        if any(slot < 0 for _, _, slot in rows):
+        if any(slot < 0 for _, _, slot in rows) or self.attachment.stale_only(keys):
             raise ContractViolation(f"{self.tier}: slots_of a chunk that is not present")
         return tuple(slot for _, _, slot in rows)
 
+    def _slots_rows(self, keys: Sequence[ChunkKey]) -> list[tuple[int, int, int]] | None:
+        """:meth:`_states`, answered by a node process of the plan's slab (None
+        otherwise)."""
+        rows = self._states(keys)
+        return rows if self.attachment.on_plan(self.link.welcome) else None
+
     def groups_of(self, slots: Sequence[int]) -> tuple[int, ...]:
         reply = self.link.call(Op.GROUPS, pack_u32(slots))
-        if reply is None:
+        if reply is None or not self.attachment.on_plan(self.link.welcome):
             raise ShareUnavailable("host share: groups_of unanswered")
         return tuple(unpack_u32(reply))
 

@@ -1,8 +1,11 @@
 """``kvoffload share serve NAME``: run a share's node process in the foreground
 (for a systemd unit; engines also start it by themselves, see :mod:`.launch`).
 
-``kvoffload share stop NAME`` sends it SIGTERM; ``kvoffload share remove NAME``
-deletes a stopped share's files (its memory goes back to the system).
+``kvoffload share stop NAME`` sends SIGTERM to the share's node process, once it
+verified that it is that (and waits until it exited); ``kvoffload share remove NAME``
+deletes the files of a share that is stopped and that no engine is attached to (its
+memory goes back to the system when no process maps it any more): see
+:mod:`.lifecycle`. Both print one line; a refusal exits with status 1.
 
 A backed share's node process (:mod:`.backing`) is ``python -m`` its backing's module,
 which runs :func:`node_process_main` with its options (e.g. where its files are); its
@@ -16,16 +19,17 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import struct
 import sys
 from pathlib import Path
 
 from kvoffload.core.errors import KvOffloadError, UsageError
 from kvoffload.share.backing import Backing, BackingOptions
+from kvoffload.share.files import resolve_group
 from kvoffload.share.geometry import ShareGeometry
-from kvoffload.share.launch import server_alive
-from kvoffload.share.paths import DEFAULT_ROOT, SharePaths, remove_share
-from kvoffload.share.server import AlreadyServing, ShareServer, open_server
+from kvoffload.share.lifecycle import remove_share, stop_share
+from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
+from kvoffload.share.server import ShareServer
+from kvoffload.share.server_start import AlreadyServing, open_server
 
 
 def main(argv: list[str] | None = None, options: BackingOptions | None = None) -> int:
@@ -34,6 +38,7 @@ def main(argv: list[str] | None = None, options: BackingOptions | None = None) -
     parser.add_argument("action", choices=("serve", "stop", "remove"))
     parser.add_argument("name", nargs="?", help="the share (derived for a backed share)")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
+    parser.add_argument("--group", help="host_share_group: the group trusted with it")
     if options is not None:
         options.add_arguments(parser)
     parser.add_argument("--cpu-bytes", type=int, help="size of a new share (all ranks)")
@@ -51,14 +56,11 @@ def main(argv: list[str] | None = None, options: BackingOptions | None = None) -
         raise UsageError(f"this share is named {name}, not {args.name}")
     if name is None:
         raise UsageError("name the share")
-    paths = SharePaths(name, args.root)
-    if args.action == "stop":
-        return _stop(paths)
-    if args.action == "remove":
-        if server_alive(paths):
-            raise UsageError(f"share {args.name!r} is served: stop it first")
-        remove_share(paths)
-        return 0
+    paths = SharePaths(name, args.root, resolve_group(args.group))
+    if args.action in ("stop", "remove"):
+        code, line = (stop_share if args.action == "stop" else remove_share)(paths)
+        print(f"kvoffload share {args.action}: {line}", file=sys.stderr if code else sys.stdout)
+        return code
     return _serve(paths, _geometry(args), args.ready_fd, backing)
 
 
@@ -108,17 +110,6 @@ def _serve(
         if ready_fd >= 0:
             os.close(ready_fd)  # the starter's wait ends: listening, or not needed
     running[0].serve_forever()
-    return 0
-
-
-def _stop(paths: SharePaths) -> int:
-    try:
-        data = paths.server_lock.read_bytes()[:4]
-    except FileNotFoundError:
-        return 0
-    if not server_alive(paths) or len(data) < 4:
-        return 0
-    os.kill(struct.unpack("<I", data)[0], signal.SIGTERM)
     return 0
 
 

@@ -1,28 +1,23 @@
 """The node process: one per share, owning its directory; engines call it over a
 Unix socket.
 
-Start-up (:func:`open_server`), in this order:
+It is started by :func:`~.server_start.open_server` (:mod:`.server_start`).
 
-1. take the share's server lock (flock, exclusive, non-blocking): at most one node
-   process per share; a second one finds it held and exits (:class:`AlreadyServing`);
-2. read the geometry from the meta file, or, for a new share, take the one given
-   (the first engine's, or ``kvoffload share serve``'s arguments); bump the
-   generation and write it back;
-3. create or check the rank slab files (:func:`~.slab_files.create_slab_files`),
-   and clear the index (:mod:`.index`), stamped with the new generation;
-4. listen on the socket (bound beside it, then renamed over it, so a client never
-   connects to a half-set-up socket).
+Every connection it accepts is checked (``SO_PEERCRED``, :mod:`.peer`): a process
+of another user (outside the share's group, with one) is closed at once, counted and
+logged. Its own files are watched: at most once a second, and at each
+``prepare_store``, it checks that its directory, socket and slab files are still the
+ones it made (same inode); when one is gone or replaced (``kvoffload share remove``
+of a stopped share cannot do that, but a ``rm -rf`` or systemd's ``RemoveIPC`` can)
+it logs why and stops serving, so that engines converge on the node process of the
+share's new files.
 
-A backed share (``backing``, :mod:`.backing`; e.g. the disk tier's slabs,
-:mod:`kvoffload.tiers.disk_backing`) differs in three steps: after step 1 it takes its files alone
-(:meth:`~.backing.Backing.hold`: e.g. a private engine holding the disk namespace is
-a :class:`ConfigError` naming ``disk_path``, and the node process exits); in step 3
-it prepares its files instead of shared-memory slabs; and once its generation fence
-is open (checked in the serve loop every ``fence_poll_s`` while closed, and by any
-``prepare_store``), before it books a slot or answers a load, it restores every
-complete chunk they hold (:attr:`ShareServer.recovery`; logged as ``recovered N
-chunks, M copies ignored``). Until then lookups miss, loads are refused and stores
-answer ``no_room``.
+A backed share (``backing``, :mod:`.backing`) differs in its start (see
+:mod:`.server_start`) and, once its generation fence is open (checked in the serve
+loop every ``fence_poll_s`` while closed, and by any ``prepare_store``), before it
+books a slot or answers a load, it restores every complete chunk its files hold
+(:attr:`ShareServer.recovery`; logged as ``recovered N chunks, M copies ignored``).
+Until then lookups miss, loads are refused and stores answer ``no_room``.
 
 It then serves until stopped (:meth:`ShareServer.stop`, SIGTERM/SIGINT) and stays up
 when its last engine leaves: a restarted engine finds the share warm. A host share
@@ -40,25 +35,25 @@ before that request is served. A client that stops reading its replies for
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import selectors
 import socket
-import struct
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kvoffload.core.directory import Directory
-from kvoffload.core.errors import ConfigError, KvOffloadError
 from kvoffload.share.backing import Backing, Recovered
 from kvoffload.share.book import ShareBook
 from kvoffload.share.dispatch import dispatch
 from kvoffload.share.fence import GenerationFence
+from kvoffload.share.files import same_file
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexWriter
 from kvoffload.share.paths import SharePaths
+from kvoffload.share.peer import credentials, trusted
 from kvoffload.share.protocol import (
     HEADER,
     HELLO,
@@ -70,11 +65,9 @@ from kvoffload.share.protocol import (
     Status,
     frame,
 )
-from kvoffload.share.slab_files import create_slab_files
 
-
-class AlreadyServing(KvOffloadError):
-    """Another node process holds this share's server lock."""
+OWN_CHECK_S = 1.0
+"""How often, at most, a node process checks that its files are still its own."""
 
 
 @dataclass
@@ -85,7 +78,8 @@ class _Conn:
 
 
 class ShareServer:
-    """A running node process (see the module docstring). Build with :func:`open_server`."""
+    """A running node process (see the module docstring). Build with
+    :func:`~.server_start.open_server`."""
 
     def __init__(
         self,
@@ -95,6 +89,7 @@ class ShareServer:
         lock_fd: int,
         listener: socket.socket,
         *,
+        index: IndexWriter,
         backing: Backing | None = None,
         release_backing: Callable[[], None] | None = None,
     ) -> None:
@@ -103,7 +98,6 @@ class ShareServer:
         self.backing = backing
         self._release_backing = release_backing
         self._fence = GenerationFence(paths, geometry.generation)
-        index = IndexWriter(paths.index, geometry.num_slots, geometry.generation)
         fence_open = self._fence.open if backing is None else self._fence_then_recover
         self.book = ShareBook(directory, fence_open, index)
         # A backed share's recovery, once done (None: not yet, or a host share).
@@ -119,6 +113,10 @@ class ShareServer:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._running = True
+        self.refused = 0  # connections of untrusted processes, closed at once
+        self._own = _own_files(paths, geometry, backing is None)
+        self._owned_at = time.monotonic()
+        self.gone: str | None = None  # why it stopped serving: its files are not its own
 
     def stop(self) -> None:
         """Make :meth:`serve_forever` return (safe from a signal handler or thread)."""
@@ -134,9 +132,26 @@ class ShareServer:
     def serve_forever(self) -> None:
         try:
             while self._running:
-                self.serve_round(self.fence_poll_s if self.recovering else None)
+                timeout = min(self.fence_poll_s, OWN_CHECK_S) if self.recovering else OWN_CHECK_S
+                self.serve_round(timeout)
+                if time.monotonic() - self._owned_at >= OWN_CHECK_S:
+                    self.check_own()
         finally:
             self.close()
+
+    def check_own(self) -> bool:
+        """Whether the share's directory, socket and slab files are still the ones this
+        node process made; if not, log why and stop serving (the loop ends)."""
+        self._owned_at = time.monotonic()
+        if self.gone is not None:
+            return False
+        for path, st in self._own:
+            if not same_file(path, st):
+                self.gone = f"{path} was removed or replaced"
+                _log(self.paths, f"stops serving: {self.gone}")
+                self.stop()
+                return False
+        return True
 
     def serve_round(self, timeout: float | None) -> None:
         """One round: accept, release closed connections, recover a backed share's
@@ -179,6 +194,21 @@ class ShareServer:
         try:
             sock, _ = self._listener.accept()
         except OSError:
+            return
+        try:
+            peer = credentials(sock)
+        except OSError:
+            sock.close()
+            return
+        if not trusted(peer, self.paths.policy):
+            sock.close()
+            self.refused += 1
+            if self.refused & (self.refused - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...
+                _log(
+                    self.paths,
+                    f"refused a connection of pid {peer.pid} (uid {peer.uid}, gid "
+                    f"{peer.gid}): not trusted with this share ({self.refused} refused)",
+                )
             return
         sock.settimeout(self.send_timeout_s)
         self._conns[sock.fileno()] = _Conn(sock)
@@ -228,9 +258,11 @@ class ShareServer:
             conn.session = sid
             g = self.geometry
             welcome = WELCOME.pack(
-                g.generation, os.getpid(), g.num_slots, g.slot_bytes, g.ranks, fresh
+                g.generation, os.getpid(), g.num_slots, g.slot_bytes, g.ranks, fresh, g.slab_id
             )
             return Status.OK, welcome
+        if op == Op.PREPARE_STORE and not self.check_own():
+            return Status.ERROR, f"the share's files are gone: {self.gone}".encode()
         session = self.book.sessions[conn.session]
         return dispatch(self.book, session, op, payload)
 
@@ -249,7 +281,8 @@ class ShareServer:
             self._drop(conn)
         self._selector.close()
         self._listener.close()
-        self.paths.socket.unlink(missing_ok=True)
+        if same_file(self.paths.socket, self._own[1][1]):  # never another's socket
+            self.paths.socket.unlink(missing_ok=True)
         os.close(self._wake_r)
         os.close(self._wake_w)
         os.close(self._lock_fd)
@@ -258,70 +291,18 @@ class ShareServer:
             self._release_backing = None
 
 
-def open_server(
-    paths: SharePaths, geometry: ShareGeometry | None, backing: Backing | None = None
-) -> ShareServer:
-    """Start-up steps 1-4 of the module docstring; :class:`AlreadyServing` if another
-    node process runs, :class:`ConfigError` for a new share without a geometry (or a
-    backed share whose files someone else holds)."""
-    paths.root.mkdir(parents=True, exist_ok=True)
-    lock_fd = os.open(paths.server_lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(lock_fd)
-        raise AlreadyServing(f"share {paths.name!r} already has a node process") from None
-    release_backing: Callable[[], None] | None = None
-    try:
-        if backing is not None:
-            release_backing = backing.hold(paths.name)
-        recorded = ShareGeometry.read(paths.meta)
-        chosen = recorded if recorded is not None else geometry
-        if chosen is None:
-            key = "host_share" if backing is None else backing.config_key
-            raise ConfigError(key, f"share {paths.name!r} does not exist: give its size")
-        chosen = chosen.next_generation()
-        directory = Directory(  # a bad policy or size fails here, before any file changes
-            chosen.num_slots,
-            tier="host" if backing is None else backing.tier,
-            policy=chosen.policy,
-            store_threshold=chosen.store_threshold,
-            max_admission_counters=chosen.max_admission_counters,
-        )
-        if backing is None:
-            create_slab_files(paths, chosen)
-        else:
-            backing.prepare(chosen)
-        chosen.write(paths.meta)
-        listener = _listen(paths)
-    except BaseException:
-        if release_backing is not None:
-            release_backing()
-        os.close(lock_fd)
-        raise
-    os.write(lock_fd, struct.pack("<I", os.getpid()))
-    return ShareServer(
-        paths,
-        chosen,
-        directory,
-        lock_fd,
-        listener,
-        backing=backing,
-        release_backing=release_backing,
-    )
-
-
 def _log(paths: SharePaths, message: str) -> None:
     """One line for the share's log (a node process started by an engine writes its
     standard error there)."""
     print(f"kvoffload share {paths.name}: {message}", file=sys.stderr, flush=True)
 
 
-def _listen(paths: SharePaths) -> socket.socket:
-    temporary = paths.socket.with_name(f"{paths.socket.name}.{os.getpid()}")
-    temporary.unlink(missing_ok=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(temporary))
-    listener.listen(128)
-    os.replace(temporary, paths.socket)
-    return listener
+def _own_files(
+    paths: SharePaths, geometry: ShareGeometry, slabs: bool
+) -> list[tuple[Path, os.stat_result]]:
+    """The files a node process checks are still its own: its directory, its socket
+    and (a host share) its slab files, with their stats now."""
+    files = [paths.dir, paths.socket]
+    if slabs:
+        files += [paths.slab(rank) for rank in range(geometry.ranks)]
+    return [(path, os.lstat(path)) for path in files]

@@ -7,8 +7,10 @@ slab files, ``ROOT/kvoffload-v1/<namespace hex>/slab.rR`` (:mod:`kvoffload.tiers
 format unchanged: ``kvoffload inspect disk`` and a later private engine read them),
 instead of shared-memory slabs. There is one per (``disk_path``, namespace): its name
 is derived from both (:meth:`DiskBacking.share_name`); its runtime files (socket,
-meta, locks, index, log) live under the share root (``/dev/shm`` by default), so
-``kvoffload share remove`` never touches the slabs.
+meta, locks, index, log) live in its directory under the share root
+(``/dev/shm/kvoffload-u<UID>/disk-HASH/`` by default, made and opened as
+:mod:`kvoffload.share.files` says), so ``kvoffload share remove`` never touches the
+slabs.
 
 Its node process:
 
@@ -71,9 +73,10 @@ class DiskBacking:
         digest = hashlib.sha256(os.fsencode(os.path.realpath(self.root)) + b"\0" + self.namespace)
         return "disk-" + digest.hexdigest()[:16]
 
-    def paths(self, share_root: Path = DEFAULT_ROOT) -> SharePaths:
-        """The share's runtime files under ``share_root`` (the slabs stay on disk)."""
-        return SharePaths(self.share_name(), share_root)
+    def paths(self, share_root: Path = DEFAULT_ROOT, group: int | None = None) -> SharePaths:
+        """The share's runtime files under ``share_root`` (the slabs stay on disk),
+        trusted to this user or to ``group`` (``host_share_group``)."""
+        return SharePaths(self.share_name(), share_root, group)
 
     def arguments(self) -> list[str]:
         """The node process's command-line options naming this backing."""

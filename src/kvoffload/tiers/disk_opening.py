@@ -26,29 +26,31 @@ from pathlib import Path
 from kvoffload.core.errors import ConfigError
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.geometry import ShareGeometry
-from kvoffload.share.link import Lease
-from kvoffload.share.opening import start_and_wait
+from kvoffload.share.lease import Lease
+from kvoffload.share.opening import NotStarted, start_and_wait
 from kvoffload.share.paths import SharePaths
+from kvoffload.share.users import UsersHold
 from kvoffload.tiers.disk_backing import DiskBacking
 from kvoffload.tiers.disk_lock import ShareEngineHold, holder_of, in_use
 
 
 def ensure_disk_share(
-    share_root: Path, backing: DiskBacking, geometry: ShareGeometry, wait_s: float
+    share_root: Path,
+    backing: DiskBacking,
+    geometry: ShareGeometry,
+    wait_s: float,
+    group: int | None = None,
 ) -> ShareGeometry:
     """Start the disk share's node process (with ``geometry``, if it creates the share)
     unless one serves it, wait until one does, and return the share's recorded
     geometry; a :class:`ConfigError` naming ``disk_path`` with the reason otherwise."""
-    paths = backing.paths(share_root)
+    paths = backing.paths(share_root, group)
     _refuse_private_holder(paths, backing)
     recorded = start_and_wait(paths, geometry, wait_s, backing)
-    if recorded is not None:
+    if not isinstance(recorded, NotStarted):
         return recorded
     _refuse_private_holder(paths, backing)
-    raise ConfigError(
-        "disk_path",
-        f"the disk share {paths.name} of {backing.root} did not start: {_last_line(paths.log)}",
-    )
+    raise recorded.error("disk_path", f"the disk share {paths.name} of {backing.root}")
 
 
 def open_disk_share_directory(
@@ -62,19 +64,21 @@ def open_disk_share_directory(
     session: bytes,
     timeout_s: float,
     wait_s: float = 30.0,
+    group: int | None = None,
 ) -> ShareDirectory:
     """The scheduler half's directory of the disk share: tier ``"disk"``, namespace
     label ``backing.namespace`` (``reset`` drops this namespace's chunks), session
     ``session`` (its workers' leases hold it open). ``num_slots``, ``chunk_bytes`` (per
     rank), ``ranks`` and ``policy`` are the share's geometry if this engine creates
-    it; its chunk bytes and ranks must equal the share's."""
+    it; its chunk bytes and ranks must equal the share's. ``group``: the
+    ``host_share_group`` trusted with its runtime files (None: this user only)."""
     hold = ShareEngineHold.acquire(backing.root, backing.namespace)
     try:
         wanted = ShareGeometry(num_slots, chunk_bytes, ranks, policy)
-        recorded = ensure_disk_share(share_root, backing, wanted, wait_s)
-        _check_layout(share_root, backing, recorded, wanted)
+        recorded = ensure_disk_share(share_root, backing, wanted, wait_s, group)
+        _check_layout(backing, recorded, wanted)
         directory = ShareDirectory(
-            backing.paths(share_root), geometry=recorded, session=session,
+            backing.paths(share_root, group), geometry=recorded, session=session,
             namespace=backing.namespace, tier="disk", timeout_s=timeout_s, backing=backing,
         )  # fmt: skip
     except BaseException:
@@ -85,9 +89,7 @@ def open_disk_share_directory(
     return directory
 
 
-def _check_layout(
-    share_root: Path, backing: DiskBacking, recorded: ShareGeometry, wanted: ShareGeometry
-) -> None:
+def _check_layout(backing: DiskBacking, recorded: ShareGeometry, wanted: ShareGeometry) -> None:
     """The share's chunks and ranks are this engine's, else a :class:`ConfigError`."""
     if (recorded.slot_bytes, recorded.ranks) == (wanted.slot_bytes, wanted.ranks):
         return
@@ -101,12 +103,22 @@ def _check_layout(
     )
 
 
-def open_disk_share_lease(share_root: Path, backing: DiskBacking, session: bytes) -> Lease:
+def open_disk_share_lease(
+    share_root: Path, backing: DiskBacking, session: bytes, group: int | None = None
+) -> Lease:
     """A worker's lease on its engine's session (close it when the worker ends); it
-    holds the namespace's :class:`ShareEngineHold` until closed."""
+    holds the namespace's :class:`ShareEngineHold` and the disk share's
+    ``users.lock`` (:class:`~kvoffload.share.users.UsersHold`: ``kvoffload share
+    remove`` refuses while it is held) until closed."""
+    paths = backing.paths(share_root, group)
     hold = ShareEngineHold.acquire(backing.root, backing.namespace)
-    lease = Lease(backing.paths(share_root), session)
-    lease.on_close.append(hold.release)
+    try:
+        users = UsersHold(paths)
+    except BaseException:
+        hold.release()
+        raise
+    lease = Lease(paths, session, users=users)
+    lease.on_close += [users.release, hold.release]
     return lease
 
 
@@ -116,11 +128,3 @@ def _refuse_private_holder(paths: SharePaths, backing: DiskBacking) -> None:
     holder = holder_of(backing.root, backing.namespace)
     if holder is not None and holder.share != paths.name:
         raise in_use(backing.root, holder)
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = log.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "no log"
-    return lines[-1] if lines else "nothing logged"

@@ -33,6 +33,7 @@ from typing import cast
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.options import OptionValues
+from kvoffload.share.files import resolve_group
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.opening import SessionLease
 from kvoffload.tiers.disk import DiskStore
@@ -58,6 +59,11 @@ def _share_root(config: OptionValues) -> Path:
     return Path(str(config.option("host_share_root")))
 
 
+def _share_group(config: OptionValues) -> int | None:
+    """The ``host_share_group`` trusted with the disk share's runtime files."""
+    return resolve_group(config.option("host_share_group"))
+
+
 def _timeout_s(config: OptionValues) -> float:
     return float(config.option("host_share_timeout_ms")) / 1000
 
@@ -80,6 +86,7 @@ def open_shared_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
         session=ctx.session,
         timeout_s=_timeout_s(config),
         wait_s=START_WAIT_S,
+        group=_share_group(config),
     )
     # The share's client offers the Directory interface (a miss or no_room when a call
     # is not answered); the tier planner books through it as through a private one.
@@ -90,10 +97,12 @@ class SharedDiskTierStore(DiskTierStore):
     """A worker's rank slab of a disk share, and its lease on the engine's session
     (see the module docstring). Reads and writes as :class:`DiskTierStore`."""
 
-    def __init__(self, store: DiskStore, share_root: Path, backing: DiskBacking) -> None:
+    def __init__(
+        self, store: DiskStore, share_root: Path, backing: DiskBacking, group: int | None = None
+    ) -> None:
         super().__init__(store)
         self.lease = SessionLease(
-            lambda session: open_disk_share_lease(share_root, backing, session)
+            lambda session: open_disk_share_lease(share_root, backing, session, group)
         )
 
     def hold(self, session: bytes | None) -> None:
@@ -110,9 +119,9 @@ class SharedDiskTierStore(DiskTierStore):
 def open_shared_store(config: OptionValues, ctx: TierContext) -> SharedDiskTierStore:
     """Rank ``ctx.rank``'s slab of the disk share, started if no node process serves
     it (ConfigError naming ``disk_path`` when it cannot be, or the chunks differ)."""
-    root, backing = _share_root(config), _backing(config, ctx)
+    root, backing, group = _share_root(config), _backing(config, ctx), _share_group(config)
     wanted = ShareGeometry(ctx.slots, ctx.chunk_bytes, ctx.world_size, ctx.eviction)
-    geometry = ensure_disk_share(root, backing, wanted, START_WAIT_S)
+    geometry = ensure_disk_share(root, backing, wanted, START_WAIT_S, group)
     check_workers_engine(backing.root, backing.namespace, share=backing.share_name())
     store = DiskStore(
         backing.root,
@@ -124,4 +133,4 @@ def open_shared_store(config: OptionValues, ctx: TierContext) -> SharedDiskTierS
         groups=ctx.groups,
         attach=True,
     )
-    return SharedDiskTierStore(store, root, backing)
+    return SharedDiskTierStore(store, root, backing, group)

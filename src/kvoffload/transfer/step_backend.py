@@ -10,8 +10,10 @@ leg whose lane this worker lacks fails at once, none of its legs started: a tier
 without a tier lane (``"no such tier"``), a tier load without staged loads (every
 chunk of that leg with ``error_failure``); a load with no leg (it only names invalid
 blocks) succeeds at once; while :attr:`TransferBackend.refusal` is set, every engine
-load and store fails at once with it (the worker's weights fence). Nothing here
-raises for a failed job. Besides the results,
+load and store fails at once with it (the worker's weights fence, decision 0019); while
+:attr:`TransferBackend.host_refusal` is set (a shared host tier whose slab is not the
+plan's, decision 0018), a job with a leg that touches host slots fails at once with that
+error. Nothing here raises for a failed job. Besides the results,
 :meth:`TransferBackend.poll` notes which requests' loads finished and which engine
 blocks are invalid (a failed load's blocks and the invalid blocks a load names), for
 the engine to recompute.
@@ -59,6 +61,7 @@ from kvoffload.transfer.worker import TransferWorker
 _COPIES: frozenset[Route] = frozenset({FROM_HOST, TO_HOST})  # the transfer worker's routes
 _TIER_LANE: frozenset[Route] = frozenset({SPILL, PROMOTE})
 _STAGED: frozenset[Route] = frozenset({FROM_TIER})
+_HOST_SLOTS: frozenset[Route] = _COPIES | _TIER_LANE  # the routes that touch host slots
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ class TransferBackend:
         # Set by the worker half per plan: engine loads and stores fail at once with
         # this error, none of their legs started (the weights fence, decision 0019).
         self.refusal: str | None = None
+        # Why jobs touching host slots fail at once now (None: they run); set by the
+        # worker before each call of a plan (a shared host tier's slab that is not
+        # the plan's, decision 0018).
+        self.host_refusal: str | None = None
 
     def begin(self, plan: StepPlan) -> None:
         self._step_loads = tuple(job.job_id for job in plan.loads)
@@ -128,6 +135,9 @@ class TransferBackend:
         if self.refusal is not None and isinstance(job, EngineJob):
             done.append(JobResult(job.job_id, False, error=self.refusal))
             return
+        if self.host_refusal is not None and any(leg.route in _HOST_SLOTS for leg in job_legs):
+            done.append(JobResult(job.job_id, False, error=self.host_refusal))
+            return
         for leg in job_legs:
             way = _WAYS[leg.route]
             if way.lane(self) is None:
@@ -137,6 +147,14 @@ class TransferBackend:
             _WAYS[leg.route].run(self, job, leg)
             if leg.route in _STAGED:
                 self._staged_open.add(job.job_id)
+
+    def host_busy(self) -> bool:
+        """Whether a job of this worker may still touch host slots: a copy running,
+        or a spill or promotion running or quarantined (timed out, its I/O not back)."""
+        if self.worker.running():
+            return True
+        tiers = self.tiers
+        return tiers is not None and bool(tiers.running() or tiers.quarantined())
 
     def wait(self, job_ids: frozenset[int]) -> None:
         self.worker.wait(job_ids)

@@ -11,7 +11,9 @@ halves open it.
   the workers in every step's metadata;
 - :class:`WorkerShare`: a worker's view: its rank's shared slab, and the lease on
   its engine's session, opened when a plan first names the session, before any job
-  of that plan runs, and held until the worker shuts down;
+  of that plan runs, and held until the worker shuts down; before any job of a plan
+  runs it also checks that its slab is the one the plan names (:meth:`WorkerShare.admit`,
+  decision 0018);
 - :class:`LinkCounters`: the link's counters as the metric
   ``host_share_calls_total``.
 
@@ -25,14 +27,17 @@ each worker owns its :class:`WorkerShare`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvoffload.core.config import OffloadConfig
+from kvoffload.core.errors import KvOffloadError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.recorder import MetricsRecorder
 from kvoffload.share.launch import spawn_server
+from kvoffload.share.lifecycle import recorded_pid
 from kvoffload.share.opening import (
     SessionLease,
     ShareSettings,
@@ -40,6 +45,7 @@ from kvoffload.share.opening import (
     open_share_lease,
     open_share_slab,
 )
+from kvoffload.share.users import UsersHold
 
 if TYPE_CHECKING:
     from kvoffload.share.client import ShareDirectory
@@ -62,8 +68,7 @@ def start_node_process(settings: ShareSettings, chunk_bytes: int, ranks: int) ->
     try:
         if not spawned.wait_ready(START_WAIT_S):
             return False  # opening the share reports what is wrong
-        lock = settings.paths.server_lock.read_bytes()[:4]
-        return len(lock) == 4 and int.from_bytes(lock, "little") == spawned.process.pid
+        return recorded_pid(settings.paths) == spawned.process.pid
     finally:
         spawned.close()
 
@@ -81,6 +86,7 @@ def share_settings(config: OffloadConfig) -> ShareSettings | None:
             "store_threshold": config.store_threshold,
             "host_share_timeout_ms": config.host_share_timeout_ms,
             "host_share_root": config.host_share_root,
+            "host_share_group": config.host_share_group,
         }
     )
     assert settings is not None  # host_share is set
@@ -115,32 +121,77 @@ def open_scheduler_share(
     ConfigError when the engine's chunks do not fit the share's slots."""
     started = start_node_process(settings, chunk_bytes, ranks)
     directory = open_share_directory(
-        settings, chunk_bytes=chunk_bytes, ranks=ranks, namespace=namespace.digest()
+        settings,
+        chunk_bytes=chunk_bytes,
+        ranks=ranks,
+        namespace=namespace.digest(),
+        bind_plans=True,  # every plan names the slab its jobs move bytes of
     )
     return SchedulerShare(settings, directory, started)
 
 
 class WorkerShare:
-    """One worker's share: its rank's slab and, once known, the lease on its
-    engine's session (see the module docstring)."""
+    """One worker's share: its rank's slab, its hold on the share's ``users.lock``
+    (``kvoffload share remove`` refuses while it is held) and, once known, the lease
+    on its engine's session (see the module docstring)."""
 
     def __init__(self, settings: ShareSettings, *, chunk_bytes: int, rank: int, ranks: int) -> None:
         self.settings = settings
         self.started = start_node_process(settings, chunk_bytes, ranks)
-        self.slab: SharedSlab = open_share_slab(
-            settings, chunk_bytes=chunk_bytes, rank=rank, ranks=ranks
-        )
-        self.lease = SessionLease(lambda session: open_share_lease(settings, session))
+        self.users = UsersHold(settings.paths)
+        try:
+            self.slab: SharedSlab = open_share_slab(
+                settings, chunk_bytes=chunk_bytes, rank=rank, ranks=ranks
+            )
+        except BaseException:
+            self.users.release()
+            raise
+        self.lease = SessionLease(lambda session: open_share_lease(settings, session, self.users))
+        self.remaps = 0  # times the slab was remapped to the share's new files
 
     def hold(self, session: bytes | None) -> None:
         """Hold a lease on ``session`` (from a plan's metadata) before running its
         jobs; a later session (the scheduler half restarted) replaces it."""
         self.lease.hold(session)
 
+    def admit(self, slab_id: bytes | None, busy: Callable[[], bool]) -> str | None:
+        """Before any job of a plan naming ``slab_id`` runs: None when this worker's
+        slab is that one, else why the plan's jobs that touch host slots must fail.
+
+        When the share's rank file now carries ``slab_id`` (its files were made anew)
+        and nothing of this worker is in flight on the old mapping (``busy()`` False:
+        those copies belong to a node process that is gone, and are settled by the
+        scheduler half, never made readable), the slab is remapped to it first, and
+        the ``users.lock`` hold taken again in the new directory. Never raises."""
+        slab = self.slab
+        if slab_id == slab.slab_id:
+            return None
+        if slab_id is None:
+            return "host share: the plan names no slab (no node process answered)"
+        if slab.file_slab_id() != slab_id:
+            return (
+                f"host share: the plan's slab {slab_id.hex()} is not the share's file "
+                f"{slab.paths.slab(slab.rank)} (its node process was replaced)"
+            )
+        if busy():
+            return "host share: copies on the share's old slab are still in flight"
+        try:
+            remapped = slab.remap(slab_id)
+        except (OSError, KvOffloadError) as exc:  # (a CUDA registration refused, say)
+            return f"host share: remapping the slab failed ({exc})"
+        if not remapped:
+            return f"host share: the slab {slab_id.hex()} could not be mapped"
+        self.remaps += 1
+        with contextlib.suppress(OSError, KvOffloadError):
+            self.users.refresh()
+        return None
+
     def close(self) -> None:
-        """Close the lease and unmap this worker's view of the slab (never raises)."""
+        """Close the lease, unmap this worker's view of the slab and release the
+        ``users.lock`` hold (never raises)."""
         self.lease.close()
         self.slab.close()
+        self.users.release()
 
 
 class LinkCounters:

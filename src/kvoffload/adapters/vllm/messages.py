@@ -32,6 +32,10 @@ class PlanMetadata(KVConnectorMetadata):
     weights: WeightsStamp | None = None
     """The weights check asked for and the fingerprints the plan's keys name; a worker
     whose fingerprint differs refuses the plan's loads and stores (decision 0019)."""
+    slab_id: bytes | None = None
+    """The id of the share's slab files the plan's host slots are in (None: a private
+    host tier, or no node process answered): a worker whose slab is another fails
+    the plan's jobs that touch host slots (decision 0018)."""
 
 
 @dataclass(frozen=True)

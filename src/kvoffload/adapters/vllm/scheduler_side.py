@@ -249,10 +249,20 @@ class SchedulerSide:
                     plan = self.scheduler.build_plan(step_input(output))
                     if self.events is not None:
                         self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
-                    return PlanMetadata(plan, self.session, self.scheduler.weights_stamp())
+                    return PlanMetadata(
+                        plan,
+                        self.session,
+                        weights=self.scheduler.weights_stamp(),
+                        slab_id=self._slab_id(),
+                    )
                 except Exception as exc:
                     self.guard.trip("build_connector_meta", exc)
-            return PlanMetadata(self.guard.plan(), self.session)
+            return PlanMetadata(self.guard.plan(), self.session, slab_id=self._slab_id())
+
+    def _slab_id(self) -> bytes | None:
+        """The host share's slab the plan just built moves bytes of (None: a private
+        host tier); the next plan's bookings are bound to the node process now."""
+        return self.share.directory.seal_plan() if self.share is not None else None
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta

@@ -266,9 +266,15 @@ class WorkerSide:
 
     def _hold_session(self, metadata: PlanMetadata) -> None:
         """With a share: lease the session the plan names before any of its jobs run,
-        at the host share and at every tier store booked by a node process."""
+        at the host share and at every tier store booked by a node process; and check
+        that this worker's slab is the one the plan names (remapped if the share's
+        files were made anew and nothing is in flight on the old one), else the plan's
+        jobs that touch host slots fail (``WorkerShare.admit``)."""
         if self.share is not None:
             self.share.hold(metadata.session)
+            if self.runner is not None:
+                backend = self.runner.backend
+                backend.host_refusal = self.share.admit(metadata.slab_id, backend.host_busy)
         for store in self._session_stores:
             store.hold(metadata.session)
 

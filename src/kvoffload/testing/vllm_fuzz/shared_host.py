@@ -8,7 +8,10 @@ engine kills (some restarted) and node-process kills; for about half the seeds, 
 disk tier below the share that the engines share too (through a node process of its
 own, decision 0017), small enough that chunks leave the host share and come back
 from disk, and whose node process may be killed (its chunks are recovered from the
-slabs). :func:`run_shared` runs it on a
+slabs); and, drawn apart too, share-lifecycle faults under the live engines:
+``kvoffload share stop`` then ``remove`` (which must refuse while engines are
+attached), and the share root's per-user directory deleted wholesale (systemd's
+``RemoveIPC``) with its node processes alive or killed first. :func:`run_shared` runs it on a
 :class:`~kvoffload.testing.vllm_harness.fleet.SharedFleet` and judges it: every
 engine's checks at every step (cross-engine loads included), each request of an
 engine that was not killed produced its reference tokens, and nothing is left stored
@@ -29,6 +32,7 @@ from kvoffload.testing.vllm_fuzz.groups import BLOCK_SIZE, MAX_BATCHED_TOKENS
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation
 from kvoffload.testing.vllm_harness.checks import failure_message
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
+from kvoffload.testing.vllm_harness.share_faults import stop_share, wipe_share
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes
 
@@ -36,6 +40,8 @@ BLOCK_BYTES = len(LAYERS) * HEADS * BLOCK_SIZE * 2 * HEAD_SIZE * 4
 SHARED_HOST_RATE = 0.125
 """Share of seeds whose default fuzz run also runs the shared-host shape."""
 DRAIN_STEPS = 2000  # engine-loop rounds after the last drawn step before a run is stuck
+FAULTS = (0, 0, 1, 1, 2)
+"""How many share stops (and, apart, share wipes) a schedule draws, uniformly."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,8 @@ class SharedScenario:
     world_size: int = 1  # tensor-parallel ranks of each engine (a slab per rank)
     disk_chunks: int = 0  # the shared disk tier's size (0: none)
     disk_node_kills: tuple[int, ...] = ()  # steps its node process is SIGKILLed at
+    share_stops: tuple[int, ...] = ()  # steps of `share stop` + a refused `share remove`
+    share_wipes: tuple[tuple[int, bool], ...] = ()  # (step, node processes killed first)
 
     def describe(self) -> str:
         return (
@@ -73,6 +81,12 @@ class SharedScenario:
                 f", shared disk of {self.disk_chunks} chunks, its node killed at "
                 f"{list(self.disk_node_kills)}"
                 if self.disk_chunks
+                else ""
+            )
+            + (f", share stops at {list(self.share_stops)}" if self.share_stops else "")
+            + (
+                f", share wipes (step, killed first) {list(self.share_wipes)}"
+                if self.share_wipes
                 else ""
             )
         )
@@ -119,11 +133,19 @@ def shared_scenario(seed: int, async_scheduling: bool) -> SharedScenario:
             engine, arrival = disk.randrange(engines), disk.randint(0, horizon * 2 // 3)
             prompt = tuple(disk.choice(prefixes) + tail)
             requests.append(SharedRequest(f"r{n}", engine, prompt, disk.randint(1, 6), arrival))
+    # Drawn apart as well: every draw above stays as it was.
+    life = random.Random(f"kvoffload-vllm-fuzz-share-lifecycle:{seed}:{async_scheduling}")
+    share_stops = tuple(sorted(life.randrange(1, horizon) for _ in range(life.choice(FAULTS))))
+    share_wipes = tuple(
+        sorted(
+            (life.randrange(1, horizon), life.random() < 0.5) for _ in range(life.choice(FAULTS))
+        )
+    )
     return SharedScenario(
         seed, async_scheduling, engines, host_chunks, num_blocks,
         tuple(sorted(requests, key=lambda r: r.arrival)), order, kills, node_kills,
         world_size=rng.choice((1, 1, 2)), disk_chunks=disk_chunks,
-        disk_node_kills=disk_node_kills,
+        disk_node_kills=disk_node_kills, share_stops=share_stops, share_wipes=share_wipes,
     )  # fmt: skip
 
 
@@ -178,6 +200,7 @@ def run_shared(scenario: SharedScenario, model_path: Path) -> SharedOutcome:
             outcome.stats["shared_loads_checked"] += fleet.loads_checked
             outcome.stats["shared_host_schedules"] += 1
             outcome.stats["shared_disk_schedules"] += bool(scenario.disk_chunks)
+            outcome.stats["slab_remaps"] += fleet.slab_remaps
             fleet.close()
     return outcome
 
@@ -204,6 +227,11 @@ def _drive(scenario: SharedScenario, fleet: SharedFleet, outcome: SharedOutcome)
             fleet.kill_node()
         if t in scenario.disk_node_kills:
             fleet.kill_disk_node()
+        for _ in range(scenario.share_stops.count(t)):
+            stop_share(fleet)
+        for step, kill_first in scenario.share_wipes:
+            if step == t:
+                wipe_share(fleet, kill_first)
         if fleet.alive(engine) and fleet.engine(engine).busy():
             fleet.step(engine, complete)
     for _ in range(DRAIN_STEPS):

@@ -19,6 +19,10 @@ What is checked, beyond each engine's own checks at every step:
   in-flight stores is readable;
 - :meth:`kill_node` (the node process SIGKILLed by pid): engines see misses, never
   wrong KV nor an exception, and recover with a node process one of them starts;
+- share-lifecycle faults (:mod:`.share_faults`: ``kvoffload share stop`` then a
+  refused ``remove``; the share root's per-user directory deleted wholesale): engines
+  go on, start a node process themselves, and their workers move to new slab files
+  (or fail the jobs of plans that name another): never wrong KV;
 - :meth:`quiescent`: nothing is stored or pinned anywhere in the share.
 
 Determinism: the share's call deadline is generous (:data:`CALL_TIMEOUT_MS`, so a
@@ -42,7 +46,7 @@ from pathlib import Path
 from kvoffload.core.directory import LookupStatus
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.paths import SharePaths, remove_share
+from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.fleet_disk import DiskShareWatch, disk_directory
@@ -59,6 +63,12 @@ so no deadline decides an outcome (a dead node process fails calls at once)."""
 
 def _sessions(counts: ShareCounts | None) -> int | None:
     return None if counts is None else counts.sessions
+
+
+def _remaps(h: VllmHarness) -> int:
+    """Times the workers of engine ``h`` mapped the share's new slab files."""
+    shares = [child.side.share for entry in h.ranks for child in entry.children]
+    return sum(share.remaps for share in shares if share is not None)
 
 
 class SharedFleet:
@@ -91,7 +101,8 @@ class SharedFleet:
         self.engines: list[VllmHarness | None] = []
         self.names: list[str] = []  # each engine's incarnation ("e1", "e1'", ...)
         self.retired: list[VllmHarness] = []  # killed engines (their loads checked count)
-        self._generations: dict[int, int] = {}
+        self._identities: dict[int, tuple[int, bytes]] = {}  # each engine's node process
+        self._killed_remaps = 0  # slab remaps of the workers of killed engines
         try:
             for i in range(engines):
                 self.engines.append(self._start(i))
@@ -171,10 +182,10 @@ class SharedFleet:
         welcome = share.directory.link.welcome if share is not None else None
         if welcome is None:
             return
-        before = self._generations.get(index)
-        if before is not None and welcome.generation != before:
+        before = self._identities.get(index)
+        if before is not None and welcome.identity != before:
             self.stats["recoveries"] += 1  # attached to a node process started since
-        self._generations[index] = welcome.generation
+        self._identities[index] = welcome.identity
 
     # ------------------------------------------------------------ the share
 
@@ -229,10 +240,11 @@ class SharedFleet:
         the keys of those stores."""
         h = self.engine(index)
         spills = spills_in_flight(h)
+        self._killed_remaps += _remaps(h)
         keys = sigkill(h)
         self.engines[index] = None
         self.retired.append(h)
-        self._generations.pop(index, None)
+        self._identities.pop(index, None)
         self.stored.difference_update(keys)
         self.stats["engine_kills"] += 1
         self._await_sessions()  # (the observer is connected now)
@@ -270,14 +282,20 @@ class SharedFleet:
         """SIGKILL the node process by pid and wait until it is gone and every live
         engine's lease noticed; it restarts when an engine calls next."""
 
-        def noticed(dead: int) -> bool:
-            shares = [h.side.share for h in self.live()]
-            return all(s is None or s.directory.attachment.generation != dead for s in shares)
-
-        if not self.host.kill_node(noticed):
+        if not self.host.kill_node(self.noticed):
             return  # none runs
         self.stored.clear()  # a new node process starts empty
         self.stats["node_kills"] += 1
+
+    def noticed(self, dead: tuple[int, bytes]) -> bool:
+        """Every live engine saw the node process of identity ``dead`` go."""
+        shares = [h.side.share for h in self.live()]
+        return all(s is None or s.directory.saw_go(dead) for s in shares)
+
+    @property
+    def slab_remaps(self) -> int:
+        """Times a worker of any engine (alive or killed) mapped new slab files."""
+        return self._killed_remaps + sum(_remaps(h) for h in self.live())
 
     def kill_disk_node(self) -> None:
         """SIGKILL the shared disk tier's node process (see :mod:`.fleet_disk`); the
@@ -314,5 +332,4 @@ class SharedFleet:
         self.host.close()
         if self.disk is not None:
             self.disk.close()
-        remove_share(self.paths)
         shutil.rmtree(self.root, ignore_errors=True)

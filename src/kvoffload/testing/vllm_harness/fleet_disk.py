@@ -27,7 +27,7 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.harness import VllmHarness
-from kvoffload.testing.vllm_harness.share_watch import ShareWatch
+from kvoffload.testing.vllm_harness.share_watch import Noticed, ShareWatch
 from kvoffload.tiers.disk import FORMAT_DIR
 from kvoffload.tiers.disk_backing import DiskBacking
 
@@ -100,11 +100,16 @@ class DiskShareWatch(ShareWatch):
         """SIGKILL the disk share's node process; wait until it is gone and every live
         engine's client noticed. False when none runs."""
 
-        def noticed(dead: int) -> bool:
-            clients = [disk_directory(h) for h in live]
-            return all(c is None or c.attachment.generation != dead for c in clients)
+        return self.kill_node(self.noticed(live))
 
-        return self.kill_node(noticed)
+    def noticed(self, live: list[VllmHarness]) -> Noticed:
+        """Whether every live engine's client saw the node process of an identity go."""
+
+        def noticed(dead: tuple[int, bytes]) -> bool:
+            clients = [disk_directory(h) for h in live]
+            return all(c is None or c.saw_go(dead) for c in clients)
+
+        return noticed
 
     def quiescent(self) -> None:
         counts = self.counts() if self.observer is not None else None

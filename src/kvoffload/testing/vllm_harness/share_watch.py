@@ -1,6 +1,8 @@
 """A share's node process as a harness fleet watches it (test support): an observer
 client of its own (its own session, booking nothing), the share's counts, killing its
-node process by pid, and stopping every node process it saw at the end.
+node process by pid, stopping it with ``kvoffload share stop``'s verified stop,
+seeing it leave files deleted under it, and stopping every node process it saw at
+the end.
 
 Used for the host share (:class:`~kvoffload.testing.vllm_harness.fleet.SharedFleet`)
 and the shared disk tier (:mod:`.fleet_disk`). Waits are bounded (:func:`wait_for`)
@@ -17,13 +19,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvoffload.share.client import ShareDirectory
+from kvoffload.share.connection import Welcome
 from kvoffload.share.launch import server_alive
+from kvoffload.share.lifecycle import recorded_pid, stop_share
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 
 WAIT_S = 30.0
 """The longest a fleet waits for a node process or a lease thread (a bug past it)."""
+
+Noticed = Callable[[tuple[int, bytes]], bool]
+"""Whether every live engine saw the node process of this identity go."""
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
@@ -55,7 +62,13 @@ class ShareWatch:
         """Connect the observer to the share at ``paths`` (its node process runs)."""
         self.paths = paths
         self.observer = ShareDirectory(
-            paths, timeout_s=self.timeout_s, retry_s=0.0, start_server=False, lease=False
+            paths,
+            timeout_s=self.timeout_s,
+            retry_s=0.0,
+            start_server=False,
+            lease=False,
+            users=False,  # not an engine: a removal is refused for the engines alone
+            fence=False,  # it books nothing: it never fences a new node process
         )
 
     def wait(self, condition: Callable[[], bool], what: str) -> None:
@@ -81,22 +94,55 @@ class ShareWatch:
         if welcome is not None:
             self.pids.add(welcome.pid)
 
-    def kill_node(self, noticed: Callable[[int], bool]) -> bool:
+    def running(self) -> Welcome | None:
+        """The node process serving now (the observer connected to it), or None."""
+        if self.counts() is None:
+            return None
+        assert self.observer is not None
+        return self.observer.link.welcome
+
+    def kill_node(self, noticed: Noticed) -> bool:
         """SIGKILL the node process by pid; wait until it is gone and ``noticed(its
-        generation)`` holds (the engines saw it die). False when none runs."""
-        assert self.observer is not None and self.paths is not None
-        if self.counts() is None:  # (the observer is connected to the one listening)
+        identity)`` holds (the engines saw it die). False when none runs."""
+        welcome = self.running()
+        if welcome is None:
             return False
-        welcome = self.observer.link.welcome
-        assert welcome is not None
         if self.serves(welcome.pid):
             os.kill(welcome.pid, signal.SIGKILL)
         self.pids.discard(welcome.pid)
         paths = self.paths
+        assert paths is not None
         self.wait(lambda: not server_alive(paths), "the node process's death")
-        dead = welcome.generation
-        self.wait(lambda: noticed(dead), "the engines noticing the node process's death")
+        self.wait(lambda: noticed(welcome.identity), "the engines noticing its death")
         return True
+
+    def stop_node(self, noticed: Noticed) -> bool:
+        """``kvoffload share stop`` (the verified stop: it waits until the node process
+        exited); wait until the engines noticed. False when none runs; a refusal is a
+        :class:`HarnessViolation`."""
+        welcome = self.running()
+        if welcome is None:
+            return False
+        assert self.paths is not None
+        code, line = stop_share(self.paths)
+        if code != 0 or server_alive(self.paths):
+            raise HarnessViolation(f"{self.label}: share stop did not stop it: {line}")
+        self.pids.discard(welcome.pid)
+        self.wait(lambda: noticed(welcome.identity), "the engines noticing the stop")
+        return True
+
+    def left_deleted_files(self, welcome: Welcome | None, noticed: Noticed) -> None:
+        """The share's directory was deleted under the node process ``welcome`` names
+        (None: none ran): it notices at its next ``prepare_store`` (the observer's,
+        here, so that the schedule does not depend on its once-a-second check) and
+        exits; wait until it did and the engines noticed."""
+        if welcome is None or not self.serves(welcome.pid):
+            return
+        assert self.observer is not None
+        self.observer.prepare_store([])  # answered by an error: its files are gone
+        self.wait(lambda: not self.serves(welcome.pid), "the node process leaving")
+        self.pids.discard(welcome.pid)
+        self.wait(lambda: noticed(welcome.identity), "the engines noticing it left")
 
     def serves(self, pid: int) -> bool:
         """Whether ``pid`` is this share's node process still (never another's)."""
@@ -116,10 +162,9 @@ class ShareWatch:
             self.observer.close()
         if self.paths is None:
             return
-        with contextlib.suppress(OSError):
-            holder = self.paths.server_lock.read_bytes()[:4]
-            if len(holder) == 4:
-                self.pids.add(int.from_bytes(holder, "little"))
+        holder = recorded_pid(self.paths)
+        if holder is not None:
+            self.pids.add(holder)
         for pid in self.pids:
             if self.serves(pid):
                 with contextlib.suppress(ProcessLookupError):

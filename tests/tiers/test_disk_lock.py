@@ -82,6 +82,7 @@ def test_a_crashed_engines_lock_file_does_not_block_a_restart(tmp_path: Path) ->
     path = lock_path(tmp_path, DIGEST)
     path.parent.mkdir(parents=True)
     path.write_bytes(Holder(999_999, "gone", "2026-01-01T00:00:00Z").encode())
+    path.chmod(0o600)  # as kvoffload makes it
     lock = DiskLock.acquire(tmp_path, DIGEST)
     try:
         assert json.loads(path.read_text())["pid"] == os.getpid()  # the new holder recorded

@@ -66,7 +66,7 @@ from kvoffload.inspection.slab_files import (
     parse_slab_name,
 )
 from kvoffload.inspection.slot_scan import SlotScan
-from kvoffload.tiers.disk import FORMAT_DIR
+from kvoffload.tiers.disk_files import FORMAT_DIR
 from kvoffload.tiers.disk_lock import LOCK_NAME, USERS_NAME
 from kvoffload.tiers.namespace_records import RECORD_FILE, read_disk_record
 

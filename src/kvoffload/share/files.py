@@ -39,11 +39,20 @@ _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 @dataclass(frozen=True)
 class FilePolicy:
     """Who is trusted with share ``share``'s files: this process's user (``group``
-    None), or the members of group ``group``. Frozen; compares by value."""
+    None), or the members of group ``group``. Frozen; compares by value. ``key`` is
+    the option a refusal names (``host_share_root``; the disk tier's files use the
+    same checks and name ``disk_path``, ``share`` then being what the files belong
+    to, e.g. ``disk tier /mnt/kv``)."""
 
     share: str
     group: int | None = None
     uid: int = field(default_factory=os.geteuid)
+    key: str = KEY
+
+    @property
+    def subject(self) -> str:
+        """What the files belong to, in messages."""
+        return f"share {self.share!r}" if self.key == KEY else self.share
 
     @property
     def dir_mode(self) -> int:
@@ -73,10 +82,9 @@ class FilePolicy:
     def refuse(self, path: Path | str, why: str) -> ConfigError:
         """The refusal of ``path``: the share, the path, what was found, what to do."""
         return ConfigError(
-            KEY,
-            f"share {self.share!r}: {path} {why}; kvoffload never uses a share file "
-            "another user could have made: remove it (as its owner or root) or choose "
-            "another host_share_root",
+            self.key,
+            f"{self.subject}: {path} {why}; kvoffload never uses a file another user could "
+            f"have made: remove it (as its owner or root) or choose another {self.key}",
         )
 
 
@@ -93,10 +101,11 @@ def check_root(root: Path, policy: FilePolicy) -> None:
         raise policy.refuse(root, "is not a directory")
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         raise ConfigError(
-            KEY,
-            f"share {policy.share!r}: {root} is writable by every user but not sticky "
-            f"(mode {stat.S_IMODE(st.st_mode):04o}): any user could replace the share's "
-            "directory; use a root like /dev/shm (mode 1777) or a private directory",
+            policy.key,
+            f"{policy.subject}: {root} is writable by every user but not sticky "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}): any user could replace the directory "
+            "kvoffload makes in it; use a sticky directory (like /dev/shm or /tmp, mode "
+            "1777) or a private one",
         )
 
 

@@ -81,9 +81,10 @@ from kvoffload.core.chunk_format import (
 )
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey, shard_key
+from kvoffload.share.files import open_checked, open_or_create, same_file
+from kvoffload.tiers.disk_files import FORMAT_DIR, disk_policy, private_namespace_dir
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError
 
-FORMAT_DIR = "kvoffload-v1"
 ALIGN = 4096
 PAYLOAD_OFFSET = ALIGN  # within a slot: the header block, then the payload
 KEY_OFFSET = HEADER_BYTES  # within the header block: the chunk key (16 bytes) ...
@@ -143,11 +144,12 @@ class DiskStore:
         self._buffers = threading.local()  # per-thread aligned buffers (O_DIRECT)
         superblock = Superblock(namespace_digest, rank, payload_bytes, num_slots)
         self._direct_fd = -1
+        self._policy = disk_policy(root)
         if attach:
             self._fd = self._attach(superblock)
         else:
-            make_private_dirs(self.path.parent)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+            private_namespace_dir(root, namespace_digest)
+            self._fd = open_or_create(self.path, os.O_RDWR, self._policy)
         try:
             if not attach:
                 self._prepare(superblock)
@@ -159,7 +161,7 @@ class DiskStore:
     def _attach(self, wanted: Superblock) -> int:
         """Open the existing slab, checking its superblock is ``wanted``."""
         try:
-            fd = os.open(self.path, os.O_RDWR | _CLOEXEC)
+            fd = open_checked(self.path, os.O_RDWR, self._policy)
         except FileNotFoundError:
             raise ConfigError(
                 "disk_path", f"{self.path} does not exist: the disk share did not create it"
@@ -194,11 +196,19 @@ class DiskStore:
     def _open_direct(self) -> None:
         if self.o_direct:
             try:
-                self._direct_fd = os.open(self.path, os.O_RDWR | os.O_DIRECT | _CLOEXEC)
+                flags = os.O_RDWR | os.O_DIRECT | os.O_NOFOLLOW | _CLOEXEC
+                self._direct_fd = os.open(self.path, flags)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 self.o_direct = False  # e.g. tmpfs
+                return
+            if not same_file(self.path, os.fstat(self._fd)) or not same_file(
+                self.path, os.fstat(self._direct_fd)
+            ):
+                os.close(self._direct_fd)  # the name was replaced meanwhile: not ours
+                self._direct_fd = -1
+                raise self._policy.refuse(self.path, "was replaced while it was opened")
 
     def close(self) -> None:
         for fd in (self._fd, self._direct_fd):
@@ -297,15 +307,3 @@ def _is_aligned(view: memoryview) -> bool:
     if len(view) % ALIGN or view.readonly:
         return False
     return ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN == 0
-
-
-def make_private_dirs(path: Path) -> None:
-    """Create ``path`` and any missing parent, each owner-only (0700); existing
-    directories are left as they are."""
-    missing: list[Path] = []
-    while not path.is_dir():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir(mode=0o700)

@@ -28,7 +28,9 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.keys import ChunkKey, shard_key
 from kvoffload.core.policies import EvictionPolicy
 from kvoffload.core.tiering import DirectoryTier
+from kvoffload.share.files import open_checked
 from kvoffload.tiers.disk import KEY_OFFSET, parse_header_block, slab_path, slot_bytes
+from kvoffload.tiers.disk_files import disk_policy
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError
 
 _HEAD = KEY_OFFSET + 24  # header, chunk key, sequence number
@@ -48,8 +50,8 @@ def scan_slab(
     geometry, has none."""
     found: dict[int, tuple[ChunkKey, int]] = {}
     invalid = 0
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:  # never a link, never a file of another user's (decision 0018): ConfigError
+        fd = open_checked(path, os.O_RDONLY, disk_policy(path.parent))
     except FileNotFoundError:
         return found, 0
     try:

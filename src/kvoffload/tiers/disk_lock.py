@@ -54,7 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.tiers.disk import make_private_dirs, namespace_dir
+from kvoffload.share.files import open_checked, open_or_create
+from kvoffload.tiers.disk import namespace_dir
+from kvoffload.tiers.disk_files import disk_policy, private_namespace_dir
 
 LOCK_NAME = "lock"
 """The lock file's name in a namespace directory (``kvoffload.tiers.disk``)."""
@@ -151,8 +153,8 @@ class DiskLock(_FileHold):
         (nothing is changed then); ``OSError`` when the file cannot be opened.
         """
         path = lock_path(root, namespace_digest)
-        make_private_dirs(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+        private_namespace_dir(root, namespace_digest)
+        fd = open_or_create(path, os.O_RDWR, disk_policy(root))
         try:
             if not try_flock(fd, fcntl.LOCK_EX):
                 raise in_use(root, read_holder(fd))
@@ -180,9 +182,8 @@ class ShareEngineHold(_FileHold):
     def acquire(cls, root: Path, namespace_digest: bytes) -> ShareEngineHold:
         """Take the hold (creating the directories and the file owner-only if missing);
         waits only while a private engine checks the file (one system call)."""
-        path = namespace_dir(root, namespace_digest) / USERS_NAME
-        make_private_dirs(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+        path = private_namespace_dir(root, namespace_digest) / USERS_NAME
+        fd = open_or_create(path, os.O_RDWR, disk_policy(root))
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
         except BaseException:
@@ -194,7 +195,7 @@ class ShareEngineHold(_FileHold):
 def _share_engines_live(directory: Path) -> bool:
     """Whether some process holds ``directory/users`` (a disk share's engine)."""
     try:
-        fd = os.open(directory / USERS_NAME, os.O_RDONLY | _CLOEXEC)
+        fd = open_checked(directory / USERS_NAME, os.O_RDONLY, disk_policy(directory))
     except FileNotFoundError:
         return False
     try:
@@ -213,7 +214,7 @@ def check_workers_engine(root: Path, namespace_digest: bytes, *, share: str | No
     process as holder (and nothing else); a private engine's worker refuses any share.
     Takes no lock that outlives the call and creates nothing."""
     try:
-        fd = os.open(lock_path(root, namespace_digest), os.O_RDONLY | _CLOEXEC)
+        fd = open_checked(lock_path(root, namespace_digest), os.O_RDONLY, disk_policy(root))
     except FileNotFoundError:
         return  # never held
     try:
@@ -257,7 +258,7 @@ def holder_of(root: Path, namespace_digest: bytes) -> Holder | None:
     """Who holds the namespace's lock now, as recorded; None when nobody holds it (or
     the holder is not recorded yet). Takes no lock that outlives the call."""
     try:
-        fd = os.open(lock_path(root, namespace_digest), os.O_RDONLY | _CLOEXEC)
+        fd = open_checked(lock_path(root, namespace_digest), os.O_RDONLY, disk_policy(root))
     except (FileNotFoundError, NotADirectoryError):
         return None  # never held (or no such directory: whoever opens it finds out)
     try:

@@ -26,7 +26,8 @@ from typing import Any
 
 from kvoffload.core.keys import Namespace
 from kvoffload.core.namespace_record import MAX_RECORD_BYTES, decode_record, encode_record
-from kvoffload.tiers.disk import make_private_dirs, namespace_dir
+from kvoffload.share.files import create_exclusive
+from kvoffload.tiers.disk_files import disk_policy, private_namespace_dir
 from kvoffload.tiers.redis_client import PREFIX
 
 RECORD_FILE = "namespace.json"
@@ -43,15 +44,14 @@ def write_disk_record(root: Path, namespace: Namespace) -> Path:
     """Write ``namespace``'s record into its directory under the disk tier ``root``
     (created owner-only when missing); return the record's path. A record with the
     same content is left as it is. Raises ``OSError``."""
-    directory = namespace_dir(root, namespace.digest())
-    make_private_dirs(directory)
+    directory = private_namespace_dir(root, namespace.digest())
     path = directory / RECORD_FILE
     content = encode_record(namespace)
     with contextlib.suppress(OSError):
         if _read(path) == content:
             return path
-    temporary = directory / f".{RECORD_FILE}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _CLOEXEC | _NOFOLLOW, 0o600)
+    temporary = directory / f".{RECORD_FILE}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = create_exclusive(temporary, os.O_WRONLY, disk_policy(root))
     try:
         try:
             os.write(fd, content)

@@ -28,8 +28,8 @@ from kvoffload.share.client import ShareDirectory
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.harness import VllmHarness
 from kvoffload.testing.vllm_harness.share_watch import Noticed, ShareWatch
-from kvoffload.tiers.disk import FORMAT_DIR
 from kvoffload.tiers.disk_backing import DiskBacking
+from kvoffload.tiers.disk_files import FORMAT_DIR
 
 
 def disk_directory(h: VllmHarness) -> ShareDirectory | None:

@@ -6,6 +6,8 @@ redis-server running."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +24,18 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def open_root() -> Iterator[Path]:
+    """A directory every user may write, sticky (mode 1777), as /dev/shm and /tmp
+    are: where another local user (``tests/share/other_user.py``) may squat names."""
+    root = Path(tempfile.mkdtemp(prefix="kvo-", dir="/tmp"))
+    os.chmod(root, 0o1777)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,6 +17,21 @@ from kvoffload.share.server_start import open_server
 AGENT = Path(__file__).with_name("agent.py")
 
 
+def serve_in_thread(
+    paths: SharePaths, geometry: ShareGeometry
+) -> tuple[ShareServer, threading.Thread]:
+    """A node process of ``paths`` served from a thread of the test process."""
+    server = open_server(paths, geometry)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def stop_thread(server: ShareServer, thread: threading.Thread) -> None:
+    server.stop()
+    thread.join()
+
+
 class ThreadShares:
     """Node processes served from threads of the test process, and their clients."""
 
@@ -27,10 +42,7 @@ class ThreadShares:
 
     def serve(self, name: str, geometry: ShareGeometry) -> SharePaths:
         paths = SharePaths(name, self.root)
-        server = open_server(paths, geometry)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        self.servers.append((server, thread))
+        self.servers.append(serve_in_thread(paths, geometry))
         return paths
 
     def client(self, paths: SharePaths, **options: object) -> ShareDirectory:

@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from share_fixtures import serve_in_thread
+from share_fixtures import stop_thread as stop
 
 from kvoffload.adapters.vllm.host_share import WorkerShare
 from kvoffload.core.errors import ContractViolation
@@ -43,15 +45,7 @@ def header_id(paths: SharePaths, rank: int) -> bytes:
 def serve(
     paths: SharePaths, geometry: ShareGeometry = GEOMETRY
 ) -> tuple[ShareServer, threading.Thread]:
-    server = open_server(paths, geometry)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    return server, thread
-
-
-def stop(server: ShareServer, thread: threading.Thread) -> None:
-    server.stop()
-    thread.join()
+    return serve_in_thread(paths, geometry)
 
 
 def wipe(paths: SharePaths) -> None:

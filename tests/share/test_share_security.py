@@ -10,17 +10,16 @@ root that is world-writable and sticky, as ``/dev/shm`` is."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import stat
 import struct
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from other_user import NOBODY, as_other_user, outcome
+from share_fixtures import serve_in_thread
+from share_fixtures import stop_thread as stop
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
@@ -40,27 +39,8 @@ GEOMETRY = ShareGeometry(num_slots=4, slot_bytes=4096)
 KEY = ChunkKey(bytes(15) + b"\x07")
 
 
-@pytest.fixture
-def open_root() -> Iterator[Path]:
-    """A root every user may write, sticky (mode 1777), as /dev/shm is."""
-    root = Path(tempfile.mkdtemp(prefix="kvo-", dir="/tmp"))
-    os.chmod(root, 0o1777)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def serve(paths: SharePaths) -> tuple[ShareServer, threading.Thread]:
-    server = open_server(paths, GEOMETRY)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    return server, thread
-
-
-def stop(server: ShareServer, thread: threading.Thread) -> None:
-    server.stop()
-    thread.join()
+    return serve_in_thread(paths, GEOMETRY)
 
 
 def settings(root: Path, name: str, **extra: object) -> ShareSettings:

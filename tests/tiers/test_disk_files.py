@@ -8,10 +8,7 @@ to uid 65534 (``tests/share/other_user.py``)."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +20,6 @@ from kvoffload.tiers.disk_files import FORMAT_DIR, private_namespace_dir
 from kvoffload.tiers.disk_lock import DiskLock
 
 NS = bytes(range(16))
-
-
-@pytest.fixture
-def open_root() -> Iterator[Path]:
-    """A ``disk_path`` every user may write, sticky (mode 1777), as /tmp is."""
-    root = Path(tempfile.mkdtemp(prefix="kvo-disk-", dir="/tmp"))
-    os.chmod(root, 0o1777)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def store(root: Path) -> DiskStore:

@@ -15,6 +15,15 @@ CHUNK_BYTES = 32 * 1024  # 2 layers x 2 KV heads x 32 tokens x 2 x 32 dims x 4 b
 PROMPTS = [[(7 * p + 3 * i) % 997 + 3 for i in range(8 * BLOCK)] for p in range(4)]
 
 
+def disk_config(tmp_path: Path) -> dict[str, Any]:
+    """Host memory of 8 chunks above a disk tier of 64, in ``tmp_path/disk``."""
+    return {
+        "cpu_bytes": 8 * CHUNK_BYTES,
+        "disk_path": str(tmp_path / "disk"),
+        "disk_bytes": 64 * (CHUNK_BYTES + 4096),
+    }
+
+
 @contextmanager
 def engine(
     model: Path,

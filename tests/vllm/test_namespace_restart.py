@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from llm_support import (
-    CHUNK_BYTES,
     PROMPTS,
     counted,
+    disk_config,
     engine,
     generate,
     half,
@@ -29,14 +29,6 @@ from kvoffload.tiers.namespace_records import read_disk_record
 
 OVERRIDE = {"rms_norm_eps": 1.0}
 CHUNKS = 2 * 8  # two prompts of 8 chunks each
-
-
-def disk_config(tmp_path: Path) -> dict[str, Any]:
-    return {
-        "cpu_bytes": 8 * CHUNK_BYTES,
-        "disk_path": str(tmp_path / "disk"),
-        "disk_bytes": 64 * (CHUNK_BYTES + 4096),
-    }
 
 
 def namespace(llm: Any) -> Namespace:

@@ -7,9 +7,6 @@ by the workers on their own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from kvoffload.core.weights import WeightsPhase
@@ -17,20 +14,6 @@ from kvoffload.testing.vllm_harness import VllmHarness
 
 PREFIX = list(range(10, 74))  # 64 tokens: 4 blocks of 16
 MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
-
-
-@pytest.fixture
-def make(tiny_model: Path) -> Iterator:  # type: ignore[type-arg]
-    made: list[VllmHarness] = []
-
-    def build(**kwargs: object) -> VllmHarness:
-        h = VllmHarness(tiny_model, **kwargs)  # type: ignore[arg-type]
-        made.append(h)
-        return h
-
-    yield build
-    for h in made:
-        h.close()
 
 
 def finish(h: VllmHarness, request_id: str, prompt: list[int]) -> None:

@@ -19,6 +19,7 @@ from llm_support import (
     CHUNK_BYTES,
     PROMPTS,
     counted,
+    disk_config,
     engine,
     generate,
     settle,
@@ -48,14 +49,6 @@ def fenced_loads(llm: Any) -> int:
 
 def disk_hits(llm: Any) -> int:
     return int(tier(llm, "disk").metrics.value("hit_tokens_total"))
-
-
-def disk_config(tmp_path: Path) -> dict[str, Any]:
-    return {
-        "cpu_bytes": 8 * CHUNK_BYTES,
-        "disk_path": str(tmp_path / "disk"),
-        "disk_bytes": 64 * (CHUNK_BYTES + 4096),
-    }
 
 
 def worker(llm: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,68 @@ def test_a_node_process_whose_files_are_gone_stops_serving(
         engine.close()
         stop(server, thread)
     assert f"stops serving: {paths.dir}" in capsys.readouterr().err
+
+
+def test_an_idle_engine_holds_no_generation_of_a_node_process_its_lease_never_reached(
+    share_root: Path,
+) -> None:
+    """Found by the fuzzer's share wipes over a shared disk: an engine's calls were
+    attached to node process X while its lease was still on W (lingering after the
+    share's directory was deleted); X was killed before the lease reached it and the
+    lease went on to Z. The engine, idle, never called again: it held X's
+    generation, and Z's fence never opened (every store of every engine no_room).
+    The lease finding Z tells the engine X is gone."""
+    paths = SharePaths("moved", share_root)
+    lingering = open_server(paths, GEOMETRY)  # W: served without its file checks
+    running = threading.Event()
+    running.set()
+
+    def serve_w() -> None:
+        while running.is_set():
+            lingering.serve_round(0.02)
+
+    w_thread = threading.Thread(target=serve_w, daemon=True)
+    w_thread.start()
+    engine = ShareDirectory(paths, geometry=GEOMETRY, timeout_s=30.0, retry_s=0.0,
+                            start_server=False)  # fmt: skip
+    other: ShareDirectory | None = None
+    z: tuple[ShareServer, threading.Thread] | None = None
+    try:
+        assert engine.wait_ready(30.0) and engine.lease is not None
+        assert engine.lease.connected.wait(30.0)
+        w_identity = engine.attachment.identity
+        wipe(paths)
+        x_server, x_thread = serve(paths)  # X: the share's files made anew
+        engine.link.drop()
+        engine.link._next_attempt = 0.0
+        assert engine.share_counts() is not None  # the engine's calls now on X
+        x_identity = engine.attachment.identity
+        assert x_identity not in (None, w_identity)
+        lease_welcome = engine.lease.welcome
+        assert lease_welcome is not None and lease_welcome.identity == w_identity
+        stop(x_server, x_thread)  # X gone before the lease ever reached it
+        z = serve(paths)  # Z: the next generation, fenced while X's is held
+        running.clear()
+        w_thread.join()
+        lingering.close()  # W goes: the lease moves on, to Z
+        deadline = time.monotonic() + 30.0  # the lease thread reconnects on its own
+        while (found := engine.lease.welcome) is None or found.identity in (
+            w_identity,
+            x_identity,
+        ):
+            assert time.monotonic() < deadline, "the lease never reached the new node process"
+            time.sleep(0.01)
+        other = ShareDirectory(paths, timeout_s=30.0, start_server=False)
+        assert other.wait_ready(30.0)
+        stored = other.prepare_store([K(1)])
+        assert not stored.no_room  # Z's fence opened: no one holds X's generation
+        other.complete_store(stored.keys, success=True)
+        counts = other.share_counts()
+        assert counts is not None and counts.fenced_stores == 0
+    finally:
+        running.clear()
+        engine.close()
+        if other is not None:
+            other.close()
+        if z is not None:
+            stop(*z)

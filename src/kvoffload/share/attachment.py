@@ -16,6 +16,9 @@ A node process is known by its identity, ``(generation, slab id)``
   (the client then SYNCs them); any other connection makes them stale;
 - a booking is only recorded if the node process that answered it is still the one
   attached (else the client refuses it: no transfer into a dead generation's slot);
+- the node process attached is lost when the lease sees it go, or finds another one
+  serving the share (:meth:`Attachment.moved_to`): an idle engine, whose calls would
+  never find out, holds no generation of a node process that is gone;
 - **plans** (a scheduler half's directory, ``bind_plans``): every job of one plan
   moves bytes of one slab file, the one whose id the plan names
   (:meth:`seal_plan`, decision 0018). The id of the plan being built is fixed by
@@ -98,6 +101,22 @@ class Attachment:
                 self.bookings.lose_current()
                 self.attached = None
             self._release_drained()
+
+    def moved_to(self, welcome: Welcome) -> bool:
+        """The lease found the node process that sent ``welcome`` serving the share.
+        If it is not the one attached, that one no longer serves the share's socket
+        (the directory was deleted and a new one started, or it died before the lease
+        reached it): it is lost, as :meth:`lost` says, so that no generation stays held
+        for it by an engine whose calls would never find out (an idle one). Whether the
+        caller should reconnect its calls."""
+        with self._guard:
+            attached = self.attached
+            if attached is None or attached.identity == welcome.identity:
+                return False
+            self.bookings.lose_current()
+            self.attached = None
+            self._release_drained()
+            return True
 
     def _release_drained(self) -> None:
         if self.bookings.stale:

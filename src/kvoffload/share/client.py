@@ -129,7 +129,14 @@ class ShareDirectory(ShareQueries):
             users=self.users,
         )  # fmt: skip
         self.lease = (
-            Lease(paths, self.session, retry_s=retry_s, on_lost=self._lost, users=self.users)
+            Lease(
+                paths,
+                self.session,
+                retry_s=retry_s,
+                on_lost=self._lost,
+                on_found=self._found,
+                users=self.users,
+            )
             if lease
             else None
         )
@@ -145,6 +152,10 @@ class ShareDirectory(ShareQueries):
 
     def _lost(self, welcome: Welcome) -> None:
         self.attachment.lost(welcome)
+
+    def _found(self, welcome: Welcome) -> None:
+        if self.attachment.moved_to(welcome):
+            self.link.note_moved()
 
     def saw_go(self, identity: tuple[int, bytes]) -> bool:
         """Whether this engine knows that the node process of ``identity`` is gone, or

@@ -22,7 +22,11 @@ class Lease:
     """Holds session ``session`` open from a daemon thread (see the module docstring).
 
     ``on_lost(welcome)`` runs in that thread when a connection to the node process
-    that sent ``welcome`` closes. :meth:`close` ends the lease (and its thread).
+    that sent ``welcome`` closes; ``on_found(welcome)`` when a connection to one opens
+    (it may be another than the one its engine's calls are attached to: after the
+    share's directory was deleted, a new node process serves the share while the old
+    one may linger, or be killed before this lease ever reached it). :meth:`close`
+    ends the lease (and its thread).
     """
 
     def __init__(
@@ -32,12 +36,14 @@ class Lease:
         *,
         retry_s: float = 0.05,
         on_lost: Callable[[Welcome], None] | None = None,
+        on_found: Callable[[Welcome], None] | None = None,
         users: UsersHold | None = None,
     ) -> None:
         self._paths = paths
         self._session = session
         self._retry_s = retry_s
         self._on_lost = on_lost
+        self._on_found = on_found
         self._users = users
         self.on_close: list[Callable[[], None]] = []  # run by close(), once
         self._closed = threading.Event()
@@ -64,6 +70,8 @@ class Lease:
                     return
                 self._sock = sock
             self.welcome = welcome
+            if self._on_found is not None:
+                self._on_found(welcome)
             self.connected.set()
             sock.settimeout(None)
             try:

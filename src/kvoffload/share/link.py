@@ -72,6 +72,7 @@ class Link:
         # What retries are timed by; replaceable (a test driver steps it in logical time).
         self.clock = clock
         self._sock: socket.socket | None = None
+        self._moved = False  # set by the lease's thread: reconnect before the next call
         self._next_attempt = 0.0
         self._lock_fd = -1
 
@@ -94,10 +95,23 @@ class Link:
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         return False
 
+    def note_moved(self) -> None:
+        """Another node process serves the share now (its lease found it; any thread):
+        the next call closes the connection to the old one and connects anew, at once."""
+        self._moved = True
+
+    def _socket(self) -> socket.socket | None:
+        if self._moved:
+            self._moved = False
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+        return self._sock if self._sock is not None else self._connect()
+
     def call(self, op: Op, payload: bytes = b"") -> bytes | None:
         """The reply's payload, or None when the share did not answer in time (or is
         down); a VIOLATION reply raises :class:`ContractViolation`."""
-        sock = self._sock if self._sock is not None else self._connect()
+        sock = self._socket()
         if sock is None:
             self.stats["unavailable"] += 1
             return None
@@ -122,7 +136,7 @@ class Link:
     def send(self, op: Op, payload: bytes = b"") -> bool:
         """Send a one-way call (no reply: see :data:`~.protocol.ONE_WAY`); whether it
         was sent within ``timeout_s``."""
-        sock = self._sock if self._sock is not None else self._connect()
+        sock = self._socket()
         if sock is None:
             self.stats["unavailable"] += 1
             return False

@@ -32,6 +32,7 @@ from kvoffload.testing.vllm_fuzz.groups import BLOCK_SIZE, MAX_BATCHED_TOKENS
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation
 from kvoffload.testing.vllm_harness.checks import failure_message
 from kvoffload.testing.vllm_harness.fleet import SharedFleet
+from kvoffload.testing.vllm_harness.harness import VllmHarness
 from kvoffload.testing.vllm_harness.share_faults import stop_share, wipe_share
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes
@@ -205,6 +206,29 @@ def run_shared(scenario: SharedScenario, model_path: Path) -> SharedOutcome:
     return outcome
 
 
+def _stuck(index: int, h: VllmHarness) -> str:
+    """What a busy engine waits for (a stuck schedule's report)."""
+    half = h.scheduler_half
+    phases = {s.request_id: s.phase.name for s in half.requests}
+    links = {}
+    for name, directory in (
+        ("host", half.directory),
+        ("disk", getattr(half.tiers.tier("disk"), "directory", None)),
+    ):
+        link = getattr(directory, "link", None)
+        if link is not None:
+            counts = directory.share_counts()  # type: ignore[union-attr]
+            links[name] = f"connected={link.connected} {dict(link.stats)} {counts}"
+    queued = {t: len(q) for t, q in getattr(half.tiers, "_queues", {}).items()}
+    return (
+        f"engine {index}: vLLM waiting {len(h.scheduler.waiting)} running "
+        f"{len(h.scheduler.running)}, kvoffload jobs in flight "
+        f"{[(j.kind.value, j.job_id, j.request_id) for j in half.jobs_in_flight()]}, queued "
+        f"below host {half.tiers.has_queued()} {queued}, quarantine {bool(half.moves.quarantine)}, "
+        f"plan pending {half.builder.has_pending()}, phases {phases}, links {links}"
+    )
+
+
 def _drive(scenario: SharedScenario, fleet: SharedFleet, outcome: SharedOutcome) -> None:
     pending = list(scenario.requests)
     placed: dict[str, int] = {}  # request -> the engine incarnation it was added to
@@ -241,7 +265,10 @@ def _drive(scenario: SharedScenario, fleet: SharedFleet, outcome: SharedOutcome)
         for i in busy:
             fleet.step(i)
     else:
-        raise HarnessViolation(f"engines still busy {DRAIN_STEPS} rounds after the last step")
+        raise HarnessViolation(
+            f"engines still busy {DRAIN_STEPS} rounds after the last step: "
+            + "; ".join(_stuck(i, fleet.engine(i)) for i in busy)
+        )
     for req in scenario.requests:
         if req.request_id not in placed or not fleet.alive(req.engine):
             continue

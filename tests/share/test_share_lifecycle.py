@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from kvoffload.core.errors import ConfigError
+from kvoffload.core.private_files import open_or_create
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.files import open_or_create
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, server_alive
 from kvoffload.share.lifecycle import remove_share, stop_share

@@ -23,9 +23,9 @@ from share_fixtures import stop_thread as stop
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.private_files import FilePolicy
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.connection import connect
-from kvoffload.share.files import FilePolicy
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.opening import ShareSettings, open_share_directory
 from kvoffload.share.paths import SharePaths

@@ -12,9 +12,10 @@ so any change of the file's bytes is a new signature and the file is read again.
 restart on the same node reads nothing.
 
 The cache is a directory (``$KVOFFLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvoffload``,
-else ``~/.cache/kvoffload``, then ``digests/``) of one JSON file per path, created
-0700 and checked to be the user's own; entries are written to a new file
-(``O_EXCL``) and renamed into place, read with ``O_NOFOLLOW``. Processes computing
+else ``~/.cache/kvoffload``, then ``digests/``) of one JSON file per path, made and
+read as :mod:`.private_files` says: the directory created 0700 and checked to be the
+user's own, entries written to a new file (``O_EXCL``) and renamed into place, read
+with ``O_NOFOLLOW`` and checked. Processes computing
 the same file at once (the workers of one engine start together) serialise on a lock
 file per entry, so each file is read once. A cache that cannot be used (read-only
 home, another owner) is skipped: digests are computed each time, never wrong.
@@ -30,12 +31,20 @@ import fcntl
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import xxhash
+
+from kvoffload.core.errors import ConfigError
+from kvoffload.core.private_files import (
+    FilePolicy,
+    make_private_dir,
+    open_or_create,
+    read_checked,
+    replace_atomically,
+)
 
 READ_BYTES = 16 << 20
 """Bytes read at a time."""
@@ -79,7 +88,8 @@ class DigestCache:
     """The remembered digests (module docstring). ``root`` None: remember nothing."""
 
     def __init__(self, root: Path | None) -> None:
-        self.root = root if root is not None and _private_dir(root) else None
+        self._policy = FilePolicy("digest cache", key="KVOFFLOAD_CACHE_DIR")
+        self.root = root if root is not None and _private_dir(root, self._policy) else None
 
     @classmethod
     def default(cls) -> DigestCache:
@@ -96,16 +106,16 @@ class DigestCache:
             return _digest_now(path, before)
         name = hashlib.blake2b(os.fsencode(os.path.realpath(path)), digest_size=16).hexdigest()
         entry = self.root / f"{name}.json"
-        remembered = _read(entry, before)
+        remembered = _read(entry, self._policy, before)
         if remembered is not None:
             return remembered
-        with _locked(entry.with_suffix(".lock")):
-            remembered = _read(entry, before)  # another process may have just done it
+        with _locked(entry.with_suffix(".lock"), self._policy):
+            remembered = _read(entry, self._policy, before)  # another process just did it?
             if remembered is not None:
                 return remembered
             digest = _digest_now(path, before)
             if not digest.startswith("unreadable:"):
-                _write(entry, before, digest)
+                _write(entry, self._policy, before, digest)
             return digest
 
 
@@ -131,49 +141,35 @@ def _digest_now(path: Path, before: os.stat_result) -> str:
     return digest
 
 
-def _read(entry: Path, st: os.stat_result) -> str | None:
+def _read(entry: Path, policy: FilePolicy, st: os.stat_result) -> str | None:
     try:
-        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        data = json.loads(read_checked(entry, policy, 4096))
+    except (OSError, ValueError, ConfigError):
         return None
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid() or not stat.S_ISREG(info.st_mode):
-            return None
-        data = json.loads(os.read(fd, 4096))
-        if data.get("version") == _VERSION and data.get("signature") == signature(st):
-            digest = data.get("digest")
-            return digest if isinstance(digest, str) else None
-    except (OSError, ValueError, AttributeError):
+    if not isinstance(data, dict):
         return None
-    finally:
-        os.close(fd)
+    if data.get("version") == _VERSION and data.get("signature") == signature(st):
+        digest = data.get("digest")
+        return digest if isinstance(digest, str) else None
     return None
 
 
-def _write(entry: Path, st: os.stat_result, digest: str) -> None:
-    temporary = entry.with_name(f"{entry.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    document = {"version": _VERSION, "signature": signature(st), "digest": digest}
-    try:
-        fd = os.open(temporary, flags, 0o600)
-        try:
-            os.write(fd, json.dumps(document).encode())
-        finally:
-            os.close(fd)
-        os.replace(temporary, entry)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+def _write(entry: Path, policy: FilePolicy, st: os.stat_result, digest: str) -> None:
+    content = json.dumps({"version": _VERSION, "signature": signature(st), "digest": digest})
+
+    def write(fd: int) -> None:
+        os.write(fd, content.encode())
+
+    with contextlib.suppress(OSError, ConfigError):
+        replace_atomically(entry, policy, write)
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+def _locked(path: Path, policy: FilePolicy) -> Iterator[None]:
     try:
-        fd = os.open(path, flags, 0o600)
-    except OSError:
-        yield
+        fd = open_or_create(path, os.O_RDWR, policy)
+    except (OSError, ConfigError):
+        yield  # no lock: at worst two processes read the same file
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -182,16 +178,12 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _private_dir(root: Path) -> bool:
-    """Create ``root`` (0700) if needed; whether it is a directory of this user's
-    that no one else can write."""
+def _private_dir(root: Path, policy: FilePolicy) -> bool:
+    """Create ``root`` (0700, with its parents) if needed; whether it is a directory
+    of this user's that no one else can write."""
     try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = os.lstat(root)
-    except OSError:
+        os.makedirs(root.parent, mode=0o700, exist_ok=True)
+        make_private_dir(root, policy, others_may_read=True)
+    except (OSError, ConfigError):
         return False
-    return (
-        stat.S_ISDIR(info.st_mode)
-        and info.st_uid == os.geteuid()
-        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
+    return True

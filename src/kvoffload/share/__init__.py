@@ -7,9 +7,9 @@ socket, and that mirrors the readable set into a shared-memory index engines loo
 directly; the slots are mapped by every engine's workers directly. Decision 0016
 (``docs/decisions/0016-node-shared-host-tier.md``) gives the design and measurements.
 
-- :mod:`.paths`: the share's files, in a directory of this user's own;
-  :mod:`.files`: opening and making them so that no other local user can plant or read
-  one; :mod:`.peer`: who is on the other end of the socket; :mod:`.users`: engines
+- :mod:`.paths`: the share's files, in a directory of this user's own, opened and
+  made by :mod:`kvoffload.core.private_files` so that no other local user can plant or
+  read one; :mod:`.peer`: who is on the other end of the socket; :mod:`.users`: engines
   attached; :mod:`.lifecycle`: the verified ``stop`` and the exact ``remove``
   (decision 0018); :mod:`.geometry`: its shape, slab id and meta file;
 - :mod:`.protocol`: the wire format; :mod:`.book`, :mod:`.dispatch`, :mod:`.server`,

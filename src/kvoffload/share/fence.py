@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.share.files import FilePolicy, open_or_create
+from kvoffload.core.private_files import FilePolicy, open_or_create
 from kvoffload.share.paths import GENERATION_LOCK, SharePaths
 
 

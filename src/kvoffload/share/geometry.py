@@ -15,7 +15,7 @@ is identified by ``(generation, slab_id)``: after the share's directory was dele
 wholesale its successor counts generations from 1 again, with another slab id.
 
 The meta file is replaced atomically (written beside it, then renamed) and read only
-when it passes the checks of :mod:`.files` (else it is treated as absent).
+when it passes the checks of :mod:`kvoffload.core.private_files` (else it is treated as absent).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.share.files import read_checked, replace_atomically
+from kvoffload.core.private_files import read_checked, replace_atomically
 from kvoffload.share.paths import SharePaths
 
 
@@ -94,7 +94,8 @@ class ShareGeometry:
     @classmethod
     def read(cls, paths: SharePaths) -> ShareGeometry | None:
         """The recorded geometry, or None when there is none (or it is unreadable, or
-        fails the checks of :mod:`.files`: a file another user could have made)."""
+        fails the checks of :mod:`kvoffload.core.private_files`: a file another user
+        could have made)."""
         try:
             fields = json.loads(read_checked(paths.meta, paths.policy))
             policy = str(fields.pop("policy"))

@@ -7,8 +7,8 @@ engine's hit is confirmed by ``prepare_load`` at the node process, which may ref
 engine recomputes. Everything else (pending stores, pins, slots) stays in the node
 process's directory.
 
-File ``index`` of the share's directory (opened and made as :mod:`.files` says; its
-space reserved when it is made)::
+File ``index`` of the share's directory (opened and made as
+:mod:`kvoffload.core.private_files` says; its space reserved when it is made)::
 
     offset 0      4 KiB header: magic b"KVSI", u32 version, u64 generation, u64 capacity
     offset 4096   capacity rows of three u64: key bytes 0-8, key bytes 8-16, state
@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
-from kvoffload.share.files import open_checked, replace_atomically
+from kvoffload.core.private_files import open_checked, replace_atomically
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import allocate, reserve
 

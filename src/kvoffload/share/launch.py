@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 
 from kvoffload.core.errors import KvOffloadError
+from kvoffload.core.private_files import open_checked, open_or_create
 from kvoffload.share.backing import Backing
-from kvoffload.share.files import open_checked, open_or_create
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import SharePaths
 

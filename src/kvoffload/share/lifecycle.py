@@ -40,7 +40,7 @@ import struct
 from pathlib import Path
 
 from kvoffload.core.errors import KvOffloadError
-from kvoffload.share.files import open_checked, read_checked
+from kvoffload.core.private_files import open_checked, read_checked
 from kvoffload.share.launch import server_alive
 from kvoffload.share.paths import SharePaths, known_name
 from kvoffload.share.peer import credentials

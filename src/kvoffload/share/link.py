@@ -22,9 +22,9 @@ from collections import Counter
 from collections.abc import Callable
 
 from kvoffload.core.errors import ContractViolation, KvOffloadError
+from kvoffload.core.private_files import open_checked
 from kvoffload.share.backing import Backing
 from kvoffload.share.connection import Welcome, connect, refresh_users
-from kvoffload.share.files import open_checked
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
 from kvoffload.share.paths import SharePaths

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.core.errors import ConfigError, KvOffloadError
+from kvoffload.core.private_files import read_checked, resolve_group
 from kvoffload.share.backing import Backing
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.connection import connect
-from kvoffload.share.files import read_checked, resolve_group
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, server_alive, spawn_server
 from kvoffload.share.lease import Lease

@@ -14,7 +14,7 @@ mode 2770, group G)::
     index         the readable set, for lookups (see :mod:`.index`)
     log           what node processes started by engines printed
     slab.rR       tensor-parallel rank R's slots (see :mod:`.slab`)
-    .*.tmp        a file being made (:func:`~.files.replace_atomically`)
+    .*.tmp        a file being made (:func:`~kvoffload.core.private_files.replace_atomically`)
 
 Two shares never share a file: a name is one path component (no ``/``), so share
 ``a1`` and share ``a1.b`` are two directories. Pure functions and one frozen value;
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.share.files import FilePolicy, check_root, make_private_dir
+from kvoffload.core.private_files import FilePolicy, check_root, make_private_dir
 
 DEFAULT_ROOT = Path("/dev/shm")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -74,7 +74,7 @@ class SharePaths:
 
     @property
     def policy(self) -> FilePolicy:
-        """Who is trusted with these files (see :mod:`.files`)."""
+        """Who is trusted with these files (see :mod:`kvoffload.core.private_files`)."""
         return FilePolicy(self.name, self.group, self.uid)
 
     @property
@@ -90,9 +90,10 @@ class SharePaths:
 
     def ensure_dir(self, *, create: bool = True) -> None:
         """Check the root and create (or check) the per-user directory and the share's
-        (see :mod:`.files`); a :class:`ConfigError` naming ``host_share_root`` when
-        another user made one of them or could replace it. ``create`` False: only
-        check them (``FileNotFoundError`` when one is missing)."""
+        (see :mod:`kvoffload.core.private_files`); a :class:`ConfigError` naming
+        ``host_share_root`` when another user made one of them or could replace it.
+        ``create`` False: only check them (``FileNotFoundError`` when one is
+        missing)."""
         policy = self.policy
         check_root(self.root, policy)
         make_private_dir(self.user_dir, policy, create=create)

@@ -13,7 +13,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from kvoffload.share.files import FilePolicy
+from kvoffload.core.private_files import FilePolicy
 
 _UCRED = struct.Struct("3i")
 

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from kvoffload.core.errors import KvOffloadError, UsageError
+from kvoffload.core.private_files import resolve_group
 from kvoffload.share.backing import Backing, BackingOptions
-from kvoffload.share.files import resolve_group
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.lifecycle import remove_share, stop_share
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths

@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvoffload.core.directory import Directory
+from kvoffload.core.private_files import same_file
 from kvoffload.share.backing import Backing, Recovered
 from kvoffload.share.book import ShareBook
 from kvoffload.share.dispatch import dispatch
 from kvoffload.share.fence import GenerationFence
-from kvoffload.share.files import same_file
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexWriter
 from kvoffload.share.paths import SharePaths

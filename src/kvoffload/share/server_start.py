@@ -34,8 +34,8 @@ from collections.abc import Callable
 
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError, KvOffloadError
+from kvoffload.core.private_files import open_or_create
 from kvoffload.share.backing import Backing
-from kvoffload.share.files import open_or_create
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexWriter
 from kvoffload.share.paths import SharePaths

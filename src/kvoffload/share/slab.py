@@ -2,8 +2,8 @@
 every engine's worker of that rank.
 
 File ``slab.rR`` of the share's directory (in ``/dev/shm``: memory, not disk), laid
-out as :mod:`.slab_files` says, opened as :mod:`.files` says (never a link, never a
-file another user made).
+out as :mod:`.slab_files` says, opened as :mod:`kvoffload.core.private_files` says
+(never a link, never a file another user made).
 
 One file per rank, rather than rank-major regions of one file: a worker maps, prefaults
 and registers for DMA only its own rank's memory (1/ranks of the share), and each
@@ -43,7 +43,7 @@ import os
 import torch
 
 from kvoffload.core.errors import ConfigError, KvOffloadError
-from kvoffload.share.files import open_checked
+from kvoffload.core.private_files import open_checked
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import HEADER_BYTES, file_bytes, header, slab_id_of

@@ -25,7 +25,7 @@ import struct
 from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.share.files import open_checked, replace_atomically
+from kvoffload.core.private_files import open_checked, replace_atomically
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.paths import SharePaths
 

@@ -20,7 +20,7 @@ import fcntl
 import os
 import threading
 
-from kvoffload.share.files import open_or_create, same_file
+from kvoffload.core.private_files import open_or_create, same_file
 from kvoffload.share.paths import SharePaths
 
 

@@ -81,7 +81,7 @@ from kvoffload.core.chunk_format import (
 )
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey, shard_key
-from kvoffload.share.files import open_checked, open_or_create, same_file
+from kvoffload.core.private_files import open_checked, open_or_create, same_file
 from kvoffload.tiers.disk_files import FORMAT_DIR, disk_policy, private_namespace_dir
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError
 

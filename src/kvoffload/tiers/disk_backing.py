@@ -9,7 +9,7 @@ instead of shared-memory slabs. There is one per (``disk_path``, namespace): its
 is derived from both (:meth:`DiskBacking.share_name`); its runtime files (socket,
 meta, locks, index, log) live in its directory under the share root
 (``/dev/shm/kvoffload-u<UID>/disk-HASH/`` by default, made and opened as
-:mod:`kvoffload.share.files` says), so ``kvoffload share remove`` never touches the
+:mod:`kvoffload.core.private_files` says), so ``kvoffload share remove`` never touches the
 slabs.
 
 Its node process:

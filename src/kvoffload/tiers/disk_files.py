@@ -20,17 +20,14 @@ Anything else is a :class:`~kvoffload.core.errors.ConfigError` naming ``disk_pat
 the path, what was found and what to do; nothing found there is read or written. A
 disk share's slabs follow the same rule: every engine of a disk share runs as the
 user that owns them (a ``host_share_group`` covers the share's runtime files only).
-Pure ``os`` calls over :mod:`kvoffload.share.files`.
+Pure ``os`` calls, through :mod:`kvoffload.core.private_files`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
 from pathlib import Path
 
-from kvoffload.share.files import FilePolicy, check_root
+from kvoffload.core.private_files import FilePolicy, check_root, make_private_dir
 
 FORMAT_DIR = "kvoffload-v1"
 
@@ -47,26 +44,7 @@ def private_namespace_dir(root: Path, namespace_digest: bytes) -> Path:
     root = Path(root)
     check_root(root, policy)
     formats = root / FORMAT_DIR
-    _private_dir(formats, policy)
+    make_private_dir(formats, policy, others_may_read=True)
     directory = formats / namespace_digest.hex()
-    _private_dir(directory, policy)
+    make_private_dir(directory, policy, others_may_read=True)
     return directory
-
-
-def _private_dir(path: Path, policy: FilePolicy) -> None:
-    """Create ``path`` (0700) unless it exists, then check it: a real directory of
-    this user's that no one else can write."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise policy.refuse(path, "is a symbolic link")
-    if not stat.S_ISDIR(st.st_mode):
-        raise policy.refuse(path, "is not a directory")
-    if st.st_uid != policy.uid:
-        raise policy.refuse(
-            path, f"is owned by uid {st.st_uid}, not by this user (uid {policy.uid})"
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        mode = stat.S_IMODE(st.st_mode)
-        raise policy.refuse(path, f"has mode {mode:04o}: others than its owner may write it")

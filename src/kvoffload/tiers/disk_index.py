@@ -27,8 +27,8 @@ from kvoffload.core.chunk_format import HEADER_BYTES, IntegrityError, check_head
 from kvoffload.core.directory import Directory
 from kvoffload.core.keys import ChunkKey, shard_key
 from kvoffload.core.policies import EvictionPolicy
+from kvoffload.core.private_files import open_checked
 from kvoffload.core.tiering import DirectoryTier
-from kvoffload.share.files import open_checked
 from kvoffload.tiers.disk import KEY_OFFSET, parse_header_block, slab_path, slot_bytes
 from kvoffload.tiers.disk_files import disk_policy
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.share.files import open_checked, open_or_create
+from kvoffload.core.private_files import open_checked, open_or_create
 from kvoffload.tiers.disk import namespace_dir
 from kvoffload.tiers.disk_files import disk_policy, private_namespace_dir
 

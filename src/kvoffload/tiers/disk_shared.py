@@ -33,7 +33,7 @@ from typing import cast
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.options import OptionValues
-from kvoffload.share.files import resolve_group
+from kvoffload.core.private_files import resolve_group
 from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.opening import SessionLease
 from kvoffload.tiers.disk import DiskStore

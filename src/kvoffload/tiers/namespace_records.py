@@ -26,7 +26,7 @@ from typing import Any
 
 from kvoffload.core.keys import Namespace
 from kvoffload.core.namespace_record import MAX_RECORD_BYTES, decode_record, encode_record
-from kvoffload.share.files import create_exclusive
+from kvoffload.core.private_files import create_exclusive
 from kvoffload.tiers.disk_files import disk_policy, private_namespace_dir
 from kvoffload.tiers.redis_client import PREFIX
 

@@ -1,10 +1,11 @@
-"""Opening and creating a share's files so that no other local user can plant, read or
-swap one (decision 0018). Pure ``os`` calls; nothing here imports torch.
+"""Opening and creating files so that no other local user can plant, read or swap
+one (decision 0018): a node share's files, the disk tier's (``tiers/disk_files.py``)
+and the digest cache's (:mod:`.content_digest`). Pure ``os`` calls.
 
-Every file of a share lives in a directory only its owner can write
-(:func:`make_private_dir`: ``ROOT/kvoffload-u<UID>/NAME``, mode 0700; or, with a
-configured group, ``ROOT/kvoffload-g<GID>/NAME``, mode 2770). On top of that, every
-file is
+Every such file lives in a directory only its owner can write
+(:func:`make_private_dir`: e.g. a share's ``ROOT/kvoffload-u<UID>/NAME``, mode 0700;
+or, with a configured group, ``ROOT/kvoffload-g<GID>/NAME``, mode 2770; a directory
+others may list, not write, where ``others_may_read``). On top of that, every file is
 
 - opened with ``O_NOFOLLOW | O_CLOEXEC`` and checked with ``fstat`` before it is used
   (:func:`open_checked`): a regular file, owned as :class:`FilePolicy` says, with no
@@ -15,7 +16,8 @@ file is
   (:func:`replace_atomically`).
 
 A file that fails a check is never used: the caller gets a :class:`ConfigError`
-naming ``host_share_root``, the share, the path, what was found and what to do.
+naming the policy's option (``host_share_root``, ``disk_path``), what the files belong
+to, the path, what was found and what to do.
 """
 
 from __future__ import annotations
@@ -62,15 +64,17 @@ class FilePolicy:
     def file_mode(self) -> int:
         return 0o600 if self.group is None else 0o660
 
-    def problem(self, st: os.stat_result) -> str | None:
+    def problem(self, st: os.stat_result, *, readable: bool = False) -> str | None:
         """What is wrong with a file or directory of these stats, or None: owned by
-        this user with no group or other bits; with a group, of that group (any
-        owner) with no other bits."""
+        this user with no group or other bits (``readable``: no group or other write
+        bits); with a group, of that group (any owner) with no other bits."""
         mode = stat.S_IMODE(st.st_mode)
         if self.group is None:
             if st.st_uid != self.uid:
                 return f"is owned by uid {st.st_uid}, not by this user (uid {self.uid})"
-            if mode & 0o077:
+            if readable and mode & 0o022:
+                return f"has mode {mode:04o}: others than its owner may write it"
+            if not readable and mode & 0o077:
                 return f"has mode {mode:04o}: others than its owner may use it"
             return None
         if st.st_gid != self.group:
@@ -109,11 +113,16 @@ def check_root(root: Path, policy: FilePolicy) -> None:
         )
 
 
-def make_private_dir(path: Path, policy: FilePolicy, *, create: bool = True) -> None:
+def make_private_dir(
+    path: Path, policy: FilePolicy, *, create: bool = True, others_may_read: bool = False
+) -> None:
     """Create directory ``path`` with the policy's mode (and group) unless it exists
     (``create`` False: ``FileNotFoundError`` then), then check it with ``lstat``: a
     real directory (not a link), trusted as the policy says, with the policy's mode
-    bits; else a :class:`ConfigError`."""
+    bits; with ``others_may_read``, one found with more bits is accepted as long as
+    no one but its owner may write it (a directory made by hand with mode 0755: its
+    files are owner-only, only their names can be listed). Else a
+    :class:`ConfigError`."""
     try:
         if create:
             os.mkdir(path, 0o700)
@@ -129,9 +138,13 @@ def make_private_dir(path: Path, policy: FilePolicy, *, create: bool = True) -> 
         raise policy.refuse(path, "is a symbolic link")
     if not stat.S_ISDIR(st.st_mode):
         raise policy.refuse(path, "is not a directory")
-    problem = policy.problem(st)
-    if problem is None and policy.group is None and stat.S_IMODE(st.st_mode) != 0o700:
-        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700"
+    mode = stat.S_IMODE(st.st_mode)
+    if others_may_read and policy.group is None:
+        problem = policy.problem(st, readable=True)
+    else:
+        problem = policy.problem(st)
+        if problem is None and policy.group is None and mode != 0o700:
+            problem = f"has mode {mode:04o}, not 0700"
     if problem is not None:
         raise policy.refuse(path, f"(owner uid {st.st_uid}, group {st.st_gid}) {problem}")
 

@@ -72,6 +72,7 @@ from kvoffload.testing.vllm_harness.spec import (
     build_configs,
 )
 from kvoffload.testing.vllm_harness.units import Unit, make_units
+from kvoffload.testing.vllm_harness.weight_events import WeightEvents
 from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.tiers.redis_tier import REDIS
 
@@ -89,7 +90,7 @@ class _Executed:
     sampled: dict[str, int]
 
 
-class VllmHarness:
+class VllmHarness(WeightEvents):
     def __init__(
         self,
         model_path: Path,
@@ -144,7 +145,7 @@ class VllmHarness:
             )
             for r in range(world)
         ]
-        self._handshake()
+        self.handshake()
         self.aggregator = KVOutputAggregator(world) if world > 1 else None
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(self.block_size, sha256)
@@ -155,19 +156,6 @@ class VllmHarness:
         self.outputs: dict[str, list[int]] = {}  # the tokens the engine handed out
         self.steps: list[StepRecord] = []
         self._queue: deque[_Executed] = deque()
-
-    def _handshake(self) -> None:
-        """vLLM's connector handshake at engine start: each rank's metadata to the
-        scheduler's connector (kvoffload's weights fingerprints, when it is the engine's
-        connector itself; under ``MultiConnector`` none, as in vLLM)."""
-        found = {}
-        for entry in self.ranks:
-            meta = entry.connector.get_handshake_metadata()
-            if meta is not None:
-                found[(0, entry.rank)] = meta
-        connector = self.scheduler.connector
-        if found and connector is not None:
-            connector.set_xfer_handshake_metadata_pp_aware(found)
 
     # ------------------------------------------------------------ requests
 
@@ -208,48 +196,6 @@ class VllmHarness:
     def output_tokens(self, request_id: str) -> list[int]:
         """The tokens the engine handed out for the request so far."""
         return list(self.outputs.get(request_id, []))
-
-    def reset_prefix_cache(
-        self, reset_running_requests: bool = False, reset_connector: bool = False
-    ) -> bool:
-        """vLLM's reset; a successful reset of the connector changes the weights
-        (the model's version): any KV from before would now be wrong."""
-        done = bool(self.scheduler.reset_prefix_cache(reset_running_requests, reset_connector))
-        if reset_connector:
-            for unit in self.units:
-                unit.checks.connector_reset()
-            if done:
-                self.model.version += 1
-        self.trace.append(
-            f"! reset (running {reset_running_requests}, connector {reset_connector}) -> {done}"
-        )
-        return done
-
-    def update_weights(self, reset_running_requests: bool = False) -> bool:
-        """An RL framework's weight update: the weights change in place (the fake
-        model's version), then vLLM's default reset of the prefix cache (the connector
-        is not told). Only done when that reset succeeds (vLLM refuses it while blocks
-        are in use, unless ``reset_running_requests``; the framework would retry):
-        whether the weights changed. No step runs between the two, as in a paused
-        engine."""
-        try:
-            done = bool(self.scheduler.reset_prefix_cache(reset_running_requests, False))
-        except RuntimeError:  # vLLM: blocks still held by loads in flight
-            done = False
-        if done:
-            self.model.version += 1
-        self.trace.append(f"! weights updated (running {reset_running_requests}) -> {done}")
-        return done
-
-    def load_weights(self) -> None:
-        """Weights loaded anew through the model's ``load_weights`` (vLLM's
-        ``reload_weights``, an update call) while the engine is idle, with no reset:
-        every worker fingerprints them before the next plan's jobs run, on its own."""
-        self.model.version += 1
-        for entry in self.ranks:
-            for child in entry.children:
-                child.side.weights.note_loaded()
-        self.trace.append("! weights loaded")
 
     # ------------------------------------------------------------ stepping
 

@@ -1,0 +1,81 @@
+"""What changes a harness engine's weights and caches from outside its engine loop:
+vLLM's connector handshake at start, ``reset_prefix_cache`` (with or without the
+connector), an RL framework's in-place weight update followed by vLLM's default
+reset, and weights loaded anew with no reset (decisions 0005, 0019). The fake model's
+``version`` stands for the weights; every change of it is what a worker's fingerprint
+sees.
+
+A mixin of :class:`~kvoffload.testing.vllm_harness.harness.VllmHarness`, which owns the
+state it names; these calls run between engine steps, as in a paused engine.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from kvoffload.testing.vllm_harness.kv_model import KVModel
+from kvoffload.testing.vllm_harness.ranks import Rank
+from kvoffload.testing.vllm_harness.units import Unit
+
+
+class WeightEvents:
+    scheduler: Scheduler
+    model: KVModel
+    units: list[Unit]
+    ranks: list[Rank]
+    trace: list[str]
+
+    def handshake(self) -> None:
+        """vLLM's connector handshake at engine start: each rank's metadata to the
+        scheduler's connector (kvoffload's weights fingerprints, when it is the engine's
+        connector itself; under ``MultiConnector`` none, as in vLLM)."""
+        found = {}
+        for entry in self.ranks:
+            meta = entry.connector.get_handshake_metadata()
+            if meta is not None:
+                found[(0, entry.rank)] = meta
+        connector = self.scheduler.connector
+        if found and connector is not None:
+            connector.set_xfer_handshake_metadata_pp_aware(found)
+
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        """vLLM's reset; a successful reset of the connector changes the weights
+        (the model's version): any KV from before would now be wrong."""
+        done = bool(self.scheduler.reset_prefix_cache(reset_running_requests, reset_connector))
+        if reset_connector:
+            for unit in self.units:
+                unit.checks.connector_reset()
+            if done:
+                self.model.version += 1
+        self.trace.append(
+            f"! reset (running {reset_running_requests}, connector {reset_connector}) -> {done}"
+        )
+        return done
+
+    def update_weights(self, reset_running_requests: bool = False) -> bool:
+        """An RL framework's weight update: the weights change in place (the fake
+        model's version), then vLLM's default reset of the prefix cache (the connector
+        is not told). Only done when that reset succeeds (vLLM refuses it while blocks
+        are in use, unless ``reset_running_requests``; the framework would retry):
+        whether the weights changed. No step runs between the two, as in a paused
+        engine."""
+        try:
+            done = bool(self.scheduler.reset_prefix_cache(reset_running_requests, False))
+        except RuntimeError:  # vLLM: blocks still held by loads in flight
+            done = False
+        if done:
+            self.model.version += 1
+        self.trace.append(f"! weights updated (running {reset_running_requests}) -> {done}")
+        return done
+
+    def load_weights(self) -> None:
+        """Weights loaded anew through the model's ``load_weights`` (vLLM's
+        ``reload_weights``, an update call) while the engine is idle, with no reset:
+        every worker fingerprints them before the next plan's jobs run, on its own."""
+        self.model.version += 1
+        for entry in self.ranks:
+            for child in entry.children:
+                child.side.weights.note_loaded()
+        self.trace.append("! weights loaded")

@@ -14,38 +14,28 @@ head) is offered only when the cost model says loading it beats recomputing it
 never waited for, except now and then its first chunk, loaded as its lane's probe (the
 cost model's bound), which re-measures a lane that may have turned fast. The
 host-held head is always loaded (a host copy is memcpy-fast).
-What lookup finds past the host prefix is :mod:`.below_host`. The
-functions below it are pure over the state they are given (they mutate only what their
-docstrings name).
+What lookup finds past the host prefix is :mod:`.below_host`; the load job of an
+admitted hit is built by :mod:`.load_jobs`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
-from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.cost import Decline
-from kvoffload.core.directory import Directory, LookupStatus
-from kvoffload.core.jobs import NO_BLOCK, NO_SLOT, EngineJob, JobKind
-from kvoffload.core.keys import ChunkKey
+from kvoffload.core.jobs import NO_SLOT, EngineJob
 from kvoffload.core.scheduler.below_host import Take, TierHit, next_chunks_wait
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.group_chunks import (
-    Entry,
-    load_entries,
     readable_chunks,
 )
 from kvoffload.core.scheduler.job_tracker import Completion
+from kvoffload.core.scheduler.load_jobs import plan_load_job
 from kvoffload.core.scheduler.request_state import RequestState
-from kvoffload.core.scheduler.stores import check_blocks
 from kvoffload.core.scheduler_types import (
     RETRY_LATER,
     Deferral,
     EngineRequest,
-    SchedulerConfig,
 )
-from kvoffload.core.tier_planning import TierPlanner
 from kvoffload.core.weights import FENCED
 
 IDLE_STEPS_STALLED = 2
@@ -76,6 +66,24 @@ class LoadPlanner:
         self.cost = ctx.cost
         self.wished: list[str] = []  # requests whose promotion a lookup wished this step
 
+    def _wait(
+        self,
+        state: RequestState,
+        reason: Deferral,
+        local_only: tuple[int, int],
+        *,
+        bounded: bool = True,
+    ) -> int | None:
+        """RETRY_LATER for ``reason``, until the deferral bound when ``bounded`` (a
+        load in flight is waited for whatever the bound); past it 0: the request
+        recomputes (counted)."""
+        if not bounded or not self.deferral.expired(state):
+            self.deferral.defer(state, reason)
+            return RETRY_LATER
+        self.metrics.count("deferral_timeouts_total")
+        state.lookup_hit = local_only
+        return 0
+
     def answer(
         self, state: RequestState, request: EngineRequest, num_computed_tokens: int
     ) -> int | None:
@@ -91,23 +99,13 @@ class LoadPlanner:
             return 0
         tracker, request_id = self.requests.tracker, state.request_id
         if tracker.has_jobs(request_id) and not self.config.testing_disable_inflight_deferral:
-            if tracker.has_load(request_id) or not self.deferral.expired(state):
-                promoting = tracker.has_promotion(request_id)
-                busy = Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT
-                self.deferral.defer(state, busy)
-                return RETRY_LATER
-            self.metrics.count("deferral_timeouts_total")
-            state.lookup_hit = local_only
-            return 0
+            promoting = tracker.has_promotion(request_id)
+            busy = Deferral.PROMOTION if promoting else Deferral.TRANSFER_IN_FLIGHT
+            return self._wait(state, busy, local_only, bounded=not tracker.has_load(request_id))
         if not self.weights.known:
             # The keys may not name the weights the workers run (decision 0019): wait
             # for their fingerprints (a step or two), then recompute past the bound.
-            if not self.deferral.expired(state):
-                self.deferral.defer(state, Deferral.WEIGHTS)
-                return RETRY_LATER
-            self.metrics.count("deferral_timeouts_total")
-            state.lookup_hit = local_only
-            return 0
+            return self._wait(state, Deferral.WEIGHTS, local_only)
         chunk = self.config.chunk_tokens
         keys = state.keys.extend(request.block_hashes)
         cap = state.controls.load_chunks(chunk)
@@ -284,116 +282,3 @@ class LoadPlanner:
         if completion.result.error != FENCED:  # refused by the weights fence: nothing torn
             self.directory.discard(keys)  # (the chunks may serve engines on other weights)
         self.metrics.count("failed_chunks_total", len(keys), direction="load", tier="host")
-
-
-def plan_load_job(
-    state: RequestState,
-    local: int,
-    external: int,
-    *,
-    offered: int,
-    blocks: GroupBlocks,
-    config: SchedulerConfig,
-    directory: Directory,
-    tiers: TierPlanner,
-    new_id: Callable[[], int],
-    anomalies: AnomalyLog,
-) -> EngineJob:
-    """The load of ``external`` tokens past ``local`` into the request's blocks: its
-    host chunks pinned in ``directory``, the others (a tier load, when the lookup
-    offered a hit in lower tier ``state.lookup_tier``) booked in that tier. A load of
-    only invalid blocks (the engine recomputes them; counted as an anomaly,
-    ``state.load_failed`` set) when the engine asked for another hit than ``offered``,
-    the blocks name the null block or a block twice, or a chunk is in neither host
-    memory nor the lower tier any more."""
-    chunk, block_size = config.chunk_tokens, config.block_size
-    entries: list[Entry] = []
-    if config.kv_groups.plain:
-        first_block = local // block_size
-        moved = tuple(blocks[0][first_block : first_block - (-external // block_size)])
-    else:
-        entries = load_entries(state.blocks, state.keys.keys, local, local + external, config)
-        moved = tuple(b for e in entries for b in e.blocks if b != NO_BLOCK)
-    problem: tuple[Anomaly, str] | None
-    if external != offered:
-        problem = (Anomaly.EXTERNAL_TOKENS, f"{external} external tokens, {offered} offered")
-    else:
-        problem = check_blocks(moved, config.null_block)
-    if entries:  # several groups or a window: NO_BLOCK marks what is not moved
-        keys = [e.key for e in entries]
-        block_ids, skip = tuple(b for e in entries for b in e.blocks), 0
-    else:
-        keys = state.keys.keys[local // chunk : (local + external) // chunk]
-        block_ids, skip = moved, (local % chunk) // block_size
-    sources = None
-    if problem is None:
-        sources = _sources(keys, entries, state.lookup_tier, directory, tiers)
-        if sources is None:
-            problem = (Anomaly.CHUNK_GONE, "a chunk left every tier since the lookup")
-    if problem is not None or sources is None:
-        kind, detail = problem or (Anomaly.EXTERNAL_TOKENS, "")
-        anomalies.note(kind, f"load for request {state.request_id!r}: {detail}; recomputed")
-        state.load_failed = True
-        return EngineJob(
-            job_id=new_id(),
-            kind=JobKind.LOAD,
-            request_id=state.request_id,
-            keys=(),
-            slots=(),
-            block_ids=(),
-            blocks_per_chunk=config.blocks_per_chunk,
-            invalid_blocks=moved,
-        )
-    slots, tier, tier_slots, groups = sources
-    return EngineJob(
-        job_id=new_id(),
-        kind=JobKind.LOAD,
-        request_id=state.request_id,
-        keys=tuple(keys),
-        slots=slots,
-        block_ids=block_ids,
-        blocks_per_chunk=config.blocks_per_chunk,
-        skip_blocks=skip,
-        tier=tier,
-        tier_slots=tier_slots,
-        groups=groups,
-    )
-
-
-def _sources(
-    keys: Sequence[ChunkKey],
-    entries: Sequence[Entry],
-    tier: str | None,
-    directory: Directory,
-    tiers: TierPlanner,
-) -> tuple[tuple[int, ...], str | None, tuple[int, ...], tuple[int, ...]] | None:
-    """Where each of ``keys`` is read from: (slots, with :data:`NO_SLOT` for the chunks
-    read from ``tier``; that tier (None: host memory only); their tier slots; their KV
-    cache groups when ``entries`` name several). Pins the host chunks and books the
-    tier's; None, changing nothing, when a chunk is in neither. Host chunks are pinned
-    with ``try_prepare_load``: a shared host tier may lose a chunk to another engine
-    after the lookup, or not answer in time; that is a miss here, never an error."""
-    if tier is None:  # a host hit: every chunk readable there, as lookup offered
-        if directory.readable_prefix(keys) != len(keys):
-            return None
-        host = directory.try_prepare_load(keys)
-        return None if host is None else (host, None, (), ())
-    status = directory.lookup(keys).statuses
-    from_tier = [i for i, st in enumerate(status) if st is not LookupStatus.HIT]
-    if not from_tier:
-        host = directory.try_prepare_load(keys)
-        return None if host is None else (host, None, (), ())
-    host_keys = [k for k, st in zip(keys, status, strict=True) if st is LookupStatus.HIT]
-    pinned = directory.try_prepare_load(host_keys) if host_keys else ()
-    if pinned is None:
-        return None
-    tier_keys = [keys[i] for i in from_tier]
-    tier_slots = tiers.book_tier_load(tier, tier_keys)
-    if tier_slots is None:
-        if host_keys:
-            directory.complete_load(host_keys)
-        return None
-    host_slots = iter(pinned)
-    slots = tuple(NO_SLOT if st is not LookupStatus.HIT else next(host_slots) for st in status)
-    groups = tuple(entries[i].group for i in from_tier) if tiers.grouped and entries else ()
-    return slots, tier, tier_slots, groups

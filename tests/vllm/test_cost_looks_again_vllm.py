@@ -7,17 +7,16 @@ fast; likewise a lane declined for a read that timed out at its deadline."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from hang_support import HangReads
 
 from kvoffload.core.cost import LaneCosts, ProbeState, Verdict, fixed_timing
 from kvoffload.core.cost.model import JobTiming, timed_out
 from kvoffload.core.cost.probing import FIRST_BACKOFF_S, MAX_BACKOFF_S
-from kvoffload.core.jobs import JobKind, JobResult, TransferJob
+from kvoffload.core.jobs import JobResult, TransferJob
 from kvoffload.testing.vllm_harness import CompleteAll, VllmHarness
 from kvoffload.testing.vllm_harness.harness import SECONDS_PER_STEP
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
@@ -145,27 +144,6 @@ def test_a_disk_that_turned_slow_then_fast_is_loaded_from_again(
     h.quiescent()
 
 
-@dataclass
-class HangOneRead(CompleteAll):
-    """Every job completes at once, except the tier read of the next tier load while
-    ``armed``: it hangs inside the worker past its deadline (the load fails, timed out)."""
-
-    harness: VllmHarness | None = None
-    armed: bool = False
-    hung: list[int] = field(default_factory=list)
-
-    def tier_jobs(
-        self, rank: int, step: int, jobs: Sequence[TransferJob]
-    ) -> tuple[set[int], set[int]]:
-        assert self.harness is not None
-        for job in jobs:
-            if self.armed and job.kind is JobKind.LOAD and job.tier:
-                self.harness.hangs.arm(rank, job.job_id)
-                self.hung.append(job.job_id)
-                self.armed = False
-        return {j.job_id for j in jobs}, set()
-
-
 def deadline_or(costs: LaneCosts) -> JobTiming:
     """The lane's fixed cost, except that a read that timed out counts for its deadline
     (the seconds the worker reports for it), as the engine's measured timing does."""
@@ -189,7 +167,7 @@ def test_a_disk_declined_for_a_timed_out_read_is_probed_again(
     rounds = Rounds(h)
     assert rounds.play().loaded == WHOLE
     h.scheduler_half.cost.timing = deadline_or(FAST)
-    h.policy = policy = HangOneRead(harness=h, armed=True)
+    h.policy = policy = HangReads(harness=h, left=1)
     assert rounds.play().loaded == WHOLE  # planned, then failed at its deadline
     assert policy.hung and h.scheduler_half.cost.lane("disk").samples == 2
     disk = h.scheduler_half.tiers.tier("disk")

@@ -6,15 +6,14 @@ late return writes nothing the engine or another job uses."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hang_support import HangReads
 from llm_support import CHUNK_BYTES, PROMPTS, counted, engine, generate, quiescent, settle, tokens
 
-from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.jobs import JobKind
 from kvoffload.testing.vllm_harness import CompleteAll, VllmHarness
 from kvoffload.testing.vllm_harness.harness import SECONDS_PER_STEP
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
@@ -25,27 +24,6 @@ HARNESS_CHUNK = len(LAYERS) * HEADS * 16 * 2 * HEAD_SIZE * 4  # one block of 16 
 DOC = list(range(10, 74))  # 4 chunks of one block
 FILLERS = [list(range(b, b + 64)) for b in (100, 200, 300)]
 DEADLINE_STEPS = 10
-
-
-@dataclass
-class HangReads(CompleteAll):
-    """Every job completes at once, except that the first tier read of each job of
-    ``kinds`` (a tier load's tier half, a promotion) hangs inside the worker."""
-
-    harness: VllmHarness | None = None
-    kinds: tuple[JobKind, ...] = (JobKind.LOAD,)
-    hung: list[int] = field(default_factory=list)
-
-    def tier_jobs(
-        self, rank: int, step: int, jobs: Sequence[TransferJob]
-    ) -> tuple[set[int], set[int]]:
-        assert self.harness is not None
-        for job in jobs:
-            reads = job.kind in self.kinds and (job.kind is not JobKind.LOAD or job.tier)
-            if reads and job.job_id not in self.hung:
-                self.harness.hangs.arm(rank, job.job_id)
-                self.hung.append(job.job_id)
-        return {j.job_id for j in jobs}, set()
 
 
 @pytest.fixture

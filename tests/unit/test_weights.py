@@ -180,7 +180,7 @@ def test_a_change_of_weights_hides_what_was_stored_and_stops_live_requests_stori
     # Answered under the last known weights meanwhile: the plan asking for the check
     # carries their fingerprints, and a worker whose weights changed refuses its loads.
     assert s.lookup(Req("waiting", list(range(8))), 0) == 8
-    assert s.weights_stamp() == WeightsStamp(1, (A,))
+    assert s.weights.stamp() == WeightsStamp(1, (A,))
     change = s.on_weights(0, 1, B)
     assert change is not None and change.changed
     assert s.lookup(Req("after", list(range(8))), 0) == 0  # other weights: a miss

@@ -245,7 +245,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         if side is None:
             return None
         top = side.top_level if side.top_level is not None else is_transfer_agent(self)
-        return side.handshake() if top else None
+        return side.weights.handshake() if top else None
 
     def set_xfer_handshake_metadata(
         self, metadata: dict[int, KVConnectorHandshakeMetadata]

@@ -252,7 +252,7 @@ class SchedulerSide:
                     return PlanMetadata(
                         plan,
                         self.session,
-                        weights=self.scheduler.weights_stamp(),
+                        weights=self.scheduler.weights.stamp(),
                         slab_id=self._slab_id(),
                     )
                 except Exception as exc:

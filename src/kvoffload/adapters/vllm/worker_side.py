@@ -29,7 +29,7 @@ import torch
 from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_parallel_rank
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.host_share import WorkerShare, share_settings
-from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata, WeightsHandshake
+from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.adapters.vllm.worker_weights import WorkerWeights
 from kvoffload.core.config import OffloadConfig
@@ -259,10 +259,6 @@ class WorkerSide:
         if stamp is not None and self.runner is not None:
             allowed = self.weights.admits(stamp)
             self.runner.backend.refusal = None if allowed else FENCED
-
-    def handshake(self) -> WeightsHandshake | None:
-        """The weights' fingerprint taken at start, for vLLM's handshake."""
-        return self.weights.handshake()
 
     def _hold_session(self, metadata: PlanMetadata) -> None:
         """With a share: lease the session the plan names before any of its jobs run,

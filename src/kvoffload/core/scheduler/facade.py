@@ -36,7 +36,7 @@ from kvoffload.core.scheduler_types import (
 )
 from kvoffload.core.tier_planning import TierPlanner
 from kvoffload.core.tiering import LowerTier
-from kvoffload.core.weights import WeightsChange, WeightsStamp, WeightsState
+from kvoffload.core.weights import WeightsChange, WeightsState
 
 
 class OffloadScheduler:
@@ -224,10 +224,6 @@ class OffloadScheduler:
         self.metrics.count("resets_total")
 
     # ------------------------------------------------------------------ weights
-
-    def weights_stamp(self) -> WeightsStamp:
-        """What the next plan tells its workers of the weights (decision 0019)."""
-        return self.weights.stamp()
 
     def check_weights(self) -> None:
         """The weights may have changed in place (the engine's prefix cache was

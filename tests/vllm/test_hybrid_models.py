@@ -146,7 +146,7 @@ def test_the_window_groups_loaded_kv_is_really_used(
     is loaded and read, not recomputed (and the clean reload matches)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    from kvoffload.core.scheduler import group_chunks, loads
+    from kvoffload.core.scheduler import group_chunks, load_jobs
 
     planned: list[group_chunks.Entry] = []
 
@@ -155,7 +155,7 @@ def test_the_window_groups_loaded_kv_is_really_used(
         planned.extend(entries)
         return entries
 
-    monkeypatch.setattr(loads, "load_entries", record)
+    monkeypatch.setattr(load_jobs, "load_entries", record)
     prompt = prompts(3)[0]
     with engine(gemma3_model, {"cpu_bytes": 32 << 20}, async_scheduling=False) as llm:
         clean = generate(llm, [prompt], max_tokens=16, logprobs=1)[0]

@@ -2,7 +2,7 @@
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so
 kvoffload's scheduler half is reachable from the ``LLM`` object and its
-:class:`~kvoffload.core.recorder.MetricsRecorder` holds every series it exports
+:class:`~kvoffload.core.observe.recorder.MetricsRecorder` holds every series it exports
 (the directory's and the lower tiers' counters are rebound onto it): the same
 numbers its Prometheus endpoint and vLLM's ``/metrics`` show. A run reads it
 after the warm-up and again after the workload (:func:`settle` first, so stores
@@ -11,7 +11,7 @@ and spills still in flight are counted) and keeps the difference
 
 Transfer throughput comes from the ``transfer_bytes`` / ``transfer_seconds``
 histograms (one observation per job and worker, ``observe_transfer`` in
-``core/recorder.py``): GB/s = bytes moved / seconds the jobs took, chunks/s =
+``core/observe/recorder.py``): GB/s = bytes moved / seconds the jobs took, chunks/s =
 ``transferred_chunks_total`` / those seconds. Jobs of one tier can run on several
 tier threads at once, so this is the per-job rate, not wall-clock bandwidth.
 """
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvoffload.core.metrics import BY_NAME, Series
+from kvoffload.core.observe.metrics import BY_NAME, Series
 from kvoffload.demos.vllm_runner import RunResult, open_engine, run_batches, warm_up
 
 EVICTED_WITHOUT_COPY = "evicted_without_copy_total"

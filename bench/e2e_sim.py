@@ -48,7 +48,7 @@ from typing import Any
 
 from e2e_tiers import KVOFFLOAD, MAX_RUNNING, REFERENCE, Results, TierSetup, make_setup
 from kvoffload.core.chunk_format import HEADER_BYTES
-from kvoffload.core.config_options import OPTIONS
+from kvoffload.core.config.options import OPTIONS
 from kvoffload.demos.chat_demo import BLOCK
 from kvoffload.demos.vllm_runner import RunResult, turn_batches
 from kvoffload.simulate.cost import CostModel

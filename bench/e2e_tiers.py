@@ -50,7 +50,7 @@ import lmcache_env
 import lmcache_peer
 from e2e_metrics import GB, Counts, run_counted
 from kvoffload.core.chunk_format import HEADER_BYTES
-from kvoffload.core.config_options import OPTIONS
+from kvoffload.core.config.options import OPTIONS
 from kvoffload.demos.chat_demo import BLOCK, kvoffload_config
 from kvoffload.demos.tiny_model import PRESETS, ensure_model, kv_bytes_per_token
 from kvoffload.demos.vllm_runner import EngineSpec, RunResult, turn_batches

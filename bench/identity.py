@@ -1,7 +1,7 @@
 """The cost of identifying weights by content (decision 0019), against the limits
 measured in the same run.
 
-- **Weight files** (``core/content_digest.py``, what an engine reads at its first start
+- **Weight files** (``core/identity/content_digest.py``, what an engine reads at its first start
   on a node): ``--files`` files of ``--file-gb`` GB of random bytes, digested in full
   with a fresh cache, against reading the same files into a buffer without hashing
   (the read alone: the floor for any content identity), both from the page cache
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvoffload.core.content_digest import READ_BYTES, DigestCache, digest_files
+from kvoffload.core.identity.content_digest import READ_BYTES, DigestCache, digest_files
 from kvoffload.transfer.fingerprint import fingerprint
 
 GB = 1e9

@@ -19,7 +19,7 @@ Workload: ``vllm bench serve --backend openai --dataset-name prefix_repetition``
 different random suffixes, shuffled, sent one at a time (``--max-concurrency 1``, so
 TTFT is prefill time, not queueing), greedy, ``--ignore-eos``; the same seed for
 every configuration. A tokenizer is written next to the model by
-``kvoffload.testing.serve.write_tokenizer`` (random ids round-trip exactly).
+``kvoffload.testing.vllm_server.write_tokenizer`` (random ids round-trip exactly).
 
 Each (round, configuration) gets a fresh server (no offloaded state carries over);
 configurations are interleaved within each round; the table shows the median over
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.demos.tiny_model import PRESETS, ensure_model, kv_bytes_per_token
-from kvoffload.testing.serve import (
+from kvoffload.testing.vllm_server import (
     ServerError,
     VllmServer,
     token_text,

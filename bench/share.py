@@ -33,8 +33,8 @@ import numpy as np
 from kvoffload.core.directory import Directory
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import spawn_server
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import Op, pack_keys
 

@@ -40,7 +40,7 @@ def open_root() -> Iterator[Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def digest_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The content digests of weight files (``core/content_digest.py``) are
+    """The content digests of weight files (``core/identity/content_digest.py``) are
     remembered in a directory of the session's, not the user's cache (engines in
     child processes inherit it)."""
     root = tmp_path_factory.mktemp("digest-cache")

@@ -6,8 +6,8 @@
     ...
     <!-- end generated:config -->
 
-``config`` is the table of :data:`kvoffload.core.config.OPTIONS`, ``metrics`` the
-table of :data:`kvoffload.core.metrics.METRICS`. ``python -m kvoffload.docgen``
+``config`` is the table of :data:`kvoffload.core.config.typed.OPTIONS`, ``metrics`` the
+table of :data:`kvoffload.core.observe.metrics.METRICS`. ``python -m kvoffload.docgen``
 rewrites the blocks in place; ``--check`` exits 1 when a block is stale (a test
 runs the same check).
 """
@@ -20,8 +20,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kvoffload.core.config import OPTIONS
-from kvoffload.core.metrics import METRICS
+from kvoffload.core.config.typed import OPTIONS
+from kvoffload.core.observe.metrics import METRICS
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 

@@ -7,8 +7,8 @@ import pytest
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory, LookupStatus
 from kvoffload.core.errors import ConfigError, ContractViolation, IllegalTransition
-from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.observe.events import CacheEvent, EventKind
 from kvoffload.core.policies import policy_names
 
 HIT, MISS, PENDING = LookupStatus.HIT, LookupStatus.MISS, LookupStatus.HIT_PENDING

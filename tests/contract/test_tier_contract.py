@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from tests.contract.tier_envs import PAYLOAD, SETUPS, TierEnv, open_env
 
-from kvoffload.core.events import EventKind
 from kvoffload.core.failures import ChunkFailure, FailureKind
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.tiering import LowerTier
+from kvoffload.core.observe.events import EventKind
+from kvoffload.core.tiering.lower import LowerTier
 from kvoffload.tiers.registry import TIERS, tier_names
 
 

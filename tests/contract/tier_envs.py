@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.keys import ChunkKey, Namespace
-from kvoffload.core.tiering import LowerTier
+from kvoffload.core.tiering.lower import LowerTier
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.disk import PAYLOAD_OFFSET, slot_bytes
 from kvoffload.tiers.spec import OpenedIndex, TierContext, TierSpec, TierStore

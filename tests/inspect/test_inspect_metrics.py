@@ -19,11 +19,11 @@ import pytest
 from kvoffload import cli
 from kvoffload.core.directory.directory import DIRECTORY_COUNTERS
 from kvoffload.core.errors import UsageError
-from kvoffload.core.metrics import labels
-from kvoffload.core.metrics_view import MetricsReading
-from kvoffload.core.recorder import CounterScope, MetricsRecorder
+from kvoffload.core.observe.metrics import labels
+from kvoffload.core.observe.metrics_view import MetricsReading
+from kvoffload.core.observe.recorder import CounterScope, MetricsRecorder
 from kvoffload.core.scheduler_types import SCHEDULER_SERIES
-from kvoffload.core.tiering import declare_tier_counters
+from kvoffload.core.tiering.lower import declare_tier_counters
 from kvoffload.inspect_command import main
 from kvoffload.inspection.exposition import ExpositionError, Sample, parse_exposition
 from kvoffload.testing.redis_server import free_port

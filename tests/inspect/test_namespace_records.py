@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from kvoffload.adapters.vllm.startup import record_namespace
+from kvoffload.core.identity.namespace_record import decode_record, encode_record
 from kvoffload.core.keys import ChunkKey, Namespace
-from kvoffload.core.namespace_record import decode_record, encode_record
 from kvoffload.inspect_command import main
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.disk import DiskStore, namespace_dir

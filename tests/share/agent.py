@@ -56,7 +56,7 @@ def main() -> None:
         raise SystemExit("no share")
     welcome = directory.link.welcome
     assert welcome is not None
-    from kvoffload.share.geometry import ShareGeometry
+    from kvoffload.share.meta import ShareGeometry
 
     geometry = ShareGeometry.read(paths)
     assert geometry is not None

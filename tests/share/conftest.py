@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from share_fixtures import Agent, ThreadShares
 
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 
 

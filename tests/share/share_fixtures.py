@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.server import ShareServer
 from kvoffload.share.server_start import open_server

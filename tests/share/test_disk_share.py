@@ -19,10 +19,10 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.inspection.disk_scan import inspect_disk
 from kvoffload.share.backing import Recovered
 from kvoffload.share.fence import GenerationHold
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexReader
 from kvoffload.share.launch import server_alive, spawn_server
 from kvoffload.share.lifecycle import recorded_pid
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.serve import main as share_main
 from kvoffload.share.server_start import open_server
 from kvoffload.testing.share_process import stop_node_process

@@ -15,7 +15,7 @@ from share_fixtures import ThreadShares
 
 from kvoffload.core.policies import policy_names
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 
 CONTRACT = Path(__file__).parents[1] / "contract" / "test_directory_contract.py"
 NOT_FOR_A_SHARE = {

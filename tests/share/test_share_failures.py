@@ -15,10 +15,10 @@ from share_fixtures import ThreadShares
 
 from kvoffload.core.directory import LookupStatus
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.observe.events import CacheEvent, EventKind
 from kvoffload.share.client import ShareDirectory, ShareUnavailable
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import WELCOME, Op, Status, frame, pack_keys, read_frame
 

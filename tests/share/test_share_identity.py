@@ -21,7 +21,7 @@ from kvoffload.adapters.vllm.host_share import WorkerShare
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.opening import ShareSettings
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareUnavailable

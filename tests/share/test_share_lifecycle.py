@@ -18,9 +18,9 @@ import pytest
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.private_files import open_or_create
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, server_alive
 from kvoffload.share.lifecycle import remove_share, stop_share
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.opening import ShareSettings, ensure_share, open_share_directory
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import allocate

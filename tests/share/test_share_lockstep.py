@@ -20,7 +20,7 @@ from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 
 KEYS = [ChunkKey(i.to_bytes(16, "big")) for i in range(4)]
 key_lists = st.lists(st.sampled_from(KEYS), max_size=5)

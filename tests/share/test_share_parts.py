@@ -11,8 +11,8 @@ import torch
 
 from kvoffload.cli import main as cli_main
 from kvoffload.core.errors import ConfigError, ContractViolation
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import server_alive, spawn_server
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.serve import main as share_main
 from kvoffload.share.server_start import AlreadyServing, open_server

@@ -14,8 +14,8 @@ from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import LookupStatus
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab import SharedSlab
 

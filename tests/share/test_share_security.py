@@ -26,7 +26,7 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.core.private_files import FilePolicy
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.connection import connect
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.opening import ShareSettings, open_share_directory
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import HELLO, Op, Role, frame

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kvoffload.core.jobs import JobKind
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.server_start import open_server
 from kvoffload.share.slab import SharedSlab

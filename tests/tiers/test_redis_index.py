@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis
 
-from kvoffload.core.events import EventKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.observe.events import EventKind
 from kvoffload.tiers import redis_index
 from kvoffload.tiers.redis_client import key_name
 from kvoffload.tiers.redis_index import PROBE, RedisIndex

@@ -21,8 +21,8 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.failures import integrity_failure
 from kvoffload.core.jobs import JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.tier_planning import TierPlanner
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
+from kvoffload.core.tiering.planning import TierPlanner
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_store import DiskTierStore

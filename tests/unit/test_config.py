@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload.core.config import OPTIONS, OffloadConfig
+from kvoffload.core.config.typed import OPTIONS, OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.redis_tier import password
 

@@ -23,10 +23,10 @@ from kvoffload.core.cost.decision import NEGLIGIBLE_S
 from kvoffload.core.directory import Directory
 from kvoffload.core.failures import error_failure, timeout_failure
 from kvoffload.core.jobs import JobResult, WorkerReport
-from kvoffload.core.metrics_view import read_metrics
+from kvoffload.core.observe.metrics_view import read_metrics
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, SchedulerConfig, StepInput
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
 
 DOC = list(range(16))  # four chunks of one block
 RATE = 1000.0  # prefill tokens per second: recomputing DOC takes 16 ms

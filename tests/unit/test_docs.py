@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvoffload import docgen
-from kvoffload.core.config import OPTIONS
-from kvoffload.core.metrics import METRICS
+from kvoffload.core.config.typed import OPTIONS
+from kvoffload.core.observe.metrics import METRICS
 
 
 def test_usage_md_is_up_to_date() -> None:

@@ -21,8 +21,8 @@ from kvoffload.core.failures import (
 )
 from kvoffload.core.jobs import JobResult, WorkerReport
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.tier_planning import ABSENT, UNKNOWN, Found, TierPlanner
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
+from kvoffload.core.tiering.planning import ABSENT, UNKNOWN, Found, TierPlanner
 
 
 def K(i: int) -> ChunkKey:

@@ -20,16 +20,16 @@ from kvoffload.adapters.vllm.host_share import (
     open_scheduler_share,
     share_settings,
 )
-from kvoffload.core.anomalies import Anomaly
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey, Namespace
-from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.core.observe.anomalies import Anomaly
+from kvoffload.core.observe.recorder import MetricsRecorder
 from kvoffload.core.scheduler.request_state import Phase
 from kvoffload.core.scheduler_types import StepInput
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import spawn_server
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.adapters.vllm.lora_identity import AdapterDigests
-from kvoffload.core.content_digest import DigestCache
+from kvoffload.core.identity.content_digest import DigestCache
 
 
 @dataclass

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.core import content_digest
-from kvoffload.core.content_digest import DigestCache
-from kvoffload.core.keys import Namespace
-from kvoffload.core.model_identity import (
+from kvoffload.core.identity import content_digest
+from kvoffload.core.identity.content_digest import DigestCache
+from kvoffload.core.identity.model import (
     canonical,
     digest_of,
     file_identity,
     weights_digest,
 )
+from kvoffload.core.keys import Namespace
 
 
 def write_safetensors(path: Path, shape: list[int], fill: int = 0, meta: str = "a") -> None:
@@ -75,7 +75,7 @@ def test_canonical_data_is_plain_json_without_addresses() -> None:
 
 def test_digests_ignore_key_order_and_are_the_same_in_another_process() -> None:
     assert digest_of({"a": 1, "b": [1.0, None]}) == digest_of({"b": [1.0, None], "a": 1})
-    code = "from kvoffload.core.model_identity import digest_of\nprint(digest_of({'a': 1}))\n"
+    code = "from kvoffload.core.identity.model import digest_of\nprint(digest_of({'a': 1}))\n"
     env = {"PYTHONHASHSEED": "4242", "PATH": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env

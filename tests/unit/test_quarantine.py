@@ -12,8 +12,8 @@ from kvoffload.core.failures import timeout_failure
 from kvoffload.core.jobs import JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.quarantine import Quarantine
-from kvoffload.core.tier_planning import TierPlanner
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
+from kvoffload.core.tiering.planning import TierPlanner
 
 ids = itertools.count(1).__next__
 LATE = timeout_failure("tier read past 5 s")

@@ -10,8 +10,8 @@ import pathlib
 import pytest
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.metrics import METRICS
-from kvoffload.core.recorder import CounterScope, MetricsRecorder
+from kvoffload.core.observe.metrics import METRICS
+from kvoffload.core.observe.recorder import CounterScope, MetricsRecorder
 
 
 def test_counts_add_up_per_series_and_read_back_by_labels() -> None:

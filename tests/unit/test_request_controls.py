@@ -11,7 +11,7 @@ from tests.unit.test_scheduler import BS, Req, ok
 
 from kvoffload.core.directory import Directory
 from kvoffload.core.keys import Namespace
-from kvoffload.core.metrics_view import read_metrics
+from kvoffload.core.observe.metrics_view import read_metrics
 from kvoffload.core.request_controls import DEFAULT, OFF, RequestControls, parse_controls
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, SchedulerConfig, StepInput

@@ -1,4 +1,4 @@
-"""A job's legs between media (core/routes.py): every job shape the scheduler half
+"""A job's legs between media (core/tiering/routes.py): every job shape the scheduler half
 builds, the contract over every tier-load slot pattern, and the merge of legs'
 results."""
 
@@ -12,7 +12,7 @@ from kvoffload.core.errors import ContractViolation
 from kvoffload.core.failures import MISSING, error_failure, integrity_failure
 from kvoffload.core.jobs import NO_BLOCK, NO_SLOT, EngineJob, JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.routes import (
+from kvoffload.core.tiering.routes import (
     ENGINE,
     FROM_HOST,
     FROM_TIER,

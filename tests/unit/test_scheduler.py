@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.directory import Directory
-from kvoffload.core.events import EventKind
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import ChunkKey, Namespace, block_hashes
+from kvoffload.core.observe.anomalies import Anomaly
+from kvoffload.core.observe.events import EventKind
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler.request_state import Phase
 from kvoffload.core.scheduler_types import (

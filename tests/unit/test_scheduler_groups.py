@@ -17,7 +17,7 @@ from kvoffload.core.keys import Namespace
 from kvoffload.core.kv_groups import KVGroup, KVGroups
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import ScheduledRequest, SchedulerConfig, StepInput
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
 
 NS = Namespace("m", "layout", "f32")
 GROUPS = KVGroups((KVGroup(), KVGroup(window=8)))

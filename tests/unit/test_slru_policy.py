@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.policies import SLRUPolicy, make_policy

@@ -19,8 +19,8 @@ from kvoffload.core.failures import (
 )
 from kvoffload.core.jobs import JobKind, JobResult
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.tier_planning import TierPlanner
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
+from kvoffload.core.tiering.planning import TierPlanner
 
 
 def K(i: int) -> ChunkKey:

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 from tests.unit.test_scheduler import NS
 
-from kvoffload.core.config import OPTIONS, OffloadConfig
+from kvoffload.core.config.typed import OPTIONS, OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.request_controls import TIER_NAMES
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
 from kvoffload.tiers import build
 from kvoffload.tiers.registry import TIERS, tier_names, tier_spec
 from kvoffload.tiers.spec import OpenedIndex, TierContext
@@ -56,7 +56,7 @@ def test_a_tier_is_on_when_its_options_say_so() -> None:
 
 def test_importing_the_registry_imports_no_tier_dependency() -> None:
     code = (
-        "import sys, kvoffload.core.config, kvoffload.tiers.registry\n"
+        "import sys, kvoffload.core.config.typed, kvoffload.tiers.registry\n"
         "print(sorted(m for m in ('redis', 'numpy', 'torch', 'vllm') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,6 +9,15 @@ from tests.unit.test_scheduler import BS, NS, Clock, Req
 
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import IllegalTransition
+from kvoffload.core.identity.weights import (
+    FENCED,
+    TRANSITIONS,
+    WeightsPhase,
+    WeightsStamp,
+    WeightsState,
+    key_epoch,
+    weights_digest,
+)
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
 from kvoffload.core.keys import chain_seed
 from kvoffload.core.scheduler import OffloadScheduler
@@ -18,15 +27,6 @@ from kvoffload.core.scheduler_types import (
     ScheduledRequest,
     SchedulerConfig,
     StepInput,
-)
-from kvoffload.core.weights import (
-    FENCED,
-    TRANSITIONS,
-    WeightsPhase,
-    WeightsStamp,
-    WeightsState,
-    key_epoch,
-    weights_digest,
 )
 
 A, B = b"a" * 16, b"b" * 16

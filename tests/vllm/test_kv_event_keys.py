@@ -21,9 +21,9 @@ from vllm.v1.core.kv_cache_utils import (
 from vllm.v1.request import Request
 
 from kvoffload.adapters.vllm.events import EventTranslator
-from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.observe.events import CacheEvent, EventKind
 from vllm import SamplingParams
 
 BLOCK = 16

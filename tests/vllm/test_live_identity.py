@@ -103,7 +103,7 @@ def test_the_choices_of_vllm_rotary_embeddings_are_read(tiny_longrope_model: Any
 
 def test_weights_that_cannot_be_fingerprinted_never_fail_the_worker() -> None:
     from kvoffload.adapters.vllm.worker_weights import WorkerWeights
-    from kvoffload.core.weights import WeightsStamp
+    from kvoffload.core.identity.weights import WeightsStamp
 
     weights = WorkerWeights()
 

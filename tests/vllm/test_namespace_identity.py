@@ -16,7 +16,7 @@ import pytest
 
 from kvoffload.adapters.vllm import identity
 from kvoffload.adapters.vllm.geometry import derive_geometry
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.keys import Namespace
 from kvoffload.testing.vllm_harness.spec import HarnessSpec, kv_cache_config
 
@@ -163,7 +163,7 @@ def test_each_worker_announces_its_namespace_and_a_mismatch_is_counted(
     from vllm.v1.outputs import KVConnectorOutput
 
     from kvoffload.adapters.vllm.messages import ReportMetadata
-    from kvoffload.core.anomalies import Anomaly
+    from kvoffload.core.observe.anomalies import Anomaly
     from kvoffload.testing.vllm_harness import VllmHarness
 
     h = VllmHarness(tiny_model, world_size=2, expect_anomalies=True)

@@ -14,7 +14,7 @@ import pytest
 from kvoffload.adapters.vllm import plugin
 from kvoffload.adapters.vllm.logs import ToVllmHandlers, attach_to_vllm_logging
 from kvoffload.adapters.vllm.startup import scheduler_summary, warn_tiers
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.redis_tier import probe
 

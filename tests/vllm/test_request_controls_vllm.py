@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kvoffload.core.jobs import JobKind
-from kvoffload.core.metrics_view import read_metrics
+from kvoffload.core.observe.metrics_view import read_metrics
 from kvoffload.testing.vllm_harness import VllmHarness
 from kvoffload.testing.vllm_harness.spec import HEAD_SIZE, HEADS, LAYERS
 from kvoffload.tiers.disk import slot_bytes

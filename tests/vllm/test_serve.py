@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload.testing.serve import (
+from kvoffload.testing.vllm_server import (
     VllmServer,
     special_token_ids,
     token_text,

@@ -32,7 +32,7 @@ from test_serve import (
 
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import HEADER_BYTES
-from kvoffload.testing.serve import VllmServer
+from kvoffload.testing.vllm_server import VllmServer
 
 openai = pytest.importorskip("openai")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats, series_key
-from kvoffload.core.metrics import Series
-from kvoffload.core.metrics_view import MetricsReading
+from kvoffload.core.observe.metrics import Series
+from kvoffload.core.observe.metrics_view import MetricsReading
 
 STORED: Series = ("transferred_chunks_total", (("direction", "store"), ("tier", "host")))
 USAGE: Series = ("usage_bytes", (("tier", "host"),))
@@ -74,7 +74,7 @@ def test_label_values_follow_the_metric_s_declared_order_on_vllm_s_registry() ->
     from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
 
     from kvoffload.adapters.vllm.stats import KVOffloadPromMetrics
-    from kvoffload.core.metrics import labels
+    from kvoffload.core.observe.metrics import labels
 
     config: Any = SimpleNamespace(kv_transfer_config=None)
     types: dict[type, type] = {Counter: Counter, Gauge: Gauge, Histogram: Histogram}

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from kvoffload.adapters.vllm import scheduler_side
-from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.jobs import JobKind, TransferJob
+from kvoffload.core.observe.anomalies import Anomaly
 from kvoffload.core.scheduler.request_state import Phase
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.testing.redis_server import RedisServer

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.core.weights import WeightsPhase
+from kvoffload.core.identity.weights import WeightsPhase
 from kvoffload.testing.vllm_harness import VllmHarness
 
 PREFIX = list(range(10, 74))  # 64 tokens: 4 blocks of 16

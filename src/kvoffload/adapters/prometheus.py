@@ -4,7 +4,7 @@ For engines whose own metrics path does not carry kvoffload's (the offline ``LLM
 class, the reference engine, tests) and for operators who want kvoffload's series
 apart from the engine's: ``MetricsEndpoint(read, port)`` serves
 ``http://127.0.0.1:<port>/metrics`` from a private registry. Every scrape calls
-``read()`` for a fresh :class:`~kvoffload.core.metrics_view.MetricsReading` (the
+``read()`` for a fresh :class:`~kvoffload.core.observe.metrics_view.MetricsReading` (the
 caller makes it consistent, e.g. under its lock), so the numbers are exactly the
 scheduler half's at that moment. Binding fails at start with a
 :class:`~kvoffload.core.errors.ConfigError` naming ``metrics_port``.
@@ -24,8 +24,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.metrics import METRICS, Labels
-from kvoffload.core.metrics_view import MetricsReading
+from kvoffload.core.observe.metrics import METRICS, Labels
+from kvoffload.core.observe.metrics_view import MetricsReading
 
 
 class ReadingCollector(Collector):

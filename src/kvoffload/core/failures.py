@@ -5,7 +5,7 @@ the worker's tier lane (``transfer/tier_worker.py``), carried in
 :attr:`JobResult.failed_chunks <kvoffload.core.jobs.JobResult.failed_chunks>` (and,
 for a tier job none of whose chunks made it, as its ``error``) from the workers to
 the scheduler half (pickled across processes: plain frozen dataclass and enum), and
-read there by kind (:class:`~kvoffload.core.tier_planning.TierPlanner`).
+read there by kind (:class:`~kvoffload.core.tiering.planning.TierPlanner`).
 
 ``str(failure)`` is the text reasons had before they were typed, kept for log lines
 and stats keys: ``"io:<error>"``, ``"integrity:<reason>"`` (``<reason>`` an

@@ -38,7 +38,7 @@ engine recomputes them; such a load may have no chunk at all.
 
 Which media a job's chunks move between (its *legs*: host -> engine, engine -> host,
 host -> a tier, a tier -> host, a tier -> engine; none for a load of invalid blocks
-only) is said in one place, :func:`kvoffload.core.routes.legs`; the worker backends
+only) is said in one place, :func:`kvoffload.core.tiering.routes.legs`; the worker backends
 dispatch by leg, not by these fields.
 """
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
-from kvoffload.core.metrics import Series, labels
+from kvoffload.core.observe.metrics import Series, labels
 
 
 class EngineRequest(Protocol):

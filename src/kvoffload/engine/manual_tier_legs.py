@@ -14,7 +14,7 @@ from typing import Protocol
 from kvoffload.core.failures import ChunkFailure, integrity_failure
 from kvoffload.core.jobs import EngineJob, JobResult, TierJob, TransferJob
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.routes import Leg
+from kvoffload.core.tiering.routes import Leg
 from kvoffload.engine.memory_tiers import TORN_BYTES, InvariantViolation, MemoryTiers
 
 Failures = tuple[tuple[int, ChunkFailure], ...]  # (index of a chunk in the job, why)

@@ -26,10 +26,10 @@ While it works it checks what the scheduler half promised, raising
   bytes a store captured (the lower tiers are slot-addressed like the disk tier and
   authoritative: this catches a tier slot reused while still needed).
 
-Each job runs as its legs (:func:`kvoffload.core.routes.legs`), each by its route
+Each job runs as its legs (:func:`kvoffload.core.tiering.routes.legs`), each by its route
 (one table, ``_LEGS``; the legs to and from the lower tiers are in
 :mod:`kvoffload.engine.manual_tier_legs`), the legs' results merged
-(:func:`kvoffload.core.routes.merge`). A tier load's leg from host memory is read as
+(:func:`kvoffload.core.tiering.routes.merge`). A tier load's leg from host memory is read as
 any load's, its leg from a lower tier from the in-memory tier. A tier slot marked
 by :meth:`ManualWorker.damage` is found corrupt when read (as the disk tier's checksum
 finds a torn write): the chunk fails as ``integrity:checksum`` and the tier drops it,
@@ -55,7 +55,7 @@ from kvoffload.core.jobs import (
     WorkerReport,
 )
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.routes import (
+from kvoffload.core.tiering.routes import (
     FROM_HOST,
     FROM_TIER,
     PROMOTE,
@@ -209,7 +209,7 @@ class ManualWorker:
 
     def _run(self, pending: PendingJob, success: bool) -> JobResult:
         """Run every leg of the job by its route (``_LEGS``) with ``success``; the
-        legs' results merged (:func:`~kvoffload.core.routes.merge`). A job with no
+        legs' results merged (:func:`~kvoffload.core.tiering.routes.merge`). A job with no
         leg (a load of invalid blocks only) moves nothing and ends as ``success``."""
         job = pending.job
         pending.ran = True

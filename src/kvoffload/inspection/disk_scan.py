@@ -50,6 +50,13 @@ from collections import Counter
 from pathlib import Path
 
 from kvoffload.core.errors import UsageError
+from kvoffload.inspection.disk_slabs import (
+    SLAB_PREFIX,
+    NotASlab,
+    SlabFile,
+    open_slab,
+    parse_slab_name,
+)
 from kvoffload.inspection.model import (
     BadShare,
     BadSlab,
@@ -57,13 +64,6 @@ from kvoffload.inspection.model import (
     FirstNames,
     Report,
     is_digest_hex,
-)
-from kvoffload.inspection.slab_files import (
-    SLAB_PREFIX,
-    NotASlab,
-    SlabFile,
-    open_slab,
-    parse_slab_name,
 )
 from kvoffload.inspection.slot_scan import SlotScan
 from kvoffload.tiers.disk_files import FORMAT_DIR

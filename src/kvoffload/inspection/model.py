@@ -67,7 +67,7 @@ class NamespaceReport:
     ``verified``; every other field always. ``chunks_per_group``: the complete chunks
     by the KV cache group their headers name (:mod:`.groups`; chunks written before
     headers named groups count as group 0). ``record``: the namespace's fields as the
-    engine recorded them (:mod:`kvoffload.core.namespace_record`), None when there is
+    engine recorded them (:mod:`kvoffload.core.identity.namespace_record`), None when there is
     no valid record (a namespace from before records, or the record was lost)."""
 
     namespace: str

@@ -24,8 +24,8 @@ from typing import Any
 
 from kvoffload.core.chunk_format import HEADER_BYTES
 from kvoffload.core.errors import ConfigError, UsageError
+from kvoffload.core.identity.namespace_record import decode_record
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.namespace_record import decode_record
 from kvoffload.core.secrets import redact_url
 from kvoffload.inspection.checks import check_stored
 from kvoffload.inspection.model import (

@@ -20,9 +20,9 @@ from kvoffload.inspection.checks import (
     header_fields,
     slot_key,
 )
+from kvoffload.inspection.disk_slabs import SlabFile
 from kvoffload.inspection.groups import GroupTally
 from kvoffload.inspection.model import UNKNOWN_VERSION, FirstNames
-from kvoffload.inspection.slab_files import SlabFile
 from kvoffload.tiers.disk import PAYLOAD_OFFSET
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES
 

@@ -2,7 +2,7 @@
 
 :func:`tier_health` turns the samples of one scrape (:mod:`.exposition`) into a
 :class:`HealthReport`: per tier (host first, then disk, redis, then any other tier
-name in sorted order) the counters of :data:`kvoffload.core.metrics.METRICS` that
+name in sorted order) the counters of :data:`kvoffload.core.observe.metrics.METRICS` that
 tell how it is doing, and the hierarchy's deferrals, deferral timeouts and internal
 errors. Only ``kvoffload_*`` samples are read; samples that differ only in labels
 kvoffload does not declare (vLLM's ``engine`` and ``model_name``: several engines
@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvoffload.core.metrics import PREFIX
+from kvoffload.core.observe.metrics import PREFIX
 from kvoffload.inspection.exposition import Exposition, Sample
 
 HOST = "host"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kvoffload.core.keys import ChunkKey
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
 
 

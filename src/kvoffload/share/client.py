@@ -51,15 +51,15 @@ from dataclasses import replace
 from kvoffload.core.directory import PreparedStore
 from kvoffload.core.directory.directory import DIRECTORY_COUNTERS
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.recorder import CounterScope
+from kvoffload.core.observe.events import CacheEvent, EventKind
+from kvoffload.core.observe.recorder import CounterScope
 from kvoffload.share.attachment import Attachment, Booking
 from kvoffload.share.backing import Backing
 from kvoffload.share.connection import Welcome
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.lease import Lease
 from kvoffload.share.link import Link
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import (
     FLAG_ADMIT_ALL,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from kvoffload.core.errors import KvOffloadError
 from kvoffload.core.private_files import open_checked, open_or_create
 from kvoffload.share.backing import Backing
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 
 

@@ -25,8 +25,8 @@ from kvoffload.core.errors import ContractViolation, KvOffloadError
 from kvoffload.core.private_files import open_checked
 from kvoffload.share.backing import Backing
 from kvoffload.share.connection import Welcome, connect, refresh_users
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, spawn_server
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import ONE_WAY, FrameError, Op, Role, Status, frame, read_frame
 from kvoffload.share.users import UsersHold

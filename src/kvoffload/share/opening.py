@@ -44,10 +44,10 @@ from kvoffload.core.private_files import read_checked, resolve_group
 from kvoffload.share.backing import Backing
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.connection import connect
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.launch import Spawned, server_alive, spawn_server
 from kvoffload.share.lease import Lease
 from kvoffload.share.lifecycle import recorded_pid
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
 from kvoffload.share.protocol import Role
 from kvoffload.share.slab import SharedSlab

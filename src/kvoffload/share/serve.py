@@ -25,8 +25,8 @@ from pathlib import Path
 from kvoffload.core.errors import KvOffloadError, UsageError
 from kvoffload.core.private_files import resolve_group
 from kvoffload.share.backing import Backing, BackingOptions
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.lifecycle import remove_share, stop_share
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
 from kvoffload.share.server import ShareServer
 from kvoffload.share.server_start import AlreadyServing, open_server

@@ -50,8 +50,8 @@ from kvoffload.share.backing import Backing, Recovered
 from kvoffload.share.book import ShareBook
 from kvoffload.share.dispatch import dispatch
 from kvoffload.share.fence import GenerationFence
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexWriter
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.peer import credentials, trusted
 from kvoffload.share.protocol import (

@@ -36,8 +36,8 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError, KvOffloadError
 from kvoffload.core.private_files import open_or_create
 from kvoffload.share.backing import Backing
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.index import IndexWriter
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.server import ShareServer
 from kvoffload.share.slab_files import SLAB_ID_BYTES, create_slab_files

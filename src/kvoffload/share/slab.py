@@ -44,7 +44,7 @@ import torch
 
 from kvoffload.core.errors import ConfigError, KvOffloadError
 from kvoffload.core.private_files import open_checked
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import HEADER_BYTES, file_bytes, header, slab_id_of
 from kvoffload.tiers.slot_rows import SlotRows

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.private_files import open_checked, replace_atomically
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 
 _MAGIC = b"KVSH"

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory, PreparedStore
-from kvoffload.core.events import EventKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.observe.events import EventKind
 
 
 class SharedHost(Directory):

@@ -3,7 +3,7 @@
 Wiring (as in production, and as :func:`kvoffload.testing.run.run_schedule` wires
 the tests): a host :class:`~kvoffload.core.directory.Directory` (``cpu_bytes`` of
 chunk slots, the eviction policy, ``store_threshold``), lower tiers as
-:class:`~kvoffload.core.tiering.DirectoryTier` (``tiers/build.py``), the real
+:class:`~kvoffload.core.tiering.lower.DirectoryTier` (``tiers/build.py``), the real
 :class:`~kvoffload.core.scheduler.OffloadScheduler` with its tier planner, the
 simulated worker and the reference engine in its fast mode. With less host memory
 than one chunk kvoffload is off (the engine runs alone: the baseline).
@@ -26,7 +26,7 @@ from kvoffload.core.errors import UsageError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.core.scheduler_types import SchedulerConfig
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
 from kvoffload.engine.block_pool import BlockPool
 from kvoffload.engine.group_tables import NULL_BLOCK, GroupTables
 from kvoffload.engine.settings import EngineConfig

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 from kvoffload.simulate.cost import CostModel

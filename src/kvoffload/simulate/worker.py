@@ -1,6 +1,6 @@
 """The simulated worker half: transfer jobs take the cost model's time on lanes.
 
-Each leg of a job (:func:`kvoffload.core.routes.legs`) occupies the lanes of its
+Each leg of a job (:func:`kvoffload.core.tiering.routes.legs`) occupies the lanes of its
 route (one table, ``_LANES``), first come first served, one after the other, from
 when every one of them is free: a load's leg from host memory the host -> engine
 lane, a store the engine -> host lane, spills and promotions the lane of their lower
@@ -9,7 +9,7 @@ read (at the tier's bandwidth, as a promotion's) and then the tier's staging lan
 (``<tier>->engine``, at the host bandwidth) for the copy into the engine, as the
 real worker reads and copies them on one lane per tier: the read waits for the
 tier's previous tier load's copy. A job finishes when its last leg did; its result
-merges its legs' (:func:`kvoffload.core.routes.merge`: bytes summed, the longest
+merges its legs' (:func:`kvoffload.core.tiering.routes.merge`: bytes summed, the longest
 leg's seconds).
 
 A job starts when it is planned (a store: after the forward pass of its step, whose
@@ -40,7 +40,7 @@ from kvoffload.core.jobs import (
     TransferJob,
     WorkerReport,
 )
-from kvoffload.core.routes import (
+from kvoffload.core.tiering.routes import (
     FROM_HOST,
     FROM_TIER,
     PROMOTE,

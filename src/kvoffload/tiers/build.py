@@ -27,13 +27,13 @@ from kvoffload.tiers.registry import TIERS
 from kvoffload.tiers.spec import OpenedIndex, TierContext, TierSpec, TierStore
 
 if TYPE_CHECKING:
-    from kvoffload.core.config import OffloadConfig
+    from kvoffload.core.config.typed import OffloadConfig
     from kvoffload.core.directory import Directory
+    from kvoffload.core.identity.weights import WeightsState
     from kvoffload.core.keys import Namespace
     from kvoffload.core.scheduler import OffloadScheduler
     from kvoffload.core.scheduler_types import SchedulerConfig
-    from kvoffload.core.tiering import DirectoryTier, LowerTier
-    from kvoffload.core.weights import WeightsState
+    from kvoffload.core.tiering.lower import DirectoryTier, LowerTier
 
 
 def _random_epoch() -> bytes:
@@ -159,7 +159,7 @@ def directory_tiers(slots: Mapping[str, int], policy: str) -> list[DirectoryTier
     """Lower tiers booked in in-memory directories: one per name with a capacity
     (> 0), known tiers in the registry's order, then any other names in order."""
     from kvoffload.core.directory import Directory
-    from kvoffload.core.tiering import DirectoryTier
+    from kvoffload.core.tiering.lower import DirectoryTier
 
     order = {spec.name: i for i, spec in enumerate(TIERS)}
     names = sorted((n for n in slots if slots[n] > 0), key=lambda n: order.get(n, len(order)))

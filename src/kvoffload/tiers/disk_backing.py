@@ -49,7 +49,7 @@ from pathlib import Path
 from kvoffload.core.errors import UsageError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.backing import Recovered
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_index import recover_chunks

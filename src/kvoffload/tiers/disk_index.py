@@ -28,7 +28,7 @@ from kvoffload.core.directory import Directory
 from kvoffload.core.keys import ChunkKey, shard_key
 from kvoffload.core.policies import EvictionPolicy
 from kvoffload.core.private_files import open_checked
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.tiering.lower import DirectoryTier
 from kvoffload.tiers.disk import KEY_OFFSET, parse_header_block, slab_path, slot_bytes
 from kvoffload.tiers.disk_files import disk_policy
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError

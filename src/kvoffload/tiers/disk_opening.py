@@ -25,8 +25,8 @@ from pathlib import Path
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.share.client import ShareDirectory
-from kvoffload.share.geometry import ShareGeometry
 from kvoffload.share.lease import Lease
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.opening import NotStarted, start_and_wait
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.users import UsersHold

@@ -8,7 +8,7 @@ files, see :mod:`kvoffload.tiers.disk_backing`), started by whichever engine pro
 needs it first and kept when engines leave, so that one directory serves every
 engine and a restarted engine is warm:
 
-- the scheduler half's index is a :class:`~kvoffload.core.tiering.DirectoryTier`
+- the scheduler half's index is a :class:`~kvoffload.core.tiering.lower.DirectoryTier`
   over the disk share's :class:`~kvoffload.share.client.ShareDirectory` (tier
   ``disk``), booking under the engine's session (its host share's, or one the
   scheduler half draws: :attr:`~kvoffload.tiers.spec.TierContext.session`), so
@@ -30,11 +30,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
+from kvoffload.core.config.sections import OptionValues
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
-from kvoffload.core.options import OptionValues
 from kvoffload.core.private_files import resolve_group
-from kvoffload.share.geometry import ShareGeometry
+from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.opening import SessionLease
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_backing import DiskBacking
@@ -72,7 +72,7 @@ def open_shared_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
     """The scheduler half's disk tier: the disk share's directory, booked under the
     engine's session (ConfigError naming ``disk_path`` when the share cannot be
     opened or the engine's chunks do not fit it)."""
-    from kvoffload.core.tiering import DirectoryTier
+    from kvoffload.core.tiering.lower import DirectoryTier
 
     if ctx.session is None:
         raise ConfigError("disk_share", "a shared disk tier needs the engine's session")

@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvoffload.core.errors import ConfigError
-from kvoffload.core.options import (
+from kvoffload.core.config.sections import (
     ConfigSection,
     Option,
     OptionValues,
@@ -30,6 +29,7 @@ from kvoffload.core.options import (
     is_bool,
     optional,
 )
+from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.spec import (
     InspectCommand,
     Locality,

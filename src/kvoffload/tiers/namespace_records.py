@@ -1,4 +1,4 @@
-"""Where each tier keeps a namespace's record (:mod:`kvoffload.core.namespace_record`).
+"""Where each tier keeps a namespace's record (:mod:`kvoffload.core.identity.namespace_record`).
 
 - Disk: ``<root>/kvoffload-v1/<namespace digest hex>/namespace.json``, next to the
   slab files, owner-only (0600, its directory 0700), replaced atomically (written to
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvoffload.core.identity.namespace_record import MAX_RECORD_BYTES, decode_record, encode_record
 from kvoffload.core.keys import Namespace
-from kvoffload.core.namespace_record import MAX_RECORD_BYTES, decode_record, encode_record
 from kvoffload.core.private_files import create_exclusive
 from kvoffload.tiers.disk_files import disk_policy, private_namespace_dir
 from kvoffload.tiers.redis_client import PREFIX

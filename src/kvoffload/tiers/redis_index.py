@@ -51,10 +51,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.recorder import CounterScope
-from kvoffload.core.tiering import SpillBooking, declare_tier_counters
+from kvoffload.core.observe.events import CacheEvent, EventKind
+from kvoffload.core.observe.recorder import CounterScope
+from kvoffload.core.tiering.lower import SpillBooking, declare_tier_counters
 from kvoffload.tiers.redis_client import LazyCluster, key_name
 
 MAX_CACHED = 1 << 17

@@ -19,8 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.core.errors import ConfigError
-from kvoffload.core.options import (
+from kvoffload.core.config.sections import (
     ConfigSection,
     Option,
     OptionValues,
@@ -29,6 +28,7 @@ from kvoffload.core.options import (
     non_empty_text,
     optional,
 )
+from kvoffload.core.errors import ConfigError
 from kvoffload.core.secrets import read_secret_env, read_secret_file, redact_url
 from kvoffload.tiers.spec import (
     InspectCommand,

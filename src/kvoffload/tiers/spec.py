@@ -6,10 +6,10 @@ A spec names everything the rest of kvoffload needs to know of a tier, so that n
 module outside ``tiers/`` (and the test support, and ``inspection/``) names one:
 
 - its config section (:attr:`TierSpec.section`: the options a user writes, their
-  checks and docs text; read by :mod:`kvoffload.core.config`);
+  checks and docs text; read by :mod:`kvoffload.core.config.typed`);
 - its medium and locality (vLLM's KV events; whether the tier announces removals);
 - the scheduler half's index (:attr:`TierSpec.open_index`: a
-  :class:`~kvoffload.core.tiering.LowerTier`, with what must be closed after it) and
+  :class:`~kvoffload.core.tiering.lower.LowerTier`, with what must be closed after it) and
   one worker's store (:attr:`TierSpec.open_store`: a :class:`TierStore`);
 - its capacity in chunks (:attr:`TierSpec.slots`; 0 for a tier keyed by chunk whose
   capacity is its server's);
@@ -29,14 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kvoffload.core.config.sections import ConfigSection, OptionValues
 from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.keys import ChunkKey, Namespace
-from kvoffload.core.options import ConfigSection, OptionValues
 
 if TYPE_CHECKING:
     import argparse
 
-    from kvoffload.core.tiering import LowerTier
+    from kvoffload.core.tiering.lower import LowerTier
 
 
 class Medium(enum.Enum):

@@ -2,8 +2,8 @@
 bounded staging area.
 
 A *tier load* (:mod:`kvoffload.core.jobs`) has a leg from a lower tier straight
-into engine blocks (route :data:`~kvoffload.core.routes.FROM_TIER`, see
-:func:`kvoffload.core.routes.legs`). :class:`StagedLoads` moves that leg's chunks; the
+into engine blocks (route :data:`~kvoffload.core.tiering.routes.FROM_TIER`, see
+:func:`kvoffload.core.tiering.routes.legs`). :class:`StagedLoads` moves that leg's chunks; the
 job's host leg runs on the main :class:`~kvoffload.transfer.worker.TransferWorker` as
 any load's, and :class:`~kvoffload.transfer.step_backend.TransferBackend` merges the
 legs' results into the job's one result.
@@ -68,7 +68,7 @@ import torch
 
 from kvoffload.core.failures import ChunkFailure, error_failure, timeout_failure
 from kvoffload.core.jobs import EngineJob, JobResult
-from kvoffload.core.routes import FROM_TIER, Leg, leg_on
+from kvoffload.core.tiering.routes import FROM_TIER, Leg, leg_on
 from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer.io_deadlines import DeadlineBook
 from kvoffload.transfer.lanes import Lane

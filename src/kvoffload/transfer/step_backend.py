@@ -1,6 +1,6 @@
 """The real worker's :class:`~kvoffload.core.step_runner.StepBackend`.
 
-Each job runs as its legs (:func:`kvoffload.core.routes.legs`), each on the lane of
+Each job runs as its legs (:func:`kvoffload.core.tiering.routes.legs`), each on the lane of
 its route (one table, ``_WAYS``): host -> engine and engine -> host on a
 :class:`~kvoffload.transfer.worker.TransferWorker` (a leg of only some of a load's
 chunks as a :meth:`~kvoffload.core.jobs.EngineJob.part` of the same job id), spills
@@ -19,7 +19,7 @@ blocks are invalid (a failed load's blocks and the invalid blocks a load names),
 the engine to recompute.
 
 A job of several legs (a tier load with host chunks) is reported once, when every
-leg finished, its legs' results merged by :class:`~kvoffload.core.routes.LegResults`:
+leg finished, its legs' results merged by :class:`~kvoffload.core.tiering.routes.LegResults`:
 successful only when every leg was, ``nbytes`` summed, ``seconds`` the longest leg
 (they run at once), ``error`` the first leg's that has one (the host leg's before
 the tier's), ``failed_chunks`` every leg's (the transfer worker lists none).
@@ -43,7 +43,7 @@ from kvoffload.core.jobs import (
     TransferJob,
     WorkerReport,
 )
-from kvoffload.core.routes import (
+from kvoffload.core.tiering.routes import (
     FROM_HOST,
     FROM_TIER,
     PROMOTE,

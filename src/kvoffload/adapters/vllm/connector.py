@@ -60,7 +60,7 @@ from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
 from kvoffload.adapters.vllm.startup import warn_tiers
 from kvoffload.adapters.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
 from kvoffload.adapters.vllm.worker_side import WorkerSide
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
 
 logger = logging.getLogger("kvoffload")

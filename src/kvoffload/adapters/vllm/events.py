@@ -1,6 +1,6 @@
 """kvoffload's cache events as vLLM KV events, so KV-aware routers see every tier.
 
-The scheduler half emits :class:`~kvoffload.core.events.CacheEvent` s by chunk key
+The scheduler half emits :class:`~kvoffload.core.observe.events.CacheEvent` s by chunk key
 and tier. Routers know blocks by vLLM's block hashes, so :class:`EventTranslator`
 remembers, for every chunk it saw planned (stored to host memory or promoted from a
 lower tier), the engine block hashes it covers, the hash before it and its token ids,
@@ -52,10 +52,10 @@ from kvoffload.adapters.vllm.compat import (
     get_mm_features_in_window,
     to_event_extra_keys,
 )
-from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.jobs import TransferJob
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
+from kvoffload.core.observe.events import CacheEvent, EventKind
 from kvoffload.tiers.registry import TIERS
 
 MEDIUM = {"host": "CPU", **{spec.name: spec.medium.value for spec in TIERS}}

@@ -31,7 +31,7 @@ from kvoffload.adapters.vllm.compat import (
     SlidingWindowSpec,
     VllmConfig,
 )
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroup, KVGroups

@@ -3,7 +3,7 @@ halves open it.
 
 - :func:`share_settings`: the share named by the configuration, or None. Lower
   tiers work under a share: the tier planner books host chunks through calls that
-  answer a miss when the share does not (``core/tier_planning.py``), a disk tier is
+  answer a miss when the share does not (``core/tiering/planning.py``), a disk tier is
   shared by the node's engines through a node process of its own
   (``tiers/disk_shared.py``, decision 0017), and a Redis tier is shared by nature;
 - :func:`open_scheduler_share`: the scheduler half's directory of the share
@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import KvOffloadError
 from kvoffload.core.keys import Namespace
-from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.core.observe.recorder import MetricsRecorder
 from kvoffload.share.launch import spawn_server
 from kvoffload.share.lifecycle import recorded_pid
 from kvoffload.share.opening import (

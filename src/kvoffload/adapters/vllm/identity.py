@@ -2,7 +2,7 @@
 
 Decision 0010: a chunk's namespace covers everything that changes KV values. This
 module reads from a ``VllmConfig`` what reaches the forward pass and digests it
-(:mod:`kvoffload.core.model_identity` does the hashing):
+(:mod:`kvoffload.core.identity.model` does the hashing):
 
 - :func:`config_digest`: the Hugging Face config after vLLM applied ``hf_overrides``
   (``hf_config``, and ``hf_text_config`` when it is another object), including rope
@@ -13,7 +13,7 @@ module reads from a ``VllmConfig`` what reaches the forward pass and digests it
   attention). Left out: ``_name_or_path`` (the model name is in the namespace already)
   and ``transformers_version`` (the writer's library version).
 - :func:`weights_digest`: a local model directory's (or file's) weight files
-  (:func:`kvoffload.core.model_identity.weights_digest`: names, sizes, safetensors
+  (:func:`kvoffload.core.identity.model.weights_digest`: names, sizes, safetensors
   headers and data samples); for a hub model the commit its revision resolves to in
   the local Hugging Face cache, else the revision string.
 
@@ -28,7 +28,7 @@ import os
 import re
 from typing import Any
 
-from kvoffload.core import model_identity
+from kvoffload.core.identity import model as model_identity
 
 IGNORED_HF_KEYS = frozenset({"_name_or_path", "transformers_version"})
 """Hugging Face config keys that never change KV values (at any nesting depth)."""

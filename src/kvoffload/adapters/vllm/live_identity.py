@@ -18,7 +18,7 @@ module) and fingerprints, on the model's own device (:mod:`kvoffload.transfer.fi
   backend repacks out of the module's parameters when they load (vLLM's CPU build
   packs linear weights into oneDNN handles and leaves empty parameters) are seen
   here when they are updated, and through the weight files' content digest at start
-  (:mod:`kvoffload.core.model_identity`).
+  (:mod:`kvoffload.core.identity.model`).
 
 A call through the wrapped ``load_weights`` marks the fingerprint dirty: the worker
 fingerprints again before it runs its next plan's jobs. A worker whose model cannot
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from kvoffload.core import model_identity
+from kvoffload.core.identity import model as model_identity
 from kvoffload.transfer.fingerprint import checksum, fingerprint
 
 logger = logging.getLogger("kvoffload")

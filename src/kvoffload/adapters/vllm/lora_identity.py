@@ -6,7 +6,7 @@ keys. The scheduler half adds the adapter's content digest to the seed of the
 request's key chain (:attr:`RequestTable.key_extra
 <kvoffload.core.scheduler.requests.RequestTable>`): every file of a local adapter
 directory (or the adapter file itself), each read in full and remembered until it
-changes (:mod:`kvoffload.core.content_digest`). An adapter that is not a local path
+changes (:mod:`kvoffload.core.identity.content_digest`). An adapter that is not a local path
 (a hub id vLLM resolves itself) is named by its name and path, as vLLM names it.
 
 The digest is taken when the request is first seen. vLLM loads the adapter when the
@@ -22,7 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvoffload.core import content_digest, model_identity
+from kvoffload.core.identity import content_digest
+from kvoffload.core.identity import model as model_identity
 
 
 class AdapterDigests:

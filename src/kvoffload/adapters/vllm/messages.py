@@ -19,8 +19,8 @@ from kvoffload.adapters.vllm.compat import (
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
+from kvoffload.core.identity.weights import WeightsStamp
 from kvoffload.core.jobs import StepPlan, WorkerReport
-from kvoffload.core.weights import WeightsStamp
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Any
 
 from kvoffload.adapters.vllm.deployment import deployment_problem
 from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.registry import TIERS
 

@@ -33,17 +33,17 @@ from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.scheduler_weights import SchedulerWeights
 from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
-from kvoffload.core.anomalies import Anomaly
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.directory import Directory
+from kvoffload.core.identity.weights import WeightsState
 from kvoffload.core.jobs import StepPlan, TransferJob
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.metrics import Series
-from kvoffload.core.metrics_view import MetricsReading, read_metrics
+from kvoffload.core.observe.anomalies import Anomaly
+from kvoffload.core.observe.metrics import Series
+from kvoffload.core.observe.metrics_view import MetricsReading, read_metrics
 from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
-from kvoffload.core.tiering import LowerTier
-from kvoffload.core.weights import WeightsState
+from kvoffload.core.tiering.lower import LowerTier
 from kvoffload.tiers.build import LowerTiers, build_scheduler, enabled_tiers, open_lower_tiers
 from kvoffload.tiers.spec import OpenedIndex
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.inspection.render import human_bytes as size
 from kvoffload.tiers.build import enabled_tiers
 from kvoffload.tiers.namespace_records import record_namespace

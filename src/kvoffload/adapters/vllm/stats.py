@@ -9,7 +9,7 @@ dict is a *delta* since the previous call:
 ``{"c": {series: increment}, "h": {series: [observations]}, "g": {series: value}}``
 
 where ``series`` is ``json.dumps([name, [[label, value], ...]])`` over the names of
-:data:`kvoffload.core.metrics.METRICS`. Gauges (they scan the pin counts) are read
+:data:`kvoffload.core.observe.metrics.METRICS`. Gauges (they scan the pin counts) are read
 when a counter moved and at least once a second, and sent when they changed, so the
 step that finished the last transfer leaves vLLM's ``/metrics`` equal to kvoffload's
 own endpoint while the engine idles. :class:`DeltaSource` computes the deltas from the scheduler
@@ -33,8 +33,8 @@ from kvoffload.adapters.vllm.compat import (
     KVConnectorStats,
     VllmConfig,
 )
-from kvoffload.core.metrics import BY_NAME, METRICS, Labels, Series
-from kvoffload.core.metrics_view import MetricsReading
+from kvoffload.core.observe.metrics import BY_NAME, METRICS, Labels, Series
+from kvoffload.core.observe.metrics_view import MetricsReading
 
 GAUGE_PERIOD_S = 1.0
 

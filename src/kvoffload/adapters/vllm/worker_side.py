@@ -32,11 +32,11 @@ from kvoffload.adapters.vllm.host_share import WorkerShare, share_settings
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.adapters.vllm.worker_weights import WorkerWeights
-from kvoffload.core.config import OffloadConfig
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
+from kvoffload.core.identity.weights import FENCED
 from kvoffload.core.jobs import JobResult, TransferJob, WorkerReport
 from kvoffload.core.step_runner import StepRunner
-from kvoffload.core.weights import FENCED
 from kvoffload.tiers.build import enabled_tiers, open_tier_stores
 from kvoffload.tiers.host import HostSlab
 from kvoffload.tiers.spec import SessionHolder

@@ -26,7 +26,7 @@ from kvoffload.adapters.vllm.live_identity import (
     live_weights_source,
 )
 from kvoffload.adapters.vllm.messages import WeightsHandshake
-from kvoffload.core.weights import WeightsStamp
+from kvoffload.core.identity.weights import WeightsStamp
 
 logger = logging.getLogger("kvoffload")
 

@@ -36,10 +36,10 @@ from kvoffload.core.directory.results import LookupResult, PreparedStore
 from kvoffload.core.directory.room import evict_for
 from kvoffload.core.directory.slots import _PINNED, _STORING, SlotTable
 from kvoffload.core.errors import ConfigError, ContractViolation
-from kvoffload.core.events import CacheEvent, EventKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.observe.events import CacheEvent, EventKind
+from kvoffload.core.observe.recorder import CounterScope
 from kvoffload.core.policies import EvictionPolicy, make_policy
-from kvoffload.core.recorder import CounterScope
 
 __all__ = ["DIRECTORY_COUNTERS", "Directory"]
 

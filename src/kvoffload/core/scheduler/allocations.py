@@ -15,7 +15,7 @@ so the engine recomputes them.
 
 from __future__ import annotations
 
-from kvoffload.core.anomalies import Anomaly
+from kvoffload.core.observe.anomalies import Anomaly
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.loads import LoadPlanner

@@ -20,7 +20,7 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.group_chunks import wanted_entries
 from kvoffload.core.scheduler.request_state import PromotionWish, RequestState
 from kvoffload.core.scheduler_types import Deferral, SchedulerConfig
-from kvoffload.core.tier_planning import UNKNOWN, Found, Lookup, TierPlanner
+from kvoffload.core.tiering.planning import UNKNOWN, Found, Lookup, TierPlanner
 
 
 class Take(enum.Enum):

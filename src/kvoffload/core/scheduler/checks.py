@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kvoffload.core.directory import Directory
     from kvoffload.core.scheduler.job_tracker import JobTracker
     from kvoffload.core.scheduler.request_state import RequestState
-    from kvoffload.core.tier_planning import TierPlanner
+    from kvoffload.core.tiering.planning import TierPlanner
 
 
 def _fail(what: str) -> None:

@@ -10,16 +10,16 @@ leaves it), the requests' phases, the transfer histograms, the cost model's lane
 
 from __future__ import annotations
 
+from kvoffload.core.identity.weights import FENCED
 from kvoffload.core.jobs import JobKind, TierJob, WorkerReport
-from kvoffload.core.recorder import MetricsRecorder
-from kvoffload.core.routes import tier_label
+from kvoffload.core.observe.recorder import MetricsRecorder
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
 from kvoffload.core.scheduler.loads import LoadPlanner
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler.stores import StorePlanner
 from kvoffload.core.scheduler.tier_moves import TierMoves
-from kvoffload.core.weights import FENCED
+from kvoffload.core.tiering.routes import tier_label
 
 
 class Completions:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvoffload.core.anomalies import AnomalyLog
 from kvoffload.core.cost import CostModel
 from kvoffload.core.directory import Directory
-from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.core.identity.weights import WeightsState
+from kvoffload.core.observe.anomalies import AnomalyLog
+from kvoffload.core.observe.recorder import MetricsRecorder
 from kvoffload.core.scheduler.deferral import DeferralClock
 from kvoffload.core.scheduler.requests import RequestTable
 from kvoffload.core.scheduler_types import SchedulerConfig, SchedulerStats
-from kvoffload.core.tier_planning import TierPlanner
-from kvoffload.core.weights import WeightsState
+from kvoffload.core.tiering.planning import TierPlanner
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.core.observe.recorder import MetricsRecorder
 from kvoffload.core.scheduler.request_state import Deferred, RequestState
 from kvoffload.core.scheduler_types import Deferral, SchedulerConfig
 

@@ -7,13 +7,14 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from kvoffload.core.anomalies import Anomaly, AnomalyLog, ParamErrorLog
 from kvoffload.core.cost import CostModel
 from kvoffload.core.directory import Directory
-from kvoffload.core.events import CacheEvent
+from kvoffload.core.identity.weights import WeightsChange, WeightsState
 from kvoffload.core.jobs import EngineJob, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
-from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.core.observe.anomalies import Anomaly, AnomalyLog, ParamErrorLog
+from kvoffload.core.observe.events import CacheEvent
+from kvoffload.core.observe.recorder import MetricsRecorder
 from kvoffload.core.scheduler.allocations import Allocations
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.checks import verify_scheduler
@@ -34,9 +35,8 @@ from kvoffload.core.scheduler_types import (
     SchedulerStats,
     StepInput,
 )
-from kvoffload.core.tier_planning import TierPlanner
-from kvoffload.core.tiering import LowerTier
-from kvoffload.core.weights import WeightsChange, WeightsState
+from kvoffload.core.tiering.lower import LowerTier
+from kvoffload.core.tiering.planning import TierPlanner
 
 
 class OffloadScheduler:

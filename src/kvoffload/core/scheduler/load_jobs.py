@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory, LookupStatus
 from kvoffload.core.jobs import NO_BLOCK, NO_SLOT, EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
+from kvoffload.core.observe.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.group_chunks import Entry, load_entries
 from kvoffload.core.scheduler.request_state import RequestState
 from kvoffload.core.scheduler.stores import check_blocks
 from kvoffload.core.scheduler_types import SchedulerConfig
-from kvoffload.core.tier_planning import TierPlanner
+from kvoffload.core.tiering.planning import TierPlanner
 
 
 def plan_load_job(

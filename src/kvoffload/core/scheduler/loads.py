@@ -21,6 +21,7 @@ admitted hit is built by :mod:`.load_jobs`.
 from __future__ import annotations
 
 from kvoffload.core.cost import Decline
+from kvoffload.core.identity.weights import FENCED
 from kvoffload.core.jobs import NO_SLOT, EngineJob
 from kvoffload.core.scheduler.below_host import Take, TierHit, next_chunks_wait
 from kvoffload.core.scheduler.block_tables import GroupBlocks
@@ -36,7 +37,6 @@ from kvoffload.core.scheduler_types import (
     Deferral,
     EngineRequest,
 )
-from kvoffload.core.weights import FENCED
 
 IDLE_STEPS_STALLED = 2
 """Consecutive engine steps that scheduled nothing after which a request the engine

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from kvoffload.core.anomalies import ParamErrorLog
+from kvoffload.core.identity.weights import WeightsState
 from kvoffload.core.keys import Namespace
-from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.core.observe.anomalies import ParamErrorLog
+from kvoffload.core.observe.recorder import MetricsRecorder
 from kvoffload.core.request_controls import parse_controls
 from kvoffload.core.scheduler.job_tracker import JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import EngineRequest
-from kvoffload.core.weights import WeightsState
 
 
 def no_extra(request: EngineRequest) -> bytes:

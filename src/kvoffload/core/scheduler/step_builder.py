@@ -10,8 +10,8 @@ them and the engine's :class:`StepInput` into the frozen :class:`StepPlan` and s
 
 from __future__ import annotations
 
-from kvoffload.core.anomalies import Anomaly
 from kvoffload.core.jobs import EngineJob, StepPlan
+from kvoffload.core.observe.anomalies import Anomaly
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.loads import LoadPlanner

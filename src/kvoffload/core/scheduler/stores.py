@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvoffload.core.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.directory import Directory
 from kvoffload.core.jobs import EngineJob, JobKind
-from kvoffload.core.metrics import labels
+from kvoffload.core.observe.anomalies import Anomaly, AnomalyLog
+from kvoffload.core.observe.metrics import labels
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.group_chunks import StoreSource, store_entries
 from kvoffload.core.scheduler.job_tracker import Completion, JobTracker

@@ -1,9 +1,9 @@
 """One consistent reading of every kvoffload metric from a scheduler half.
 
 ``read_metrics`` copies the counter series and the histograms of the scheduler
-half's recorder (:mod:`kvoffload.core.recorder`: where its directories and lower
+half's recorder (:mod:`kvoffload.core.observe.recorder`: where its directories and lower
 tiers count too, each series once, under the names and labels of
-:data:`kvoffload.core.metrics.METRICS`) and computes the gauges. It only reads; the
+:data:`kvoffload.core.observe.metrics.METRICS`) and computes the gauges. It only reads; the
 caller must hold whatever lock serializes access to the scheduler half. Cost:
 O(series) plus one pass over the pin counts of each directory for the
 ``pinned_chunks`` gauge (``with_gauges=False`` skips gauges).
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvoffload.core.cost import Verdict
-from kvoffload.core.metrics import Series, labels
-from kvoffload.core.recorder import Histogram
-from kvoffload.core.tiering import DirectoryTier
+from kvoffload.core.observe.metrics import Series, labels
+from kvoffload.core.observe.recorder import Histogram
+from kvoffload.core.tiering.lower import DirectoryTier
 
 if TYPE_CHECKING:
     from kvoffload.core.scheduler import OffloadScheduler

@@ -3,8 +3,8 @@
 :data:`METRICS` holds each metric's name, kind, help and label names; the
 Prometheus exporters and the metrics reference in ``docs/usage.md`` are generated
 from it. Counters and histograms are recorded under these names in
-:class:`kvoffload.core.recorder.MetricsRecorder` (which refuses any other); gauges
-are computed when read (:mod:`kvoffload.core.metrics_view`).
+:class:`kvoffload.core.observe.recorder.MetricsRecorder` (which refuses any other); gauges
+are computed when read (:mod:`kvoffload.core.observe.metrics_view`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every user option of kvoffload, declared once: name, accepted values, default,
 meaning and the check of a value (:data:`OPTIONS`).
 
-:mod:`kvoffload.core.config` validates a raw mapping against this list and the docs'
+:mod:`kvoffload.core.config.typed` validates a raw mapping against this list and the docs'
 option table is generated from it (``python -m kvoffload.docgen``), so the two cannot
 drift. Pure data and predicates; nothing here raises.
 """
@@ -12,7 +12,7 @@ import grp
 import re
 from typing import Any
 
-from kvoffload.core.options import (
+from kvoffload.core.config.sections import (
     Check,
     ConfigSection,
     Option,

@@ -13,7 +13,7 @@ A :class:`LowerTier` answers which chunks it holds and books the chunks moving i
   None while it asks the server, and a value gone by read time is a miss.
 
 Counters: a tier counts in ``metrics``, a recorder scope with its ``tier`` label
-fixed (:mod:`kvoffload.core.recorder`): the tier itself counts its spills' outcome,
+fixed (:mod:`kvoffload.core.observe.recorder`): the tier itself counts its spills' outcome,
 the tier planner its lookups, hits and promotions' outcome. A
 :class:`DirectoryTier` shares its directory's scope (one tier, one label set).
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvoffload.core.directory import Directory
-from kvoffload.core.events import CacheEvent
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.recorder import CounterScope
+from kvoffload.core.observe.events import CacheEvent
+from kvoffload.core.observe.recorder import CounterScope
 
 
 @dataclass(frozen=True)

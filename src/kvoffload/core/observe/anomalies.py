@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 
-from kvoffload.core.recorder import MetricsRecorder
+from kvoffload.core.observe.recorder import MetricsRecorder
 
 logger = logging.getLogger("kvoffload")
 

@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from kvoffload.core import content_digest
+from kvoffload.core.identity import content_digest
 
 DIGEST_BYTES = 12
 """Digests are 12 bytes, 24 hex digits (as the layout digest)."""
@@ -99,7 +99,7 @@ def weights_digest(
     A directory contributes its top-level weight files (``*.safetensors`` and
     :data:`OTHER_WEIGHT_SUFFIXES`) in name order; a file (a GGUF model) itself. Per
     file: its name, its size and the digest of its whole content
-    (:mod:`kvoffload.core.content_digest`: read once per node and remembered until
+    (:mod:`kvoffload.core.identity.content_digest`: read once per node and remembered until
     the file changes; ``cache`` defaults to the user's). An in-place rewrite of any
     tensor changes it; copies of the same files on other machines give the same one.
     A file that cannot be read contributes its name and the error, so the digest

@@ -59,7 +59,7 @@ from kvoffload.core.errors import ContractViolation, DirectoryUnavailable
 from kvoffload.core.failures import ChunkFailure, FailureKind, error_failure
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
 from kvoffload.core.keys import ChunkKey
-from kvoffload.core.tiering import DirectoryTier, LowerTier
+from kvoffload.core.tiering.lower import DirectoryTier, LowerTier
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kvoffload.core.config_options import OPTIONS, SECTIONS, Option
+from kvoffload.core.config.options import OPTIONS, SECTIONS, Option
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.secrets import HIDDEN, redact_url, url_has_password
 

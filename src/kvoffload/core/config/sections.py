@@ -68,7 +68,7 @@ def non_empty_text(v: Any) -> bool:
 
 class OptionValues(Protocol):
     """What a part of kvoffload reads of the configuration through its options
-    (:class:`~kvoffload.core.config.OffloadConfig` is one): an option's value by name,
+    (:class:`~kvoffload.core.config.typed.OffloadConfig` is one): an option's value by name,
     and which option carries a password inline (None: none)."""
 
     def option(self, name: str) -> Any: ...

@@ -1,6 +1,6 @@
 """The metrics recorder: every counter and histogram of one scheduler half.
 
-Names and label names are those of :data:`kvoffload.core.metrics.METRICS`. Who
+Names and label names are those of :data:`kvoffload.core.observe.metrics.METRICS`. Who
 records:
 
 - the scheduler half counts its own events (lookups, loads, stores, deferrals,
@@ -40,7 +40,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvoffload.core.errors import ContractViolation
-from kvoffload.core.metrics import BY_NAME, Labels, Series, labels
+from kvoffload.core.observe.metrics import BY_NAME, Labels, Series, labels
 
 MAX_PENDING = 4096
 

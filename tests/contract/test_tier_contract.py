@@ -16,7 +16,7 @@ from kvoffload.core.failures import ChunkFailure, FailureKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.observe.events import EventKind
 from kvoffload.core.tiering.lower import LowerTier
-from kvoffload.tiers.registry import TIERS, tier_names
+from kvoffload.tiers.registry import LOWER_TIERS, lower_tier_names
 
 
 def K(i: int) -> ChunkKey:
@@ -27,14 +27,14 @@ def data(i: int) -> bytes:
     return bytes((i * 31 + j) % 251 for j in range(PAYLOAD))
 
 
-@pytest.fixture(params=TIERS, ids=tier_names())
+@pytest.fixture(params=LOWER_TIERS, ids=lower_tier_names())
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TierEnv]:
     with open_env(request.param, tmp_path) as opened:
         yield opened
 
 
 def test_every_registered_tier_has_a_contract_setup() -> None:
-    assert sorted(SETUPS) == sorted(tier_names())
+    assert sorted(SETUPS) == sorted(lower_tier_names())
 
 
 def run(tier: LowerTier, keys: Sequence[ChunkKey]) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.paths import SharePaths
-from kvoffload.share.slab import SharedSlab
+from kvoffload.tiers.host_shared_slab import SharedSlab
 
 
 def churn(directory: ShareDirectory, slab: SharedSlab, rounds: int, seed: int) -> str:

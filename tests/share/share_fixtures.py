@@ -3,18 +3,46 @@ process, and engine stand-ins (``agent.py``) in processes of their own."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from kvoffload.core.config.typed import OffloadConfig
+from kvoffload.core.keys import Namespace
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.server import ShareServer
 from kvoffload.share.server_start import open_server
+from kvoffload.tiers.node_shares import NodeShare, open_node_directory
+from kvoffload.tiers.registry import HOST
+from kvoffload.tiers.spec import TierContext
 
 AGENT = Path(__file__).with_name("agent.py")
+NAMESPACE = Namespace("share-test@1", "layout", "bf16")
+
+
+def host_share(
+    extra: dict[str, object], *, chunk_bytes: int, ranks: int = 1, rank: int = 0
+) -> NodeShare:
+    """The host share ``extra`` (an engine's ``kv_connector_extra_config``) names, as
+    the build opens it for an engine of ``ranks`` ranks whose chunks are ``chunk_bytes``
+    per rank; ``ConfigError`` for a bad configuration."""
+    config = OffloadConfig.from_dict(extra)
+    ctx = TierContext(NAMESPACE, ranks, chunk_bytes, 0, eviction=config.eviction, rank=rank)
+    share = HOST.node_share(config, ctx)
+    assert share is not None, "the configuration names no host share"
+    return share
+
+
+def open_host_directory(share: NodeShare, wait_s: float = 30.0) -> ShareDirectory:
+    """The scheduler half's directory of the host share (a new session), as the build
+    opens it."""
+    opened = open_node_directory("host", share, namespace=b"", session=os.urandom(16),
+                                 wait_s=wait_s)  # fmt: skip
+    return opened.directory
 
 
 def serve_in_thread(

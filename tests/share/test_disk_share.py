@@ -18,6 +18,7 @@ from kvoffload.core.errors import ConfigError, UsageError
 from kvoffload.core.keys import ChunkKey
 from kvoffload.inspection.disk_scan import inspect_disk
 from kvoffload.share.backing import Recovered
+from kvoffload.share.client import ShareDirectory
 from kvoffload.share.fence import GenerationHold
 from kvoffload.share.index import IndexReader
 from kvoffload.share.launch import server_alive, spawn_server
@@ -30,13 +31,36 @@ from kvoffload.tiers.disk import PAYLOAD_OFFSET, DiskStore
 from kvoffload.tiers.disk_backing import DiskBacking, DiskBackingOptions
 from kvoffload.tiers.disk_index import open_disk_tier
 from kvoffload.tiers.disk_lock import DiskLock, check_workers_engine
-from kvoffload.tiers.disk_opening import (
-    ensure_disk_share,
-    open_disk_share_directory,
-    open_disk_share_lease,
-)
+from kvoffload.tiers.disk_node import disk_share
+from kvoffload.tiers.node_shares import NodeLease, NodeShare, open_node_directory, serve_share
 
 NS = bytes(range(16))
+
+
+def share_of(share_root: Path, backing: DiskBacking, geometry: ShareGeometry) -> NodeShare:
+    """The disk share as an engine of ``geometry`` opens it (its calls' deadline far
+    past any call on a loaded machine)."""
+    return disk_share(backing, share_root=share_root, geometry=geometry, timeout_s=30.0)
+
+
+def ensure_disk_share(
+    share_root: Path, backing: DiskBacking, geometry: ShareGeometry, wait_s: float
+) -> ShareGeometry:
+    """Start the disk share's node process unless one serves it; its geometry."""
+    return serve_share(share_of(share_root, backing, geometry), wait_s).geometry
+
+
+def open_disk_share_directory(
+    share_root: Path, backing: DiskBacking, *, num_slots: int, chunk_bytes: int, ranks: int,
+    wait_s: float = 60.0,
+) -> ShareDirectory:  # fmt: skip
+    """The scheduler half's directory of the disk share (a new session)."""
+    share = share_of(share_root, backing, ShareGeometry(num_slots, chunk_bytes, ranks, "lru"))
+    return open_node_directory(
+        "disk", share, namespace=backing.namespace, session=os.urandom(16), wait_s=wait_s
+    ).directory
+
+
 PAYLOAD = 8192
 SLOTS = 8
 HIT, MISS = LookupStatus.HIT, LookupStatus.MISS
@@ -58,8 +82,7 @@ class Engine:
     def __init__(self, share_root: Path, backing: DiskBacking, ranks: int, **kw: object) -> None:
         self.directory = open_disk_share_directory(
             share_root, backing, num_slots=kw.pop("num_slots", SLOTS),  # type: ignore[arg-type]
-            chunk_bytes=PAYLOAD, ranks=ranks, policy="lru", session=os.urandom(16),
-            timeout_s=30.0, wait_s=60.0,
+            chunk_bytes=PAYLOAD, ranks=ranks,
         )  # fmt: skip
         geometry = ShareGeometry.read(backing.paths(share_root))
         assert geometry is not None
@@ -321,7 +344,8 @@ def test_no_private_engine_takes_the_namespace_while_the_shares_engines_live(
 ) -> None:
     """Its node process died, but the engines may still write into the slabs."""
     a = engines()
-    lease = open_disk_share_lease(share_root, backing, a.directory.session)  # a worker's
+    lease = NodeLease(share_of(share_root, backing, ShareGeometry(SLOTS, PAYLOAD)))  # a worker's
+    lease.hold(a.directory.session)
     a.store(K(1))
     kill_node_process(share_root, backing)
     engines_live = "'disk_path': .* in use by the engines of a disk share"
@@ -347,10 +371,7 @@ def test_an_engine_whose_chunks_differ_from_the_share_is_refused(
 ) -> None:
     engines()
     with pytest.raises(ConfigError, match="'disk_path'.*8192 B per rank for 1 rank"):
-        open_disk_share_directory(
-            share_root, backing, num_slots=SLOTS, chunk_bytes=4096, ranks=1, policy="lru",
-            session=os.urandom(16), timeout_s=30.0,
-        )  # fmt: skip
+        open_disk_share_directory(share_root, backing, num_slots=SLOTS, chunk_bytes=4096, ranks=1)
     with pytest.raises(ConfigError, match="'disk_path'.*for 2 rank"):
         engines(ranks=2)
     bigger = engines(num_slots=4 * SLOTS)  # another disk_bytes: the share's geometry wins

@@ -14,22 +14,21 @@ import time
 from pathlib import Path
 
 import pytest
-from share_fixtures import serve_in_thread
+from share_fixtures import host_share, serve_in_thread
 from share_fixtures import stop_thread as stop
 
-from kvoffload.adapters.vllm.host_share import WorkerShare
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.meta import ShareGeometry
-from kvoffload.share.opening import ShareSettings
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareUnavailable
 from kvoffload.share.server import ShareServer
 from kvoffload.share.server_start import open_server
-from kvoffload.share.slab import SharedSlab
 from kvoffload.share.slab_files import HEADER_BYTES, slab_id_of
 from kvoffload.testing.share_process import stop_node_process
+from kvoffload.tiers.host_shared import SharedHostSlab
+from kvoffload.tiers.host_shared_slab import SharedSlab
 
 GEOMETRY = ShareGeometry(num_slots=4, slot_bytes=4096, ranks=2)
 
@@ -111,25 +110,24 @@ def test_a_slab_is_remapped_in_place_to_the_shares_new_files(share_root: Path) -
 
 def test_a_worker_runs_a_plans_host_jobs_only_on_the_slab_it_names(share_root: Path) -> None:
     config = {"host_share": "w", "cpu_bytes": 4 * 4096, "host_share_root": str(share_root)}
-    settings = ShareSettings.from_config(config)
-    assert settings is not None
-    worker = WorkerShare(settings, chunk_bytes=4096, rank=0, ranks=1)
+    share = host_share(config, chunk_bytes=4096)
+    worker = SharedHostSlab(share, chunk_bytes=4096, rank=0)
     try:
-        own = worker.slab.slab_id
+        own = worker.slab_id
         assert worker.admit(own, busy=lambda: True) is None
         assert "names no slab" in str(worker.admit(None, busy=lambda: False))
         assert stop_node_process("w", share_root)
-        wipe(settings.paths)
-        starter = WorkerShare(settings, chunk_bytes=4096, rank=0, ranks=1)  # new files
-        new = starter.slab.slab_id
+        wipe(share.paths)
+        starter = SharedHostSlab(share, chunk_bytes=4096, rank=0)  # new files
+        new = starter.slab_id
         starter.close()
-        assert new != own and worker.slab.file_slab_id() == new
+        assert new != own and worker.file_slab_id() == new
         assert "not the share's file" in str(worker.admit(os.urandom(16), busy=lambda: False))
         assert "still in flight" in str(worker.admit(new, busy=lambda: True))
-        assert worker.remaps == 0 and worker.slab.slab_id == own
+        assert worker.remaps == 0 and worker.slab_id == own
         assert worker.admit(new, busy=lambda: False) is None
-        assert worker.remaps == 1 and worker.slab.slab_id == new
-        assert settings.paths.users_lock.exists()  # held again, in the new directory
+        assert worker.remaps == 1 and worker.slab_id == new
+        assert share.paths.users_lock.exists()  # held again, in the new directory
     finally:
         worker.close()
         assert stop_node_process("w", share_root)

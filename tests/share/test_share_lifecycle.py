@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from share_fixtures import host_share, open_host_directory
 
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.private_files import open_or_create
@@ -21,9 +22,9 @@ from kvoffload.share.client import ShareDirectory
 from kvoffload.share.launch import Spawned, server_alive
 from kvoffload.share.lifecycle import remove_share, stop_share
 from kvoffload.share.meta import ShareGeometry
-from kvoffload.share.opening import ShareSettings, ensure_share, open_share_directory
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.slab_files import allocate
+from kvoffload.tiers.node_shares import NodeShare, serve_share
 
 GEOMETRY = ShareGeometry(num_slots=4, slot_bytes=4096)
 NodeFactory = Callable[[str, ShareGeometry], Spawned]
@@ -79,7 +80,7 @@ def test_stop_signals_nothing_when_a_lock_holder_does_not_answer(
         assert code == 1 and "does not answer" in line and "nothing signalled" in line
         assert bystander.poll() is None and holder.poll() is None
         with pytest.raises(ConfigError) as refused:  # an engine is told who and what to do
-            ensure_share(_settings(share_root, "squat"), GEOMETRY, wait_s=0.5)
+            serve_share(_share(share_root, "squat"), wait_s=0.5)
         message = str(refused.value)
         assert refused.value.field == "host_share" and "'squat'" in message
         assert f"(pid {bystander.pid}) does not answer" in message
@@ -149,18 +150,16 @@ def small_root() -> Iterator[Path]:
         os.rmdir(where)
 
 
-def _settings(root: Path, name: str, cpu_bytes: int = 4 * 4096) -> ShareSettings:
+def _share(root: Path, name: str, cpu_bytes: int = 4 * 4096, chunk: int = 4096) -> NodeShare:
     config = {"host_share": name, "cpu_bytes": cpu_bytes, "host_share_root": str(root)}
-    settings = ShareSettings.from_config(config)
-    assert settings is not None
-    return settings
+    return host_share(config, chunk_bytes=chunk)
 
 
 def test_a_share_larger_than_its_root_is_refused_with_the_sizes() -> None:
     with small_root() as root:
-        settings = _settings(root, "big", cpu_bytes=32 << 20)
+        settings = _share(root, "big", cpu_bytes=32 << 20, chunk=64 << 10)
         with pytest.raises(ConfigError) as refused:
-            open_share_directory(settings, chunk_bytes=64 << 10, ranks=1, wait_s=30.0)
+            open_host_directory(settings, wait_s=30.0)
         message = str(refused.value)
         assert refused.value.field == "host_share_root", message
         assert f"share 'big': {root} has" in message
@@ -193,7 +192,7 @@ sys.stdin.read()
 def test_a_node_process_that_hangs_is_named_with_its_pid(share_root: Path) -> None:
     """A node process that holds the share and listens but never answers (hung): an
     engine's start fails naming the share, its pid, what it logged, what to do."""
-    settings = _settings(share_root, "hang")
+    settings = _share(share_root, "hang")
     paths = settings.paths
     paths.ensure_dir()
     os.close(open_or_create(paths.server_lock, os.O_RDWR, paths.policy))
@@ -204,7 +203,7 @@ def test_a_node_process_that_hangs_is_named_with_its_pid(share_root: Path) -> No
     try:
         assert hung.stdout is not None and hung.stdout.readline().strip() == "listening"
         with pytest.raises(ConfigError) as refused:
-            open_share_directory(settings, chunk_bytes=4096, ranks=1, wait_s=0.5)
+            open_host_directory(settings, wait_s=0.5)
         message = str(refused.value)
         assert refused.value.field == "host_share" and "share 'hang'" in message
         assert f"its node process (pid {hung.pid}) does not answer" in message

@@ -16,8 +16,8 @@ from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.serve import main as share_main
 from kvoffload.share.server_start import AlreadyServing, open_server
-from kvoffload.share.slab import SharedSlab
 from kvoffload.share.slab_files import HEADER_BYTES
+from kvoffload.tiers.host_shared_slab import SharedSlab
 
 
 def test_geometry_from_a_budget_and_its_meta_file(tmp_path: Path) -> None:

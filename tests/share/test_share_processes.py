@@ -17,7 +17,7 @@ from kvoffload.share.client import ShareDirectory
 from kvoffload.share.launch import Spawned
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
-from kvoffload.share.slab import SharedSlab
+from kvoffload.tiers.host_shared_slab import SharedSlab
 
 GEOMETRY = ShareGeometry(num_slots=8, slot_bytes=8192)
 HIT, MISS = LookupStatus.HIT, LookupStatus.MISS

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from other_user import NOBODY, as_other_user, outcome
-from share_fixtures import serve_in_thread
+from share_fixtures import host_share, open_host_directory, serve_in_thread
 from share_fixtures import stop_thread as stop
 
 from kvoffload.core.errors import ConfigError
@@ -27,13 +27,13 @@ from kvoffload.core.private_files import FilePolicy
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.connection import connect
 from kvoffload.share.meta import ShareGeometry
-from kvoffload.share.opening import ShareSettings, open_share_directory
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import HELLO, Op, Role, frame
 from kvoffload.share.server import ShareServer
 from kvoffload.share.server_start import open_server
-from kvoffload.share.slab import SharedSlab
 from kvoffload.share.slab_files import HEADER_BYTES, header, slab_id_of
+from kvoffload.tiers.host_shared_slab import SharedSlab
+from kvoffload.tiers.node_shares import NodeShare
 
 GEOMETRY = ShareGeometry(num_slots=4, slot_bytes=4096)
 KEY = ChunkKey(bytes(15) + b"\x07")
@@ -43,11 +43,9 @@ def serve(paths: SharePaths) -> tuple[ShareServer, threading.Thread]:
     return serve_in_thread(paths, GEOMETRY)
 
 
-def settings(root: Path, name: str, **extra: object) -> ShareSettings:
+def settings(root: Path, name: str, **extra: object) -> NodeShare:
     config = {"host_share": name, "cpu_bytes": 4 * 4096, "host_share_root": str(root), **extra}
-    found = ShareSettings.from_config(config)
-    assert found is not None
-    return found
+    return host_share(config, chunk_bytes=4096)
 
 
 def test_a_per_user_directory_another_user_made_is_refused(open_root: Path) -> None:
@@ -60,7 +58,7 @@ def test_a_per_user_directory_another_user_made_is_refused(open_root: Path) -> N
 
     assert as_other_user(squat) == [mine.name]
     with pytest.raises(ConfigError) as refused:
-        open_share_directory(settings(open_root, "sq"), chunk_bytes=4096, ranks=1, wait_s=5.0)
+        open_host_directory(settings(open_root, "sq"), wait_s=5.0)
     assert refused.value.field == "host_share_root"
     assert f"share 'sq': {mine}" in str(refused.value) and "uid 65534" in str(refused.value)
     assert os.listdir(mine) == []  # nothing of the share went there

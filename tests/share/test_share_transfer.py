@@ -12,7 +12,7 @@ from kvoffload.core.jobs import JobKind
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.server_start import open_server
-from kvoffload.share.slab import SharedSlab
+from kvoffload.tiers.host_shared_slab import SharedSlab
 from kvoffload.transfer import TransferWorker, register_kv_caches
 
 ENGINES_FILE = Path(__file__).parents[1] / "unit" / "transfer" / "kv_engines.py"

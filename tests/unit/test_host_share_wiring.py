@@ -1,4 +1,4 @@
-"""The node-shared host tier's wiring (``adapters/vllm/host_share.py``): a hit the
+"""The node-shared host tier's wiring (``tiers/host_tier.py``, ``tiers/build.py``): a hit the
 directory refuses at load time is a miss (recompute), never an error; which
 configurations may name a share; the link's counters as metrics; an engine whose
 chunks differ from a running share's is refused at start-up."""
@@ -14,12 +14,7 @@ from pathlib import Path
 import pytest
 from test_scheduler import Req, make, ok, store_prompt
 
-from kvoffload.adapters.vllm.host_share import (
-    LINK_OUTCOMES,
-    LinkCounters,
-    open_scheduler_share,
-    share_settings,
-)
+from kvoffload.adapters.vllm.link_metrics import LINK_OUTCOMES, LinkCounters
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.directory import Directory
 from kvoffload.core.errors import ConfigError
@@ -31,6 +26,15 @@ from kvoffload.core.scheduler_types import StepInput
 from kvoffload.share.launch import spawn_server
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
+from kvoffload.tiers.build import open_directory
+from kvoffload.tiers.registry import HOST, tier_spec
+from kvoffload.tiers.spec import TierContext
+
+NAMESPACE = Namespace("m", "l", "f32")
+
+
+def context(chunk_bytes: int = 1024, session: bytes | None = None) -> TierContext:
+    return TierContext(NAMESPACE, 1, chunk_bytes, 64, session=session)
 
 
 def test_try_prepare_load_pins_hits_and_answers_none_for_a_miss_pinning_nothing() -> None:
@@ -70,8 +74,8 @@ def test_a_hit_lost_between_lookup_and_load_is_recomputed_not_an_error(
     s.check_integrity()
 
 
-def test_share_settings_follow_the_options_and_take_a_lower_tier(tmp_path: Path) -> None:
-    assert share_settings(OffloadConfig.from_dict({"cpu_bytes": 1 << 20})) is None
+def test_the_host_share_follows_the_options_and_takes_a_lower_tier(tmp_path: Path) -> None:
+    assert HOST.node_share(OffloadConfig.from_dict({"cpu_bytes": 1 << 20}), context()) is None
     config = OffloadConfig.from_dict(
         {
             "cpu_bytes": 1 << 20,
@@ -81,10 +85,11 @@ def test_share_settings_follow_the_options_and_take_a_lower_tier(tmp_path: Path)
             "eviction": "slru",
         }
     )
-    settings = share_settings(config)
-    assert settings is not None
-    assert settings.paths == SharePaths("node-a", tmp_path)
-    assert (settings.cpu_bytes, settings.policy, settings.timeout_s) == (1 << 20, "slru", 0.02)
+    share = HOST.node_share(config, context())
+    assert share is not None and share.paths == SharePaths("node-a", tmp_path)
+    assert (share.geometry.num_slots, share.geometry.policy, share.timeout_s) == (
+        1024, "slru", 0.02,
+    )  # fmt: skip
     with_disk = OffloadConfig.from_dict(
         {
             "cpu_bytes": 1 << 20,
@@ -93,8 +98,10 @@ def test_share_settings_follow_the_options_and_take_a_lower_tier(tmp_path: Path)
             "disk_bytes": 1 << 20,
         }
     )
-    with_disk_settings = share_settings(with_disk)  # the disk is shared too (decision 0017)
-    assert with_disk_settings is not None and with_disk_settings.paths.name == "node-a"
+    host = HOST.node_share(with_disk, context())
+    assert host is not None and host.paths.name == "node-a"
+    disk = tier_spec("disk").node_share(with_disk, context())  # shared too (decision 0017)
+    assert disk is not None and disk.paths.name.startswith("disk-")
 
 
 def test_link_counters_count_what_the_link_counted_since_the_last_reading() -> None:
@@ -131,21 +138,17 @@ def test_an_engine_whose_chunks_differ_from_the_share_s_slots_is_refused(
         config = OffloadConfig.from_dict(
             {"cpu_bytes": 64 * 1024, "host_share": "sized", "host_share_root": str(share_root)}
         )
-        settings = share_settings(config)
-        assert settings is not None
         with pytest.raises(ConfigError) as refused:
-            open_scheduler_share(
-                settings, chunk_bytes=2048, ranks=1, namespace=Namespace("m", "l", "f32")
-            )
+            open_directory(HOST, config, context(2048, session=bytes(16)))
         assert refused.value.field == "host_share"
-        opened = open_scheduler_share(
-            settings, chunk_bytes=1024, ranks=1, namespace=Namespace("m", "l", "f32")
-        )
+        index, opened = open_directory(HOST, config, context(1024, session=bytes(16)))
         try:
+            assert opened is not None and index.index is opened.directory
             assert not opened.started and opened.directory.num_slots == 64
+            assert "host share 'sized'" in opened.describe()
             assert "found running" in opened.describe()
         finally:
-            opened.directory.close()
+            index.close()
     finally:
         spawned.process.kill()
         spawned.process.wait()

@@ -15,14 +15,22 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.core.request_controls import TIER_NAMES
 from kvoffload.core.tiering.lower import DirectoryTier
 from kvoffload.tiers import build
-from kvoffload.tiers.registry import TIERS, tier_names, tier_spec
+from kvoffload.tiers.registry import (
+    HOST,
+    LOWER_TIERS,
+    TIERS,
+    lower_tier_names,
+    tier_names,
+    tier_spec,
+)
 from kvoffload.tiers.spec import OpenedIndex, TierContext
 
 
 def test_the_registry_lists_each_tier_once_in_order() -> None:
-    assert tier_names() == ("disk", "redis")
+    assert tier_names() == ("host", "disk", "redis") and TIERS[0] is HOST
+    assert lower_tier_names() == ("disk", "redis") and TIERS[1:] == LOWER_TIERS
     assert tier_spec("redis").name == "redis"
-    with pytest.raises(ConfigError, match="unknown tier 'tape'; known: disk, redis"):
+    with pytest.raises(ConfigError, match="unknown tier 'tape'; known: host, disk, redis"):
         tier_spec("tape")
     assert TIER_NAMES == ("host", "disk", "redis")  # what a request's load_tiers accepts
 
@@ -30,7 +38,8 @@ def test_the_registry_lists_each_tier_once_in_order() -> None:
 def test_each_tier_owns_its_options_under_its_name() -> None:
     names = [o.name for o in OPTIONS]
     assert len(names) == len(set(names))
-    for spec in TIERS:
+    assert HOST.section.options == ()  # host memory's options are the engine's own
+    for spec in LOWER_TIERS:
         assert spec.section.options
         assert all(o.name.startswith(f"{spec.name}_") for o in spec.section.options)
         assert all(o.check(o.default) for o in spec.section.options)
@@ -70,7 +79,7 @@ class _Closing:
         self.name = name
         self.log = log
 
-    def opened(self) -> OpenedIndex:
+    def opened(self) -> OpenedIndex[DirectoryTier]:
         return OpenedIndex(self, lambda: self.log.append(f"close {self.name}"))  # type: ignore[arg-type]
 
 
@@ -79,24 +88,24 @@ def test_a_tier_that_fails_to_open_closes_those_opened_before(
 ) -> None:
     log: list[str] = []
 
-    def refuse(config: object, ctx: TierContext) -> OpenedIndex:
+    def refuse(config: object, ctx: TierContext) -> OpenedIndex[DirectoryTier]:
         raise ConfigError("second_path", "refused")
 
-    first = replace(TIERS[0], name="first", enabled=lambda c: True)
+    first = replace(LOWER_TIERS[0], name="first", enabled=lambda c: True)
     first = replace(first, open_index=lambda c, ctx: _Closing("first", log).opened())
-    second = replace(TIERS[0], name="second", enabled=lambda c: True, open_index=refuse)
-    monkeypatch.setattr(build, "TIERS", (first, second))
+    second = replace(LOWER_TIERS[0], name="second", enabled=lambda c: True, open_index=refuse)
+    monkeypatch.setattr(build, "LOWER_TIERS", (first, second))
     with pytest.raises(ConfigError, match="refused"):
-        build.open_lower_tiers(
-            OffloadConfig(cpu_bytes=1), NS, world_size=1, chunk_bytes=1, slots={}
+        build.open_engine_tiers(
+            OffloadConfig(cpu_bytes=1), NS, world_size=1, chunk_bytes=1, slots={"host": 4}
         )
     assert log == ["close first"]
 
 
 def test_opened_tiers_close_once_last_first_and_can_be_replaced() -> None:
     log: list[str] = []
-    tiers = build.LowerTiers([(TIERS[0], _Closing("a", log).opened())])
-    tiers.opened.append((TIERS[1], _Closing("b", log).opened()))
+    tiers = build.LowerTiers([(LOWER_TIERS[0], _Closing("a", log).opened())])
+    tiers.opened.append((LOWER_TIERS[1], _Closing("b", log).opened()))
     old = tiers.replace("redis", _Closing("c", log).opened())
     assert old.name == "b" and log == ["close b"]
     assert [i.name for i in tiers.indexes] == ["a", "c"]

@@ -115,7 +115,7 @@ def child_main(model: str, extra_json: str) -> int:
     """Build the engine, answer commands from stdin until ``exit`` (see module doc)."""
     from llm_support import engine, generate, half, settle, tokens
 
-    from kvoffload.adapters.vllm.host_share import LINK_OUTCOMES
+    from kvoffload.adapters.vllm.link_metrics import LINK_OUTCOMES
 
     extra = json.loads(extra_json)
     answers = os.fdopen(os.dup(1), "w")  # the answers' channel: everything else

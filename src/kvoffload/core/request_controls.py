@@ -38,7 +38,7 @@ from typing import Any
 from kvoffload.tiers.registry import tier_names
 
 PARAMS_KEY = "kvoffload"
-TIER_NAMES = ("host", *tier_names())  # host memory, then every lower tier of the registry
+TIER_NAMES = tier_names()  # host memory, then every lower tier of the registry
 
 
 @dataclass(frozen=True)

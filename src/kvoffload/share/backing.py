@@ -1,16 +1,22 @@
-"""A share whose slots live in files of their own instead of shared-memory slabs: what
-the node process needs to know of them (a :class:`Backing`).
+"""Where a share keeps its slots: what the node process needs to know of them (a
+:class:`Backing`).
 
-A backed share runs the same node process, directory, sessions, fencing and index as
-a host share (:mod:`.server`); only its slots differ: files that outlive the node
-(e.g. a lower tier's slab files, whose every slot carries its own header and
-checksum), so its node process, unlike a host share's, does not start empty: once
-its generation fence is open it restores what the files hold (:meth:`Backing.recover`).
-Its runtime files (socket, meta, locks, index, log) stay under the share root.
+Every share runs the same node process, directory, sessions, fencing and index
+(:mod:`.server`); only its slots differ. Two backings exist:
 
-The share code names no backing: each backing is a module of its own that implements
-:class:`Backing` and, for its node process's command line, :class:`BackingOptions`,
-and runs :func:`kvoffload.share.serve.node_process_main` as ``python -m`` that module.
+- :class:`~.memory_backing.MemoryBacking` (the default): shared-memory slab files
+  in the share's own directory (:mod:`.slab_files`), made anew when their geometry
+  changes; their bytes are never trusted, so its node process starts empty;
+- :class:`~kvoffload.tiers.disk_backing.DiskBacking`: a lower tier's slab files,
+  which outlive the node and whose every slot carries its own header and checksum,
+  so its node process restores what the files hold once its generation fence is
+  open (:attr:`Backing.restores`, :meth:`Backing.recover`).
+
+A share's runtime files (socket, meta, locks, index, log) live under the share root
+whatever its backing. The share code names no backing but the default: each one is a
+module that implements :class:`Backing` and, for its node process's command line,
+:class:`BackingOptions`, and runs :func:`kvoffload.share.serve.node_process_main` as
+``python -m`` that module.
 """
 
 from __future__ import annotations
@@ -53,6 +59,11 @@ class Backing(Protocol):
     def module(self) -> str:
         """The module whose ``python -m`` runs this share's node process."""
 
+    @property
+    def restores(self) -> bool:
+        """Whether the node process restores what the slots hold when it starts
+        (:meth:`recover`, once its generation fence is open), or starts empty."""
+
     def share_name(self) -> str:
         """The share's name, derived from where the slots live."""
 
@@ -66,8 +77,15 @@ class Backing(Protocol):
         """Take the files for node process ``share`` alone (its whole life), or raise
         :class:`~kvoffload.core.errors.ConfigError`; returns what releases them."""
 
-    def prepare(self, geometry: ShareGeometry) -> None:
-        """Create (or resize) the files for ``geometry``, keeping what they hold."""
+    def prepare(self, paths: SharePaths, geometry: ShareGeometry) -> bytes:
+        """Create (or resize) the slots for ``geometry`` (the share's runtime files are
+        ``paths``), keeping what they hold where the backing keeps anything, and
+        return the slab id they carry (``geometry.slab_id`` when kept; a new one when
+        made anew). Not enough space: :class:`~kvoffload.core.errors.ConfigError`."""
+
+    def owned_files(self, paths: SharePaths, geometry: ShareGeometry) -> list[Path]:
+        """The slot files under ``paths`` the node process checks are still its own
+        (removed or replaced: it stops serving)."""
 
     def recover(self, geometry: ShareGeometry) -> tuple[Sequence[tuple[ChunkKey, int]], Recovered]:
         """The complete chunks the files hold, ``(key, slot)`` oldest first, and the
@@ -79,5 +97,6 @@ class BackingOptions(Protocol):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
-    def from_arguments(self, args: argparse.Namespace) -> Backing | None:
-        """The backing the parsed ``args`` name (None: none, a host share)."""
+    def from_arguments(self, args: argparse.Namespace) -> Backing:
+        """The backing the parsed ``args`` name (:class:`UsageError` when they name
+        none)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from kvoffload.core.errors import KvOffloadError
 from kvoffload.core.private_files import open_checked, open_or_create
 from kvoffload.share.backing import Backing
+from kvoffload.share.memory_backing import MemoryBacking
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 
@@ -65,15 +66,14 @@ class Spawned:
 
 
 def serve_arguments(
-    paths: SharePaths, geometry: ShareGeometry | None, backing: Backing | None = None
+    paths: SharePaths, geometry: ShareGeometry | None, backing: Backing
 ) -> list[str]:
-    """The arguments of the node process of this share (``python -m`` :mod:`.serve`,
-    or a backed share's module, with its ``backing``'s options)."""
+    """The arguments of the node process of this share (``python -m`` its backing's
+    module, :mod:`.serve` for shared-memory slabs, with the backing's options)."""
     args = [paths.name, "--root", str(paths.root)]
     if paths.group is not None:
         args += ["--group", str(paths.group)]
-    if backing is not None:
-        args += backing.arguments()
+    args += backing.arguments()
     if geometry is not None:
         args += [
             "--slots", str(geometry.num_slots), "--slot-bytes", str(geometry.slot_bytes),
@@ -87,10 +87,12 @@ def serve_arguments(
 def spawn_server(
     paths: SharePaths, geometry: ShareGeometry | None, backing: Backing | None = None
 ) -> Spawned | None:
-    """Start a node process unless one holds the lock (None then); a backed share's
-    with its ``backing``. Makes the share's directories first (:class:`ConfigError`
-    naming ``host_share_root`` when another user made them, or made its log)."""
-    module = "kvoffload.share.serve" if backing is None else backing.module
+    """Start a node process unless one holds the lock (None then), over ``backing``
+    (shared-memory slabs when None). Makes the share's directories first
+    (:class:`ConfigError` naming ``host_share_root`` when another user made them, or
+    made its log)."""
+    backing = MemoryBacking(paths.name) if backing is None else backing
+    module = backing.module
     paths.ensure_dir()
     if server_alive(paths):
         return None

@@ -7,11 +7,12 @@ deletes the files of a share that is stopped and that no engine is attached to (
 memory goes back to the system when no process maps it any more): see
 :mod:`.lifecycle`. Both print one line; a refusal exits with status 1.
 
-A backed share's node process (:mod:`.backing`) is ``python -m`` its backing's module,
-which runs :func:`node_process_main` with its options (e.g. where its files are); its
-NAME, derived from them, may then be left out (given, it must match). ``stop`` and
-``remove`` work for it by name; ``remove`` deletes its runtime files under ``--root``,
-never its backing's files.
+A share's node process is ``python -m`` its backing's module (:mod:`.backing`): this
+one for shared-memory slabs (:class:`~.memory_backing.MemoryBacking`), another
+backing's (e.g. the disk tier's) with its own options (e.g. where its files are),
+whose NAME, derived from them, may then be left out (given, it must match). ``stop``
+and ``remove`` work for any share by name; ``remove`` deletes its runtime files under
+``--root``, never another backing's files.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kvoffload.core.errors import KvOffloadError, UsageError
 from kvoffload.core.private_files import resolve_group
 from kvoffload.share.backing import Backing, BackingOptions
 from kvoffload.share.lifecycle import remove_share, stop_share
+from kvoffload.share.memory_backing import MemoryBackingOptions
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
 from kvoffload.share.server import ShareServer
@@ -33,14 +35,15 @@ from kvoffload.share.server_start import AlreadyServing, open_server
 
 
 def main(argv: list[str] | None = None, options: BackingOptions | None = None) -> int:
-    """The command (with a backing's ``options``: a backed share's, see :mod:`.backing`)."""
+    """The command, for a share over the backing ``options`` parse (shared-memory
+    slabs when None, see :mod:`.backing`)."""
+    options = MemoryBackingOptions() if options is None else options
     parser = argparse.ArgumentParser(prog="kvoffload share", description=__doc__)
     parser.add_argument("action", choices=("serve", "stop", "remove"))
     parser.add_argument("name", nargs="?", help="the share (derived for a backed share)")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--group", help="host_share_group: the group trusted with it")
-    if options is not None:
-        options.add_arguments(parser)
+    options.add_arguments(parser)
     parser.add_argument("--cpu-bytes", type=int, help="size of a new share (all ranks)")
     parser.add_argument("--slots", type=int, help="slots of a new share (instead of size)")
     parser.add_argument("--slot-bytes", type=int, help="bytes of one chunk of one rank")
@@ -50,12 +53,10 @@ def main(argv: list[str] | None = None, options: BackingOptions | None = None) -
     parser.add_argument("--max-admission-counters", type=int, default=65536)
     parser.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    backing = None if options is None else options.from_arguments(args)
-    name = args.name if backing is None else backing.share_name()
+    backing = options.from_arguments(args)
+    name = backing.share_name()
     if args.name is not None and args.name != name:
         raise UsageError(f"this share is named {name}, not {args.name}")
-    if name is None:
-        raise UsageError("name the share")
     paths = SharePaths(name, args.root, resolve_group(args.group))
     if args.action in ("stop", "remove"):
         code, line = (stop_share if args.action == "stop" else remove_share)(paths)
@@ -82,7 +83,7 @@ def _geometry(args: argparse.Namespace) -> ShareGeometry | None:
 
 
 def _serve(
-    paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int, backing: Backing | None
+    paths: SharePaths, geometry: ShareGeometry | None, ready_fd: int, backing: Backing
 ) -> int:
     """Serve until SIGTERM/SIGINT. Signal handlers are in place before readiness is
     reported (closing ``ready_fd``), so a stop right after start-up stops cleanly. A
@@ -114,8 +115,8 @@ def _serve(
 
 
 def node_process_main(argv: list[str], options: BackingOptions | None = None) -> int:
-    """``python -m kvoffload.share.serve`` (how an engine starts a node process), or
-    ``python -m`` a backing's module with its ``options``: a share that cannot be
+    """``python -m`` a backing's module with its ``options`` (this one, shared-memory
+    slabs, when None): how an engine starts a node process. A share that cannot be
     served is one line in the share's log and exit status 2."""
     try:
         return main(["serve", *argv], options)

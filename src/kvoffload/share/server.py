@@ -12,16 +12,17 @@ of a stopped share cannot do that, but a ``rm -rf`` or systemd's ``RemoveIPC`` c
 it logs why and stops serving, so that engines converge on the node process of the
 share's new files.
 
-A backed share (``backing``, :mod:`.backing`) differs in its start (see
-:mod:`.server_start`) and, once its generation fence is open (checked in the serve
-loop every ``fence_poll_s`` while closed, and by any ``prepare_store``), before it
-books a slot or answers a load, it restores every complete chunk its files hold
+Its backing (``backing``, :mod:`.backing`) says where its slots are (see
+:mod:`.server_start`) and whether it restores them: a restoring backing (the disk
+tier's slabs), once the generation fence is open (checked in the serve loop every
+``fence_poll_s`` while closed, and by any ``prepare_store``), before it books a slot
+or answers a load, restores every complete chunk its files hold
 (:attr:`ShareServer.recovery`; logged as ``recovered N chunks, M copies ignored``).
 Until then lookups miss, loads are refused and stores answer ``no_room``.
 
 It then serves until stopped (:meth:`ShareServer.stop`, SIGTERM/SIGINT) and stays up
-when its last engine leaves: a restarted engine finds the share warm. A host share
-starts with an empty directory, whatever the slabs hold (bytes are never trusted
+when its last engine leaves: a restarted engine finds the share warm. A share in
+shared memory starts with an empty directory, whatever the slabs hold (bytes are never trusted
 without the index), and books no slot until older generations are fenced
 (:mod:`.fence`).
 
@@ -90,7 +91,7 @@ class ShareServer:
         listener: socket.socket,
         *,
         index: IndexWriter,
-        backing: Backing | None = None,
+        backing: Backing,
         release_backing: Callable[[], None] | None = None,
     ) -> None:
         self.paths = paths
@@ -98,9 +99,9 @@ class ShareServer:
         self.backing = backing
         self._release_backing = release_backing
         self._fence = GenerationFence(paths, geometry.generation)
-        fence_open = self._fence.open if backing is None else self._fence_then_recover
+        fence_open = self._fence_then_recover if backing.restores else self._fence.open
         self.book = ShareBook(directory, fence_open, index)
-        # A backed share's recovery, once done (None: not yet, or a host share).
+        # A restoring backing's recovery, once done (None: not yet, or nothing to restore).
         self.recovery: Recovered | None = None
         self.fence_poll_s = 0.05  # how often a closed fence is looked at (backed share)
         self.send_timeout_s = 0.1
@@ -114,7 +115,7 @@ class ShareServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._running = True
         self.refused = 0  # connections of untrusted processes, closed at once
-        self._own = _own_files(paths, geometry, backing is None)
+        self._own = _own_files(paths, backing.owned_files(paths, geometry))
         self._owned_at = time.monotonic()
         self.gone: str | None = None  # why it stopped serving: its files are not its own
 
@@ -126,8 +127,8 @@ class ShareServer:
 
     @property
     def recovering(self) -> bool:
-        """A backed share that has not recovered its chunks yet (its fence is closed)."""
-        return self.backing is not None and self.recovery is None
+        """A restoring share that has not recovered its chunks yet (its fence is closed)."""
+        return self.backing.restores and self.recovery is None
 
     def serve_forever(self) -> None:
         try:
@@ -172,11 +173,11 @@ class ShareServer:
             self._serve_frames(conn)
 
     def _fence_then_recover(self) -> bool:
-        """A backed share's fence check: once no older generation has a transfer in
+        """A restoring share's fence check: once no older generation has a transfer in
         flight, restore the complete chunks of its files (once); whether it is open."""
         if self.recovery is not None:
             return True
-        if self.backing is None or not self._fence.open():
+        if not self._fence.open():
             return False
         started = time.monotonic()
         entries, recovery = self.backing.recover(self.geometry)
@@ -297,12 +298,7 @@ def _log(paths: SharePaths, message: str) -> None:
     print(f"kvoffload share {paths.name}: {message}", file=sys.stderr, flush=True)
 
 
-def _own_files(
-    paths: SharePaths, geometry: ShareGeometry, slabs: bool
-) -> list[tuple[Path, os.stat_result]]:
+def _own_files(paths: SharePaths, slots: list[Path]) -> list[tuple[Path, os.stat_result]]:
     """The files a node process checks are still its own: its directory, its socket
-    and (a host share) its slab files, with their stats now."""
-    files = [paths.dir, paths.socket]
-    if slabs:
-        files += [paths.slab(rank) for rank in range(geometry.ranks)]
-    return [(path, os.lstat(path)) for path in files]
+    and its backing's slot files in its directory, with their stats now."""
+    return [(path, os.lstat(path)) for path in [paths.dir, paths.socket, *slots]]

@@ -6,22 +6,23 @@
 2. read the geometry from the meta file, or, for a new share, take the one given
    (the first engine's, or ``kvoffload share serve``'s arguments); bump the
    generation;
-3. create or check the rank slab files (:func:`~.slab_files.create_slab_files`:
-   kept with their slab id, or made anew, their space reserved, under a new one),
-   write the meta file (geometry, generation, slab id), and clear the index
+3. create or check the slots (the backing's: for shared-memory slabs
+   :func:`~.slab_files.create_slab_files`: kept with their slab id, or made anew,
+   their space reserved, under a new one), write the meta file (geometry,
+   generation, slab id), and clear the index
    (:mod:`.index`), stamped with the new generation; a share larger than its root's
    free space is a :class:`ConfigError` naming ``host_share_root``;
 4. listen on the socket: bound beside it, made 0600 (0660 with a group), then
    renamed over it, so a client never connects to a half-set-up socket; its pid goes
    into the server lock file.
 
-A backed share (``backing``, :mod:`.backing`; e.g. the disk tier's slabs,
-:mod:`kvoffload.tiers.disk_backing`) differs in two steps: after step 1 it takes its
-files alone (:meth:`~.backing.Backing.hold`: e.g. a private engine holding the disk
-namespace is a :class:`ConfigError` naming ``disk_path``, and the node process exits),
-and in step 3 it prepares its files instead of shared-memory slabs (its slab id is
-drawn when its meta file is made, and kept with it). Then it serves
-(:class:`~.server.ShareServer`).
+Its backing (:mod:`.backing`: shared-memory slabs by default,
+:class:`~.memory_backing.MemoryBacking`; e.g. the disk tier's slabs,
+:class:`~kvoffload.tiers.disk_backing.DiskBacking`) takes its files alone after step 1
+(:meth:`~.backing.Backing.hold`: e.g. a private engine holding the disk namespace is
+a :class:`ConfigError` naming ``disk_path``, and the node process exits), and makes
+or checks its slots in step 3 (:meth:`~.backing.Backing.prepare`, which says the slab
+id). Then it serves (:class:`~.server.ShareServer`).
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from kvoffload.core.errors import ConfigError, KvOffloadError
 from kvoffload.core.private_files import open_or_create
 from kvoffload.share.backing import Backing
 from kvoffload.share.index import IndexWriter
+from kvoffload.share.memory_backing import MemoryBacking
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.server import ShareServer
-from kvoffload.share.slab_files import SLAB_ID_BYTES, create_slab_files
 
 
 class AlreadyServing(KvOffloadError):
@@ -52,8 +53,13 @@ def open_server(
 ) -> ShareServer:
     """Start-up steps 1-4 of the module docstring; :class:`AlreadyServing` if another
     node process runs, :class:`ConfigError` for a new share without a geometry (or a
-    backed share whose files someone else holds, or a share that does not fit its
-    root's free space, or files another user made)."""
+    backing whose files someone else holds, or a share that does not fit its root's
+    free space, or files another user made). ``backing``: shared-memory slabs when
+    None."""
+    return _open(paths, geometry, MemoryBacking(paths.name) if backing is None else backing)
+
+
+def _open(paths: SharePaths, geometry: ShareGeometry | None, backing: Backing) -> ShareServer:
     paths.ensure_dir()
     lock_fd = open_or_create(paths.server_lock, os.O_RDWR, paths.policy)
     try:
@@ -63,27 +69,22 @@ def open_server(
         raise AlreadyServing(f"share {paths.name!r} already has a node process") from None
     release_backing: Callable[[], None] | None = None
     try:
-        if backing is not None:
-            release_backing = backing.hold(paths.name)
+        release_backing = backing.hold(paths.name)
         recorded = ShareGeometry.read(paths)
         chosen = recorded if recorded is not None else geometry
         if chosen is None:
-            key = "host_share" if backing is None else backing.config_key
-            raise ConfigError(key, f"share {paths.name!r} does not exist: give its size")
+            raise ConfigError(
+                backing.config_key, f"share {paths.name!r} does not exist: give its size"
+            )
         chosen = chosen.next_generation()
         directory = Directory(  # a bad policy or size fails here, before any file changes
             chosen.num_slots,
-            tier="host" if backing is None else backing.tier,
+            tier=backing.tier,
             policy=chosen.policy,
             store_threshold=chosen.store_threshold,
             max_admission_counters=chosen.max_admission_counters,
         )
-        if backing is None:
-            slab_id = create_slab_files(paths, chosen)
-        else:
-            backing.prepare(chosen)
-            slab_id = chosen.slab_id or os.urandom(SLAB_ID_BYTES)
-        chosen = chosen.with_slab_id(slab_id)
+        chosen = chosen.with_slab_id(backing.prepare(paths, chosen))
         chosen.write(paths)
         index = IndexWriter(paths, chosen.num_slots, chosen.generation)
         listener = _listen(paths)

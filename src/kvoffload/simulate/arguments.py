@@ -26,13 +26,13 @@ from kvoffload.simulate.settings import SimConfig
 from kvoffload.simulate.sweep import Workload
 from kvoffload.simulate.trace import TraceFile
 from kvoffload.simulate.units import ChunkUnits, parse_size
-from kvoffload.tiers.registry import TIERS
+from kvoffload.tiers.registry import HOST, LOWER_TIERS
 from kvoffload.workload.chat import ChatWorkload
 
 _DEFAULTS = SimConfig(cpu_bytes=64 * 2**30)
 _COST = CostModel()
 
-_LOWER = TIERS[0].name  # the examples' lower tier
+_LOWER = LOWER_TIERS[0].name  # the examples' lower tier
 
 _EPILOG = f"""\
 Without --trace the built-in multi-turn chat workload runs. A trace is this
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--cpu-bytes", default="64GiB", help="host memory: 16GiB, 9139chunks, 5%% (64GiB; 0: off)"
     )
-    for spec in TIERS:
+    for spec in LOWER_TIERS:
         k.add_argument(f"--{spec.name}-bytes", default="0", help=spec.sim.bytes_help)
     k.add_argument("--eviction", default=d.eviction, help=f"{' | '.join(policy_names())}")
     k.add_argument("--store-threshold", type=int, default=d.store_threshold, help="see docs")
@@ -173,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("cost model")
     c.add_argument("--prefill-s-per-token", type=float, default=_COST.prefill_s_per_token)
     c.add_argument("--decode-s-per-token", type=float, default=_COST.decode_s_per_token)
-    c.add_argument("--host-gbps", type=float, default=_COST.host_gbps, help="engine<->host GB/s")
-    for spec in TIERS:
+    c.add_argument("--host-gbps", type=float, default=_COST.host_gbps, help=HOST.sim.gbps_help)
+    for spec in LOWER_TIERS:
         c.add_argument(
             f"--{spec.name}-gbps",
             type=float,
@@ -269,7 +269,7 @@ def config_of(args: argparse.Namespace, chunk_tokens: int) -> SimConfig:
         prefill_s_per_token=args.prefill_s_per_token,
         decode_s_per_token=args.decode_s_per_token,
         host_gbps=args.host_gbps,
-        tier_gbps={spec.name: getattr(args, f"{spec.name}_gbps") for spec in TIERS},
+        tier_gbps={spec.name: getattr(args, f"{spec.name}_gbps") for spec in LOWER_TIERS},
         bytes_per_token=args.bytes_per_token,
     )
     return SimConfig(
@@ -303,7 +303,7 @@ def sized(args: argparse.Namespace, config: SimConfig, refs: References | None) 
             spec.name: parse_size(
                 getattr(args, f"{spec.name}_bytes"), f"--{spec.name}-bytes", units
             )
-            for spec in TIERS
+            for spec in LOWER_TIERS
         },
     )
 

@@ -25,19 +25,19 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from kvoffload.core.errors import UsageError
-from kvoffload.tiers.registry import TIERS
+from kvoffload.tiers.registry import HOST, LOWER_TIERS
 
 
 def default_tier_gbps() -> dict[str, float]:
     """Each lower tier's bandwidth by default (its spec's simulator lane)."""
-    return {spec.name: spec.sim.gbps for spec in TIERS}
+    return {spec.name: spec.sim.gbps for spec in LOWER_TIERS}
 
 
 @dataclass(frozen=True)
 class CostModel:
     prefill_s_per_token: float = 5e-5  # 20k tokens/s of prefill
     decode_s_per_token: float = 3e-4  # ~3.3k tokens/s of batched decode
-    host_gbps: float = 25.0  # PCIe Gen4 x16, each direction
+    host_gbps: float = HOST.sim.gbps
     bytes_per_token: int = 131072  # Llama-3-8B, fp16
     # per lower tier, GB/s both directions; a tier not named has its default
     tier_gbps: Mapping[str, float] = field(default_factory=default_tier_gbps, hash=False)

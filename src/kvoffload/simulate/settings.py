@@ -19,7 +19,7 @@ from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import describe, request_blocks, request_capacity
-from kvoffload.tiers.registry import tier_names
+from kvoffload.tiers.registry import lower_tier_names
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,11 @@ class SimConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"--{name.replace('_', '-')}: must be an integer >= 1")
-        unknown = sorted(set(self.tier_bytes) - set(tier_names()))
+        unknown = sorted(set(self.tier_bytes) - set(lower_tier_names()))
         if unknown:
             raise UsageError(f"--{unknown[0]}-bytes: no such tier")
         object.__setattr__(
-            self, "tier_bytes", {name: self.tier_bytes.get(name, 0) for name in tier_names()}
+            self, "tier_bytes", {name: self.tier_bytes.get(name, 0) for name in lower_tier_names()}
         )
         sizes = {"cpu_bytes": self.cpu_bytes}
         sizes.update({f"{name}_bytes": size for name, size in self.tier_bytes.items()})

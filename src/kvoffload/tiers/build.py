@@ -1,10 +1,17 @@
-"""The one place the lower tiers are built, from their specs (``tiers/registry.py``):
+"""The one place tiers are built, from their specs (``tiers/registry.py``):
 
-- :func:`tier_slots`: each enabled tier's capacity in chunks (the vLLM adapter's
-  geometry, both halves alike);
-- :func:`open_lower_tiers`: the scheduler half's indexes, opened in the registry's
-  order (:class:`LowerTiers`, closed once at shutdown);
-- :func:`open_tier_stores`: one worker's stores, by tier name;
+- :func:`open_directory` and :func:`open_store`: where a tier's directory lives, in
+  the engine or in a node process over a backing (the spec's
+  :attr:`~kvoffload.tiers.spec.TierSpec.node_share`), chosen here once for every
+  tier, host memory included, and one worker's store of it;
+- :func:`tier_slots`: each enabled lower tier's capacity in chunks (the vLLM
+  adapter's geometry, both halves alike);
+- :func:`open_engine_tiers`: the scheduler half's tiers (host memory's directory,
+  then the lower tiers' indexes in the registry's order, and the engine's session
+  at the node processes that keep any of them: :class:`EngineTiers`, closed once at
+  shutdown);
+- :func:`open_host_slots`, :func:`open_tier_stores`: one worker's host slots and
+  lower tiers' stores;
 - :func:`directory_tiers`: tiers booked in in-memory directories, by name and
   capacity, for the simulator and the reference engine (their bytes live in the
   simulated or manual worker);
@@ -21,9 +28,9 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvoffload.tiers.registry import TIERS
+from kvoffload.tiers.registry import HOST, LOWER_TIERS
 from kvoffload.tiers.spec import OpenedIndex, TierContext, TierSpec, TierStore
 
 if TYPE_CHECKING:
@@ -34,15 +41,61 @@ if TYPE_CHECKING:
     from kvoffload.core.scheduler import OffloadScheduler
     from kvoffload.core.scheduler_types import SchedulerConfig
     from kvoffload.core.tiering.lower import DirectoryTier, LowerTier
+    from kvoffload.tiers.node_shares import OpenedShare
+    from kvoffload.tiers.slot_rows import SlotRows
+
+
+I = TypeVar("I")  # noqa: E741
+S = TypeVar("S")
+
+
+def _nothing() -> None:
+    return None
 
 
 def _random_epoch() -> bytes:
     return os.urandom(16)
 
 
-def enabled_tiers(config: OffloadConfig) -> tuple[TierSpec, ...]:
-    """The tiers ``config`` turns on, in the registry's order."""
-    return tuple(spec for spec in TIERS if spec.enabled(config))
+def enabled_tiers(config: OffloadConfig) -> tuple[TierSpec[LowerTier, TierStore], ...]:
+    """The lower tiers ``config`` turns on, in the registry's order."""
+    return tuple(spec for spec in LOWER_TIERS if spec.enabled(config))
+
+
+def open_directory(
+    spec: TierSpec[I, Any], config: OffloadConfig, ctx: TierContext
+) -> tuple[OpenedIndex[I], OpenedShare | None]:
+    """Tier ``spec``'s index for the scheduler half: over a directory in a node
+    process when the configuration shares it (``spec.node_share``; booked under
+    ``ctx.session``, which must be set then), else the tier's own; and the share
+    opened (None: private). ``ConfigError`` when the tier or its share refuses."""
+    share = spec.node_share(config, ctx)
+    if share is None:
+        return spec.open_index(config, ctx), None
+    from kvoffload.tiers.node_shares import open_node_directory
+
+    if ctx.session is None:
+        raise ValueError(f"tier {spec.name}: a node-shared directory needs the engine's session")
+    opened = open_node_directory(
+        spec.name, share, namespace=ctx.namespace.digest(), session=ctx.session
+    )
+    try:
+        index = spec.over_directory(opened.directory)
+        share.after_open()
+    except BaseException:
+        opened.close()
+        raise
+    return OpenedIndex(index, opened.close), opened
+
+
+def open_store(spec: TierSpec[Any, S], config: OffloadConfig, ctx: TierContext) -> S:
+    """One worker's store of tier ``spec``: over the node process's files when the
+    configuration shares the tier (the node process started if none serves it),
+    else the tier's own. ``ConfigError`` when the tier or its share refuses."""
+    share = spec.node_share(config, ctx)
+    if share is None:
+        return spec.open_store(config, ctx)
+    return spec.open_shared_store(config, ctx, share)
 
 
 def tier_slots(config: OffloadConfig, chunk_bytes: int, world_size: int) -> dict[str, int]:
@@ -56,9 +109,11 @@ def tier_slots(config: OffloadConfig, chunk_bytes: int, world_size: int) -> dict
 @dataclass
 class LowerTiers:
     """The scheduler half's opened lower tiers, in order; one owner (the adapter's
-    scheduler role), which calls :meth:`close` once."""
+    scheduler role, through :class:`EngineTiers`), which calls :meth:`close` once."""
 
-    opened: list[tuple[TierSpec, OpenedIndex]] = field(default_factory=list)
+    opened: list[tuple[TierSpec[LowerTier, TierStore], OpenedIndex[LowerTier]]] = field(
+        default_factory=list
+    )
 
     @property
     def indexes(self) -> list[LowerTier]:
@@ -71,7 +126,7 @@ class LowerTiers:
                 return opened.index
         return None
 
-    def replace(self, name: str, opened: OpenedIndex) -> LowerTier:
+    def replace(self, name: str, opened: OpenedIndex[LowerTier]) -> LowerTier:
         """Hold ``opened`` as tier ``name``'s index from now on (harnesses swap in a
         deterministic one), closing the old one; returns the old index. KeyError
         when the tier is not open."""
@@ -89,7 +144,46 @@ class LowerTiers:
             opened.close()
 
 
-def open_lower_tiers(
+@dataclass
+class EngineTiers:
+    """The scheduler half's tiers, opened by :func:`open_engine_tiers`: host memory's
+    directory (``host``), the lower tiers (``lower``), the engine's ``session`` at
+    the node processes that keep any tier's directory (None: no tier is shared), and
+    those shares by tier name (their start-up text, link counters, plans' slab id).
+    One owner (the adapter's scheduler role), which calls :meth:`close` once."""
+
+    host: OpenedIndex[Directory]
+    lower: LowerTiers
+    session: bytes | None
+    shares: dict[str, OpenedShare]
+
+    @property
+    def host_share(self) -> OpenedShare | None:
+        """The host tier's share (None: private host memory)."""
+        return self.shares.get(HOST.name)
+
+    def close(self) -> None:
+        """Close the lower tiers (last opened first), then host memory's directory;
+        at most once."""
+        self.lower.close()
+        host_close, self.host.close = self.host.close, _nothing
+        host_close()
+
+
+def _contexts(
+    config: OffloadConfig, namespace: Namespace, *, world_size: int, chunk_bytes: int,
+    slots: Mapping[str, int], groups: int, rank: int = 0, session: bytes | None = None,
+) -> Callable[[TierSpec[Any, Any]], TierContext]:  # fmt: skip
+    def ctx(spec: TierSpec[Any, Any]) -> TierContext:
+        return TierContext(
+            namespace, world_size, chunk_bytes, slots.get(spec.name, 0), groups=groups,
+            eviction=config.eviction, rank=rank, session=session,
+        )  # fmt: skip
+
+    return ctx
+
+
+def open_engine_tiers(
     config: OffloadConfig,
     namespace: Namespace,
     *,
@@ -97,27 +191,53 @@ def open_lower_tiers(
     chunk_bytes: int,
     slots: Mapping[str, int],
     groups: int = 1,
-    session: bytes | None = None,
-) -> LowerTiers:
-    """Open every enabled tier's index (``slots``: from :func:`tier_slots`;
-    ``session``: the engine's session at its host share, if it names one)."""
-    tiers = LowerTiers()
+) -> EngineTiers:
+    """Open host memory's directory, then every enabled lower tier's index (``slots``:
+    each tier's capacity in chunks per rank, host memory's under ``"host"``). When
+    any of them is kept by a node process the engine draws a random session first,
+    which every share books under and every plan names for the workers' leases.
+    A tier that refuses (``ConfigError``) closes every tier opened before it."""
+    specs: list[TierSpec[Any, Any]] = [HOST, *enabled_tiers(config)]
+    draft = _contexts(config, namespace, world_size=world_size, chunk_bytes=chunk_bytes,
+                      slots=slots, groups=groups)  # fmt: skip
+    shared = any(spec.node_share(config, draft(spec)) is not None for spec in specs)
+    session = os.urandom(16) if shared else None
+    ctx = _contexts(config, namespace, world_size=world_size, chunk_bytes=chunk_bytes,
+                    slots=slots, groups=groups, session=session)  # fmt: skip
+    shares: dict[str, OpenedShare] = {}
+    host, share = open_directory(HOST, config, ctx(HOST))
+    if share is not None:
+        shares[HOST.name] = share
+    tiers = EngineTiers(host, LowerTiers(), session, shares)
     try:
-        for spec in enabled_tiers(config):
-            ctx = TierContext(
-                namespace,
-                world_size,
-                chunk_bytes,
-                slots.get(spec.name, 0),
-                groups=groups,
-                eviction=config.eviction,
-                session=session,
-            )
-            tiers.opened.append((spec, spec.open_index(config, ctx)))
+        for spec in specs[1:]:
+            opened, share = open_directory(spec, config, ctx(spec))
+            tiers.lower.opened.append((spec, opened))
+            if share is not None:
+                shares[spec.name] = share
     except BaseException:
         tiers.close()
         raise
     return tiers
+
+
+def open_host_slots(
+    config: OffloadConfig,
+    namespace: Namespace,
+    *,
+    rank: int,
+    world_size: int,
+    chunk_bytes: int,
+    slots: int,
+) -> SlotRows:
+    """Rank ``rank``'s host slots: its own slab of ``slots`` slots of ``chunk_bytes``,
+    or its slab of the host share (a :class:`~kvoffload.tiers.host_shared.SharedHostSlab`:
+    hold each plan's session and admit its slab before its jobs run). ``ConfigError``
+    when it cannot be opened."""
+    ctx = TierContext(namespace, world_size, chunk_bytes, slots, eviction=config.eviction,
+                      rank=rank)  # fmt: skip
+    slab: SlotRows = open_store(HOST, config, ctx)
+    return slab
 
 
 def open_tier_stores(
@@ -130,22 +250,15 @@ def open_tier_stores(
     slots: Mapping[str, int],
     groups: int = 1,
 ) -> dict[str, TierStore]:
-    """Rank ``rank``'s store of every enabled tier, by name (empty: no lower tier).
-    A store booked at a node process (:class:`~kvoffload.tiers.spec.SessionHolder`)
+    """Rank ``rank``'s store of every enabled lower tier, by name (empty: no lower
+    tier). A store booked at a node process (:class:`~kvoffload.tiers.spec.SessionHolder`)
     must be given each plan's session before its jobs run."""
+    ctx = _contexts(config, namespace, world_size=world_size, chunk_bytes=chunk_bytes,
+                    slots=slots, groups=groups, rank=rank)  # fmt: skip
     stores: dict[str, TierStore] = {}
     try:
         for spec in enabled_tiers(config):
-            ctx = TierContext(
-                namespace,
-                world_size,
-                chunk_bytes,
-                slots.get(spec.name, 0),
-                groups,
-                eviction=config.eviction,
-                rank=rank,
-            )
-            stores[spec.name] = spec.open_store(config, ctx)
+            stores[spec.name] = open_store(spec, config, ctx(spec))
     except BaseException:
         for store in stores.values():
             close = getattr(store, "close", None)
@@ -161,7 +274,7 @@ def directory_tiers(slots: Mapping[str, int], policy: str) -> list[DirectoryTier
     from kvoffload.core.directory import Directory
     from kvoffload.core.tiering.lower import DirectoryTier
 
-    order = {spec.name: i for i, spec in enumerate(TIERS)}
+    order = {spec.name: i for i, spec in enumerate(LOWER_TIERS)}
     names = sorted((n for n in slots if slots[n] > 0), key=lambda n: order.get(n, len(order)))
     return [DirectoryTier(Directory(slots[n], tier=n, policy=policy)) for n in names]
 

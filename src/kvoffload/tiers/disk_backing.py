@@ -51,6 +51,7 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.share.backing import Recovered
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import DEFAULT_ROOT, SharePaths
+from kvoffload.share.slab_files import SLAB_ID_BYTES
 from kvoffload.tiers.disk import DiskStore
 from kvoffload.tiers.disk_index import recover_chunks
 from kvoffload.tiers.disk_lock import DiskLock
@@ -66,6 +67,7 @@ class DiskBacking:
     tier = "disk"
     config_key = "disk_path"
     module = "kvoffload.tiers.disk_backing"
+    restores = True  # every slot carries its own header and checksum
 
     def share_name(self) -> str:
         """The share's name: ``disk-`` and 16 hex digits of the hash of the real path
@@ -87,14 +89,20 @@ class DiskBacking:
         (a private engine holding it: :class:`ConfigError` naming ``disk_path``)."""
         return DiskLock.acquire(self.root, self.namespace, share=share).release
 
-    def prepare(self, geometry: ShareGeometry) -> None:
+    def prepare(self, paths: SharePaths, geometry: ShareGeometry) -> bytes:
         """Create (or resize) every rank's slab with the share's geometry: preallocated,
         superblock written; chunks already there are kept (a full disk is a
-        :class:`~kvoffload.core.errors.ConfigError` naming ``disk_bytes``)."""
+        :class:`~kvoffload.core.errors.ConfigError` naming ``disk_bytes``). The slab id
+        is drawn when the share's meta file is made, and kept with it."""
         for rank in range(geometry.ranks):
             DiskStore(
                 self.root, self.namespace, rank, geometry.slot_bytes, geometry.num_slots
             ).close()
+        return geometry.slab_id or os.urandom(SLAB_ID_BYTES)
+
+    def owned_files(self, paths: SharePaths, geometry: ShareGeometry) -> list[Path]:
+        """None under the share's directory: the slabs are the disk tier's files."""
+        return []
 
     def recover(self, geometry: ShareGeometry) -> tuple[list[tuple[ChunkKey, int]], Recovered]:
         """The complete chunks in the share's slabs, oldest first, and the counts."""

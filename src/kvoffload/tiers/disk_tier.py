@@ -8,7 +8,8 @@ booked in the scheduler half's own directory rebuilt from the slabs at start
 holds its lock from opening the index to closing it (``tiers/disk_lock.py``), each
 worker checks it before opening its store. Shared (``disk_share``: with a host
 share by default), every engine of the node naming the same ``disk_path`` shares it
-through a node process of its own (``tiers/disk_shared.py``, decision 0017).
+through a node process of its own (:func:`node_share`, ``tiers/disk_node.py``,
+decision 0017), opened by the build as any node-shared tier.
 
 Importing this module imports nothing heavy; builders import the tier's modules.
 """
@@ -19,7 +20,7 @@ import argparse
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvoffload.core.config.sections import (
     ConfigSection,
@@ -33,13 +34,16 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.spec import (
     InspectCommand,
     Locality,
-    Medium,
     OpenedIndex,
     SimLane,
     TierContext,
     TierSpec,
     TierStore,
 )
+
+if TYPE_CHECKING:
+    from kvoffload.core.tiering.lower import LowerTier
+    from kvoffload.tiers.node_shares import NodeShare
 
 logger = logging.getLogger("kvoffload")
 
@@ -120,19 +124,14 @@ def slots(config: OptionValues, chunk_bytes: int, world_size: int) -> int:
     return count
 
 
-def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
+def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[LowerTier]:
     """The disk's directory, rebuilt from the slabs, under the namespace's lock (a
     second engine on the namespace: ``ConfigError``); its namespace record written."""
     from kvoffload.tiers.disk_index import open_disk_tier
     from kvoffload.tiers.disk_lock import DiskLock
-    from kvoffload.tiers.disk_shared import open_shared_index
     from kvoffload.tiers.namespace_records import record_namespace, write_disk_record
 
     root = Path(config.option("disk_path"))
-    if shared(config):
-        opened = open_shared_index(config, ctx)
-        record_namespace("disk", write_disk_record, root, ctx.namespace)
-        return opened
     digest = ctx.namespace.digest()
     lock = DiskLock.acquire(root, digest)
     try:
@@ -151,15 +150,11 @@ def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
 
 
 def open_store(config: OptionValues, ctx: TierContext) -> TierStore:
-    """This rank's slab (refused while another engine holds the namespace; with a
-    host share, its slab of the node's disk share)."""
+    """This rank's slab (refused while another engine holds the namespace)."""
     from kvoffload.tiers.disk import DiskStore
     from kvoffload.tiers.disk_lock import check_workers_engine
-    from kvoffload.tiers.disk_shared import open_shared_store
     from kvoffload.tiers.disk_store import DiskTierStore
 
-    if shared(config):
-        return open_shared_store(config, ctx)
     root = Path(config.option("disk_path"))
     digest = ctx.namespace.digest()
     check_workers_engine(root, digest)
@@ -173,6 +168,23 @@ def open_store(config: OptionValues, ctx: TierContext) -> TierStore:
         groups=ctx.groups,
     )
     return DiskTierStore(store)
+
+
+def node_share(config: OptionValues, ctx: TierContext) -> NodeShare | None:
+    """The node's disk share of ``disk_path`` when ``disk_share`` says so (None: this
+    engine's own disk tier)."""
+    if not shared(config):
+        return None
+    from kvoffload.tiers.disk_node import node_share as disk_share
+
+    return disk_share(config, ctx)
+
+
+def open_shared_store(config: OptionValues, ctx: TierContext, share: NodeShare) -> TierStore:
+    """This rank's slab of the node's disk share, and its lease."""
+    from kvoffload.tiers.disk_node import open_shared_store as open_slab
+
+    return open_slab(config, ctx, share)
 
 
 def describe(config: OptionValues, chunks: int) -> str:
@@ -213,9 +225,9 @@ def _inspect(args: argparse.Namespace) -> Any:
     return inspect_disk(Path(args.path), args.namespace, args.verify, args.world_size)
 
 
-DISK = TierSpec(
+DISK: TierSpec[LowerTier, TierStore] = TierSpec(
     name="disk",
-    medium=Medium.STORAGE,
+    medium="STORAGE",
     locality=Locality.LOCAL,
     section=SECTION,
     enabled=enabled,
@@ -224,7 +236,8 @@ DISK = TierSpec(
     open_store=open_store,
     describe=describe,
     worker_notes=worker_notes,
-    shared_by_node=shared,
+    node_share=node_share,
+    open_shared_store=open_shared_store,
     sim=SimLane(
         gbps=3.0,  # one NVMe SSD
         bytes_help="disk tier capacity (default 0: none)",

@@ -33,7 +33,6 @@ from kvoffload.core.secrets import read_secret_env, read_secret_file, redact_url
 from kvoffload.tiers.spec import (
     InspectCommand,
     Locality,
-    Medium,
     OpenedIndex,
     SimLane,
     TierContext,
@@ -42,6 +41,7 @@ from kvoffload.tiers.spec import (
 )
 
 if TYPE_CHECKING:
+    from kvoffload.core.tiering.lower import LowerTier
     from kvoffload.tiers.redis_client import RedisSettings
 
 logger = logging.getLogger("kvoffload")
@@ -174,7 +174,7 @@ def probe(client: Any, config: OptionValues) -> None:
         )
 
 
-def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex:
+def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[LowerTier]:
     """The cached view of what the server holds (a server that does not answer is
     warned about, then missed until it does); the namespace's record written."""
     from kvoffload.tiers.namespace_records import record_namespace, write_redis_record
@@ -269,9 +269,9 @@ def settle(config: OptionValues) -> None:
         password(config)
 
 
-REDIS = TierSpec(
+REDIS: TierSpec[LowerTier, TierStore] = TierSpec(
     name="redis",
-    medium=Medium.STORAGE,
+    medium="STORAGE",
     locality=Locality.REMOTE,
     section=SECTION,
     enabled=enabled,

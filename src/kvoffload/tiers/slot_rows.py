@@ -1,6 +1,6 @@
 """Fixed-size chunk slots over one flat byte buffer, as the transfer worker reads and
 writes them: the views that :class:`~kvoffload.tiers.host.HostSlab` (a private slab)
-and :class:`~kvoffload.share.slab.SharedSlab` (a node-shared one) both offer.
+and :class:`~kvoffload.tiers.host_shared_slab.SharedSlab` (a node-shared one) both offer.
 
 A subclass allocates or maps its memory and then calls :meth:`SlotRows._attach` with
 ``num_slots x chunk_bytes`` bytes; every view returned aliases that memory (no copy)
@@ -22,6 +22,7 @@ class SlotRows:
 
     chunk_bytes: int
     num_slots: int
+    pinned: bool  # page-locked for DMA (set by the subclass)
     _flat: torch.Tensor
     _rows: npt.NDArray[np.uint8]
 

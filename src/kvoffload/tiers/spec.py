@@ -1,22 +1,30 @@
-"""What a lower tier declares about itself: one :class:`TierSpec` per tier, in the
-tier's own module (``tiers/disk_tier.py``, ``tiers/redis_tier.py``), listed once in
-:mod:`kvoffload.tiers.registry`.
+"""What a tier declares about itself: one :class:`TierSpec` per tier, in the tier's
+own module (``tiers/host_tier.py``, ``tiers/disk_tier.py``, ``tiers/redis_tier.py``),
+listed once in :mod:`kvoffload.tiers.registry`.
 
 A spec names everything the rest of kvoffload needs to know of a tier, so that no
 module outside ``tiers/`` (and the test support, and ``inspection/``) names one:
 
 - its config section (:attr:`TierSpec.section`: the options a user writes, their
   checks and docs text; read by :mod:`kvoffload.core.config.typed`);
-- its medium and locality (vLLM's KV events; whether the tier announces removals);
-- the scheduler half's index (:attr:`TierSpec.open_index`: a
-  :class:`~kvoffload.core.tiering.lower.LowerTier`, with what must be closed after it) and
-  one worker's store (:attr:`TierSpec.open_store`: a :class:`TierStore`);
+- its medium and locality as vLLM's KV events name them (whether the tier announces
+  removals);
+- the scheduler half's index (:attr:`TierSpec.open_index`: for host memory a
+  directory, for a lower tier a :class:`~kvoffload.core.tiering.lower.LowerTier`,
+  with what must be closed after it) and one worker's store
+  (:attr:`TierSpec.open_store`: the host slots, or a lower tier's :class:`TierStore`);
+- whether a configuration shares the tier's directory with the engines of a node
+  (:attr:`TierSpec.node_share`: a :class:`~kvoffload.tiers.node_shares.NodeShare`,
+  or None), and then one worker's store over the share
+  (:attr:`TierSpec.open_shared_store`) and the index over the share's directory
+  (:attr:`TierSpec.over_directory`): the build (:mod:`kvoffload.tiers.build`) makes
+  that one choice for every tier;
 - its capacity in chunks (:attr:`TierSpec.slots`; 0 for a tier keyed by chunk whose
   capacity is its server's);
 - its start-up text (:attr:`TierSpec.describe`) and start-up warnings
   (:attr:`TierSpec.warn`);
 - its lane in the simulator (:attr:`TierSpec.sim`);
-- its ``kvoffload inspect`` subcommand (:attr:`TierSpec.inspect`).
+- its ``kvoffload inspect`` subcommand (:attr:`TierSpec.inspect`; None: none).
 
 Importing a spec module imports nothing heavy (no torch, numpy or client library):
 builders import what they use when called. Specs are frozen and shared.
@@ -27,7 +35,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from kvoffload.core.config.sections import ConfigSection, OptionValues
 from kvoffload.core.failures import ChunkFailure
@@ -36,13 +44,10 @@ from kvoffload.core.keys import ChunkKey, Namespace
 if TYPE_CHECKING:
     import argparse
 
-    from kvoffload.core.tiering.lower import LowerTier
+    from kvoffload.tiers.node_shares import NodeShare
 
-
-class Medium(enum.Enum):
-    """Where a tier keeps its bytes (vLLM's KV events name the medium)."""
-
-    STORAGE = "STORAGE"  # a local disk or a remote store
+I = TypeVar("I")  # noqa: E741  (the scheduler half's index of the tier)
+S = TypeVar("S")  # one worker's store of the tier
 
 
 class Locality(enum.Enum):
@@ -108,13 +113,18 @@ class SessionHolder(Protocol):
     def hold(self, session: bytes | None) -> None: ...
 
 
-@dataclass
-class OpenedIndex:
-    """A tier's scheduler-side index, opened: ``close`` releases what opening took
-    (a lock, a thread); called once, at shutdown or when opening a later tier failed."""
+def _nothing() -> None:
+    return None
 
-    index: LowerTier
-    close: Callable[[], None] = lambda: None
+
+@dataclass
+class OpenedIndex(Generic[I]):
+    """A tier's scheduler-side index, opened: ``close`` releases what opening took
+    (a lock, a thread, a node share's connections); called once, at shutdown or when
+    opening a later tier failed."""
+
+    index: I
+    close: Callable[[], None] = _nothing
 
 
 @dataclass(frozen=True)
@@ -147,45 +157,61 @@ def _no_warning(config: OptionValues) -> None:
     return None
 
 
-def _no_note(config: OptionValues, store: TierStore) -> None:
+def _no_note(config: OptionValues, store: Any) -> None:
     return None
 
 
-def _private(config: OptionValues) -> bool:
-    return False
+def _private(config: OptionValues, ctx: TierContext) -> NodeShare | None:
+    return None
+
+
+def _not_shareable(config: OptionValues, ctx: TierContext, share: NodeShare) -> Any:
+    raise AssertionError("a tier that is never shared has no shared store")
+
+
+def _over_directory(directory: Any) -> Any:
+    """A lower tier booked in a directory (:class:`~kvoffload.core.tiering.lower.DirectoryTier`)."""
+    from kvoffload.core.tiering.lower import DirectoryTier
+
+    return DirectoryTier(directory)
 
 
 @dataclass(frozen=True)
-class TierSpec:
-    """One lower tier, declared (see the module docstring). ``name`` is the tier's
-    label everywhere (metrics, events, jobs, request controls); ``section`` its
-    config section; ``enabled`` whether a configuration turns it on; ``slots`` its
-    capacity in chunks for a chunk of ``chunk_bytes`` on each of ``world_size`` ranks
-    (raises ``ConfigError`` naming the option when not even one fits; 0: unbounded,
-    keyed by chunk); ``open_index`` (scheduler half, once per engine) and
-    ``open_store`` (each worker, its rank's share) raise ``ConfigError`` for a
-    configuration the tier refuses; ``describe`` its part of the scheduler's start-up
-    line; ``warn`` logs its start-up warnings (never raises); ``settle`` checks, when
-    the engine starts, what needs the environment (files, variables) without
-    connecting; ``shared_by_node`` whether the configuration books the tier at a node
-    process under the engine's session (the scheduler half then draws a session even
-    without a host share, and puts it in every plan's metadata)."""
+class TierSpec(Generic[I, S]):
+    """One tier, declared (see the module docstring). ``name`` is the tier's label
+    everywhere (metrics, events, jobs, request controls); ``medium`` and
+    ``locality`` its labels in vLLM's KV events; ``section`` its config section;
+    ``enabled`` whether a configuration turns it on; ``slots`` its capacity in
+    chunks for a chunk of ``chunk_bytes`` on each of ``world_size`` ranks (raises
+    ``ConfigError`` naming the option when not even one fits; 0: unbounded, keyed by
+    chunk); ``open_index`` (scheduler half, once per engine) and ``open_store``
+    (each worker, its rank's share) open a private tier and raise ``ConfigError``
+    for a configuration the tier refuses; ``node_share`` says whether the
+    configuration shares the tier's directory with the node's engines (then the
+    build opens the share's directory, ``over_directory`` makes the tier's index of
+    it, and ``open_shared_store`` opens a worker's store over it: the scheduler half
+    draws a session, books under it and names it in every plan's metadata);
+    ``describe`` its part of the scheduler's start-up line; ``warn`` logs its
+    start-up warnings (never raises); ``settle`` checks, when the engine starts,
+    what needs the environment (files, variables) without connecting."""
 
     name: str
-    medium: Medium
+    medium: str
     locality: Locality
     section: ConfigSection
     enabled: Callable[[OptionValues], bool]
     slots: Callable[[OptionValues, int, int], int]
-    open_index: Callable[[OptionValues, TierContext], OpenedIndex]
-    open_store: Callable[[OptionValues, TierContext], TierStore]
+    open_index: Callable[[OptionValues, TierContext], OpenedIndex[I]]
+    open_store: Callable[[OptionValues, TierContext], S]
     describe: Callable[[OptionValues, int], str]
     sim: SimLane
-    inspect: InspectCommand
+    inspect: InspectCommand | None
     warn: Callable[[OptionValues], None] = _no_warning
     settle: Callable[[OptionValues], None] = _no_warning
-    worker_notes: Callable[[OptionValues, TierStore], None] = _no_note
-    shared_by_node: Callable[[OptionValues], bool] = _private
+    worker_notes: Callable[[OptionValues, S], None] = _no_note
+    node_share: Callable[[OptionValues, TierContext], NodeShare | None] = _private
+    open_shared_store: Callable[[OptionValues, TierContext, NodeShare], S] = _not_shareable
+    over_directory: Callable[[Any], I] = _over_directory
 
     @property
     def announces_removals(self) -> bool:

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvoffload.core.errors import ConfigError
-from kvoffload.tiers.host import HostSlab
+from kvoffload.tiers.slot_rows import SlotRows
 from kvoffload.transfer.cpu_kernel import copy_records
 from kvoffload.transfer.layout import KVLayout
 from kvoffload.transfer.plan import CopyPlan, Index
@@ -43,7 +43,7 @@ class CpuCopier:
     def __init__(
         self,
         layout: KVLayout,
-        slab: HostSlab,
+        slab: SlotRows,
         blocks_per_chunk: int,
         *,
         threads: int = 1,

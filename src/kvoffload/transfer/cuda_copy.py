@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvoffload.tiers.host import HostSlab
+from kvoffload.tiers.slot_rows import SlotRows
 from kvoffload.transfer.layout import KVLayout
 from kvoffload.transfer.plan import CopyPlan
 
@@ -54,7 +54,7 @@ class InFlight:
 class CudaCopier:
     """Enqueues :class:`CopyPlan` s between ``layout``'s device pages and ``slab`` rows."""
 
-    def __init__(self, layout: KVLayout, slab: HostSlab, blocks_per_chunk: int) -> None:
+    def __init__(self, layout: KVLayout, slab: SlotRows, blocks_per_chunk: int) -> None:
         self._device = layout.device
         self._layout = layout
         self._rows = slab.view(layout.word).view(slab.num_slots * blocks_per_chunk, -1)

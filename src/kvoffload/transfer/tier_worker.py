@@ -39,7 +39,7 @@ from typing import Protocol
 
 from kvoffload.core.failures import ChunkFailure, error_failure, timeout_failure
 from kvoffload.core.jobs import JobKind, JobResult, TierJob
-from kvoffload.tiers.host import HostSlab
+from kvoffload.tiers.slot_rows import SlotRows
 from kvoffload.tiers.spec import TierStore
 from kvoffload.transfer.io_deadlines import DeadlineBook, IoPhase
 from kvoffload.transfer.results import ResultBook
@@ -87,7 +87,7 @@ class _Parts:
 class TierWorker:
     def __init__(
         self,
-        slab: HostSlab,
+        slab: SlotRows,
         stores: dict[str, TierStore],
         *,
         threads: int = 4,

@@ -40,6 +40,7 @@ import torch
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
 from kvoffload.tiers.host import HostSlab
+from kvoffload.tiers.slot_rows import SlotRows
 from kvoffload.transfer.cpu_copy import CpuCopier
 from kvoffload.transfer.cuda_copy import CudaCopier, InFlight
 from kvoffload.transfer.lanes import Lane
@@ -56,7 +57,7 @@ class TransferWorker:
     def __init__(
         self,
         layout: KVLayout,
-        slab: HostSlab,
+        slab: SlotRows,
         blocks_per_chunk: int,
         *,
         threads: int = 1,
@@ -99,11 +100,11 @@ class TransferWorker:
         threads: int = 1,
         rank: int = 0,
         hook: CopyHook | None = None,
-        open_slab: Callable[[int], HostSlab] | None = None,
+        open_slab: Callable[[int], SlotRows] | None = None,
     ) -> TransferWorker:
         """Register ``kv_caches`` and allocate a host slab of ``host_budget_bytes``, or
         take the one ``open_slab(chunk_bytes)`` opens (a node-shared host tier's
-        rank slab, ``share.slab.SharedSlab``, which offers the same interface)."""
+        rank slab, :class:`~kvoffload.tiers.host_shared.SharedHostSlab`)."""
         layout = register_kv_caches(kv_caches, num_blocks)
         chunk_bytes = layout.chunk_bytes(blocks_per_chunk)
         slab = (

@@ -58,9 +58,9 @@ from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 from kvoffload.core.observe.events import CacheEvent, EventKind
 from kvoffload.tiers.registry import TIERS
 
-MEDIUM = {"host": "CPU", **{spec.name: spec.medium.value for spec in TIERS}}
-LOCALITY = {"host": "LOCAL", **{spec.name: spec.locality.value for spec in TIERS}}
-TRACKED_TIERS = frozenset({"host", *(spec.name for spec in TIERS if spec.announces_removals)})
+MEDIUM = {spec.name: spec.medium for spec in TIERS}
+LOCALITY = {spec.name: spec.locality.value for spec in TIERS}
+TRACKED_TIERS = frozenset(spec.name for spec in TIERS if spec.announces_removals)
 """The tiers whose chunks are tracked until removed: those that announce removals."""
 
 

@@ -40,7 +40,7 @@ from kvoffload.adapters.vllm.deployment import deployment_problem
 from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
-from kvoffload.tiers.registry import TIERS
+from kvoffload.tiers.registry import LOWER_TIERS
 
 logger = logging.getLogger("kvoffload")
 
@@ -125,7 +125,7 @@ def check_transfer_config(transfer: Any) -> OffloadConfig | None:
         try:
             extra = _field(ours, "kv_connector_extra_config")
             config = OffloadConfig.from_dict({} if extra is None else extra)
-            for spec in TIERS:
+            for spec in LOWER_TIERS:
                 spec.settle(config)  # e.g. a password file that cannot be read
         except ConfigError as exc:
             _refuse("invalid kv_connector_extra_config", exc)

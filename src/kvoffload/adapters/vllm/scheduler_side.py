@@ -4,10 +4,8 @@ scheduler half (one per engine; no tensors)."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Iterable
-from typing import cast
 
 from kvoffload.adapters.prometheus import MetricsEndpoint
 from kvoffload.adapters.vllm.compat import (
@@ -23,18 +21,12 @@ from kvoffload.adapters.vllm.compat import (
 from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
-from kvoffload.adapters.vllm.host_share import (
-    LinkCounters,
-    SchedulerShare,
-    open_scheduler_share,
-    share_settings,
-)
+from kvoffload.adapters.vllm.link_metrics import LinkCounters
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.scheduler_weights import SchedulerWeights
 from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config.typed import OffloadConfig
-from kvoffload.core.directory import Directory
 from kvoffload.core.identity.weights import WeightsState
 from kvoffload.core.jobs import StepPlan, TransferJob
 from kvoffload.core.keys import ChunkKey
@@ -44,7 +36,8 @@ from kvoffload.core.observe.metrics_view import MetricsReading, read_metrics
 from kvoffload.core.scheduler.block_tables import flat
 from kvoffload.core.scheduler_types import ScheduledRequest, StepInput
 from kvoffload.core.tiering.lower import LowerTier
-from kvoffload.tiers.build import LowerTiers, build_scheduler, enabled_tiers, open_lower_tiers
+from kvoffload.tiers.build import EngineTiers, build_scheduler, open_engine_tiers
+from kvoffload.tiers.node_shares import OpenedShare
 from kvoffload.tiers.spec import OpenedIndex
 
 logger = logging.getLogger("kvoffload")
@@ -89,15 +82,14 @@ class SchedulerSide:
     consistent state between engine calls, and runs under the :class:`Guard`: no
     exception reaches vLLM (the first turns offloading off, see ``guard.py``).
 
-    It opens the lower tiers (``tiers/build.py``) and owns them (``lower``) until
-    :meth:`shutdown`: a tier may hold a lock from then on (the disk tier refuses a
-    second engine of the same model on the same ``disk_path`` with a
-    ``ConfigError``). A failed construction closes every tier it opened.
-
-    With ``host_share`` its host directory is the share's
-    (:class:`~kvoffload.share.client.ShareDirectory`, ``adapters/vllm/host_share.py``),
-    owned here (``share``) and closed at :meth:`shutdown`; every plan's metadata
-    names its session, for the workers' leases.
+    It opens every tier through the build (``tiers/build.py``: host memory's
+    directory and the lower tiers' indexes, each in the engine or in a node process
+    over a backing) and owns them (``tiers``) until :meth:`shutdown`: a tier may hold
+    a lock from then on (the disk tier refuses a second engine of the same model on
+    the same ``disk_path`` with a ``ConfigError``). A failed construction closes every
+    tier it opened. When a node process keeps any tier's directory, every plan's
+    metadata names the engine's session there (``session``), for the workers' leases,
+    and, with a host share, the slab its bookings are in.
     """
 
     def __init__(
@@ -106,65 +98,36 @@ class SchedulerSide:
         self.lock = threading.RLock()
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
         g = self.geometry
-        settings = share_settings(config)  # before any tier or share is opened
-        self.share: SchedulerShare | None = None
-        self.session: bytes | None = None
-        self.lower = LowerTiers()
+        self.tiers: EngineTiers = open_engine_tiers(
+            config,
+            g.namespace,
+            world_size=g.world_size,
+            chunk_bytes=g.chunk_bytes,
+            slots={"host": g.num_slots, **g.tier_slots},
+            groups=len(g.kv_groups),
+        )
+        self.session = self.tiers.session
         try:
-            if settings is not None:  # first: a lower tier may book under its session
-                self.share = open_scheduler_share(
-                    settings, chunk_bytes=g.chunk_bytes, ranks=g.world_size, namespace=g.namespace
-                )
-            self.session = self._session(config)
-            self.lower = open_lower_tiers(
-                config,
-                g.namespace,
-                world_size=g.world_size,
-                chunk_bytes=g.chunk_bytes,
-                slots=g.tier_slots,
-                groups=len(g.kv_groups),
-                session=self.session,
-            )
             self._open(vllm_config, config)
         except BaseException:
-            self.lower.close()
-            self._close_share()
+            self.tiers.close()
             raise
-
-    def _session(self, config: OffloadConfig) -> bytes | None:
-        """The engine's session at its node processes (every plan's metadata names it
-        for the workers' leases): its host share's, else one drawn here when a lower
-        tier is booked at a node process, else None. Called once, before any tier opens."""
-        if self.share is not None:
-            return self.share.directory.session
-        if any(spec.shared_by_node(config) for spec in enabled_tiers(config)):
-            return os.urandom(16)
-        return None
 
     def _open(self, vllm_config: VllmConfig, config: OffloadConfig) -> None:
         g = self.geometry
-        directory: Directory
-        if self.share is not None:  # the share's client offers the Directory interface
-            directory = cast(Directory, self.share.directory)
-        else:
-            directory = Directory(
-                g.num_slots,
-                tier="host",
-                policy=config.eviction,
-                store_threshold=config.store_threshold,
-            )
         self.scheduler = build_scheduler(
             g.scheduler_config(config),
-            directory,
+            self.tiers.host.index,
             g.namespace,
-            self.lower.indexes,
+            self.tiers.lower.indexes,
             spill_after_hits=config.spill_after_hits,
             weights=WeightsState(g.world_size),  # the workers report their fingerprints
         )
         self.weights = SchedulerWeights(self.scheduler)  # decision 0019
         self.chunk_bytes = g.chunk_bytes * g.world_size  # one chunk, all workers
+        host_share = self.tiers.host_share
         self.link_counters = (
-            LinkCounters(self.scheduler.metrics) if self.share is not None else None
+            LinkCounters(self.scheduler.metrics) if host_share is not None else None
         )
         self.deltas = DeltaSource(self.read_metrics, self._take_observations)
         self.events: EventTranslator | None = None
@@ -180,15 +143,20 @@ class SchedulerSide:
         if config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.read_metrics, config.metrics_port)
 
+    @property
+    def share(self) -> OpenedShare | None:
+        """The host tier's node share (None: private host memory)."""
+        return self.tiers.host_share
+
     def lower_tier(self, name: str) -> LowerTier | None:
         """The scheduler half's index of tier ``name`` (None: the tier is off)."""
-        return self.lower.index(name)
+        return self.tiers.lower.index(name)
 
-    def replace_lower_tier(self, opened: OpenedIndex) -> None:
+    def replace_lower_tier(self, opened: OpenedIndex[LowerTier]) -> None:
         """Swap in ``opened`` for the open tier of its name (harnesses: an index in
         logical time), before the first step; the old one is closed."""
         name = opened.index.name
-        self.lower.replace(name, opened)
+        self.tiers.lower.replace(name, opened)
         self.scheduler.tiers.replace(opened.index)
 
     def summary(self, load_failure_policy: str) -> str:
@@ -203,7 +171,8 @@ class SchedulerSide:
             tier_chunks=g.tier_slots,
             load_failure_policy=load_failure_policy,
         )
-        return line if self.share is None else f"{line}, {self.share.describe()}"
+        shares = [share.describe() for share in self.tiers.shares.values()]
+        return ", ".join([line, *shares])
 
     def bind_block_pool(self, pool: object) -> None:
         """vLLM's block pool: a reset of its prefix cache starts a weights check."""
@@ -262,7 +231,8 @@ class SchedulerSide:
     def _slab_id(self) -> bytes | None:
         """The host share's slab the plan just built moves bytes of (None: a private
         host tier); the next plan's bookings are bound to the node process now."""
-        return self.share.directory.seal_plan() if self.share is not None else None
+        share = self.tiers.host_share
+        return share.seal_plan() if share is not None else None
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta
@@ -350,8 +320,9 @@ class SchedulerSide:
 
     def read_metrics(self, with_gauges: bool = True) -> MetricsReading:
         with self.lock:
-            if self.share is not None and self.link_counters is not None:
-                self.link_counters.sync(self.share.directory.link.stats)
+            share = self.tiers.host_share
+            if share is not None and self.link_counters is not None:
+                self.link_counters.sync(share.link_stats())
             return read_metrics(self.scheduler, self.chunk_bytes, with_gauges=with_gauges)
 
     def _take_observations(self) -> dict[Series, list[float]]:
@@ -384,11 +355,4 @@ class SchedulerSide:
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None
-        self.lower.close()
-        self._close_share()
-
-    def _close_share(self) -> None:
-        """Close the share's connections (its node process keeps running)."""
-        if self.share is not None:
-            self.share.directory.close()
-            self.share = None
+        self.tiers.close()  # a share's node process keeps running

@@ -24,7 +24,7 @@ from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.inspection.render import human_bytes as size
 from kvoffload.tiers.build import enabled_tiers
 from kvoffload.tiers.namespace_records import record_namespace
-from kvoffload.tiers.registry import TIERS
+from kvoffload.tiers.registry import LOWER_TIERS
 
 __all__ = ["record_namespace", "scheduler_summary", "warn_tiers", "worker_summary"]
 
@@ -33,7 +33,7 @@ logger = logging.getLogger("kvoffload")
 
 def warn_tiers(config: OffloadConfig) -> None:
     """Each tier's start-up warnings about ``config``."""
-    for spec in TIERS:
+    for spec in LOWER_TIERS:
         spec.warn(config)
 
 

@@ -22,13 +22,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import cast
 
 import torch
 
 from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_parallel_rank
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
-from kvoffload.adapters.vllm.host_share import WorkerShare, share_settings
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.adapters.vllm.worker_weights import WorkerWeights
@@ -37,8 +35,9 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.core.identity.weights import FENCED
 from kvoffload.core.jobs import JobResult, TransferJob, WorkerReport
 from kvoffload.core.step_runner import StepRunner
-from kvoffload.tiers.build import enabled_tiers, open_tier_stores
-from kvoffload.tiers.host import HostSlab
+from kvoffload.tiers.build import enabled_tiers, open_host_slots, open_tier_stores
+from kvoffload.tiers.host_shared import SharedHostSlab
+from kvoffload.tiers.slot_rows import SlotRows
 from kvoffload.tiers.spec import SessionHolder
 from kvoffload.transfer import CopyHook, TransferWorker
 from kvoffload.transfer.cpu_kernel import NATIVE
@@ -55,18 +54,18 @@ class WorkerSide:
     (with their staging slabs: none without a lower tier); ``copy_hook``,
     ``rank_override``, ``clock`` (of the tier I/O deadlines) and ``io_hook`` (called
     before each tier call) are set by tests and harnesses before
-    ``register_kv_caches``. With ``host_share`` its host slab is its rank's slab of
-    the share, and it holds a lease on the session every plan names before running
-    the plan's jobs (``share``: ``adapters/vllm/host_share.py``)."""
+    ``register_kv_caches``. Its host slots and lower tiers' stores are opened by the
+    build (``tiers/build.py``); a store kept by a node process (a host share's slab:
+    ``share``) holds a lease on the session every plan names before running the
+    plan's jobs, and a host share's slab is checked against the slab the plan names."""
 
     def __init__(
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: OffloadConfig
     ) -> None:
         self.geometry: Geometry = derive_geometry(vllm_config, kv_cache_config, config)
         self.config = config
-        self.share_settings = share_settings(config)
-        self.share: WorkerShare | None = None  # from register_kv_caches on, with a share
-        self._session_stores: list[SessionHolder] = []  # tier stores booked at a node process
+        self.share: SharedHostSlab | None = None  # from register_kv_caches on, with a host share
+        self._session_stores: list[SessionHolder] = []  # stores booked at a node process
         self.copy_hook: CopyHook | None = None  # tests: hold or fail copies
         self.rank_override: int | None = None  # harnesses running several ranks in one process
         self.rank = 0
@@ -142,20 +141,30 @@ class WorkerSide:
         self.runner = StepRunner(backend)
         logger.info("%s", self._summary(worker, tiers))
 
-    def _open_slab(self, chunk_bytes: int) -> HostSlab:
-        """This rank's slab of the share (ConfigError: the chunks do not fit it)."""
-        assert self.share_settings is not None
-        self.share = WorkerShare(
-            self.share_settings,
-            chunk_bytes=chunk_bytes,
-            rank=self.rank,
-            ranks=self.geometry.world_size,
-        )
-        return cast(HostSlab, self.share.slab)  # offers HostSlab's interface
+    def _open_slab(self, chunk_bytes: int) -> SlotRows:
+        """This rank's host slots, for chunks of ``chunk_bytes`` (the registered KV
+        tensors'): ConfigError when those are not the KV cache config's, or the host
+        share refuses them."""
+        g = self.geometry
+        if chunk_bytes != g.chunk_bytes:
+            raise ConfigError(
+                "kv_caches",
+                f"the registered KV tensors hold {chunk_bytes} bytes per chunk, the KV "
+                f"cache config {g.chunk_bytes}: unsupported layout",
+            )
+        slab = open_host_slots(
+            self.config, g.namespace, rank=self.rank, world_size=g.world_size,
+            chunk_bytes=chunk_bytes, slots=g.num_slots,
+        )  # fmt: skip
+        if isinstance(slab, SharedHostSlab):
+            self.share = slab
+        if isinstance(slab, SessionHolder):
+            self._session_stores.append(slab)
+        return slab
 
     def _open_worker(self, kv_caches: Mapping[str, torch.Tensor]) -> TransferWorker:
         g = self.geometry
-        worker = TransferWorker.for_kv_caches(
+        return TransferWorker.for_kv_caches(
             kv_caches,
             g.num_blocks,
             blocks_per_chunk=g.blocks_per_chunk,
@@ -163,16 +172,8 @@ class WorkerSide:
             threads=self.config.copy_threads,
             rank=self.rank,
             hook=self.copy_hook,
-            open_slab=self._open_slab if self.share_settings is not None else None,
+            open_slab=self._open_slab,
         )
-        if self.share is None and worker.slab.num_slots != g.num_slots:
-            worker.shutdown()
-            raise ConfigError(
-                "kv_caches",
-                f"the registered KV tensors hold {worker.layout.chunk_bytes(g.blocks_per_chunk)} "
-                f"bytes per chunk, the KV cache config {g.chunk_bytes}: unsupported layout",
-            )
-        return worker
 
     def _summary(self, worker: TransferWorker, tiers: TierWorker | None) -> str:
         layout = worker.layout
@@ -199,11 +200,7 @@ class WorkerSide:
             copy_path=copy_path,
             tiers=sorted(tiers.stores) if tiers is not None else [],
         )
-        if self.share is None:
-            return line
-        paths = self.share.settings.paths
-        who = "started its node process" if self.share.started else "found it running"
-        return f"{line}, slab of host share {paths.name!r} ({paths.slab(self.rank)}; {who})"
+        return line if self.share is None else f"{line}, {self.share.describe()}"
 
     def _open_tiers(self, worker: TransferWorker) -> TierWorker | None:
         g, config = self.geometry, self.config
@@ -216,7 +213,7 @@ class WorkerSide:
             slots=g.tier_slots,
             groups=len(g.kv_groups),
         )
-        self._session_stores = [s for s in stores.values() if isinstance(s, SessionHolder)]
+        self._session_stores += [s for s in stores.values() if isinstance(s, SessionHolder)]
         if not stores:
             return None
         return TierWorker(
@@ -261,18 +258,16 @@ class WorkerSide:
             self.runner.backend.refusal = None if allowed else FENCED
 
     def _hold_session(self, metadata: PlanMetadata) -> None:
-        """With a share: lease the session the plan names before any of its jobs run,
-        at the host share and at every tier store booked by a node process; and check
-        that this worker's slab is the one the plan names (remapped if the share's
-        files were made anew and nothing is in flight on the old one), else the plan's
-        jobs that touch host slots fail (``WorkerShare.admit``)."""
-        if self.share is not None:
-            self.share.hold(metadata.session)
-            if self.runner is not None:
-                backend = self.runner.backend
-                backend.host_refusal = self.share.admit(metadata.slab_id, backend.host_busy)
+        """Lease the session the plan names before any of its jobs run, at every store
+        booked by a node process (a host share's slab, a shared disk's); with a host
+        share, check that this worker's slab is the one the plan names (remapped if
+        the share's files were made anew and nothing is in flight on the old one),
+        else the plan's jobs that touch host slots fail (``SharedHostSlab.admit``)."""
         for store in self._session_stores:
             store.hold(metadata.session)
+        if self.share is not None and self.runner is not None:
+            backend = self.runner.backend
+            backend.host_refusal = self.share.admit(metadata.slab_id, backend.host_busy)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         """Collect results: (None, ids of the requests whose load finished or failed,

@@ -31,7 +31,7 @@ def sigkill(h: VllmHarness) -> list[ChunkKey]:
     share = h.side.share
     assert share is not None
     share.directory.close()  # its sockets and generation locks: nothing is sent
-    h.side.share = None
+    h.side.tiers.shares.pop("host")
     for tier in half.tiers.directory_tiers():  # a disk tier shared by the node's engines
         if isinstance(tier.directory, ShareDirectory):
             tier.directory.close()

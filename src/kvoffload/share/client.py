@@ -1,5 +1,5 @@
-"""The share's directory as one engine sees it: the interface of
-:class:`~kvoffload.core.directory.Directory` that the scheduler half uses, each call
+"""The share's directory as one engine sees it: a
+:class:`~kvoffload.core.directory.HostDirectory` (checked statically below), each call
 one round trip to the node process (:mod:`.server`) but ``readable_prefix`` (the
 index). Its queries are in :mod:`.queries`; the calls that book, complete and remove
 are here.
@@ -47,8 +47,9 @@ import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from kvoffload.core.directory import PreparedStore
+from kvoffload.core.directory import EvictionHook, PreparedStore
 from kvoffload.core.directory.directory import DIRECTORY_COUNTERS
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
@@ -118,7 +119,7 @@ class ShareDirectory(ShareQueries):
         self.session = os.urandom(16) if session is None else session
         self.metrics = CounterScope.private(tier=tier)
         self.metrics.declare(*DIRECTORY_COUNTERS)
-        self.on_evict: Callable[[tuple[ChunkKey, ...]], None] | None = None
+        self.on_evict: EvictionHook | None = None
         self.on_close: list[Callable[[], None]] = []  # run by close(), once
         self.attachment = Attachment(paths, bind_plans=bind_plans, fence=fence)
         self.users = UsersHold(paths) if users else None
@@ -331,3 +332,9 @@ def _counts(keys: Sequence[ChunkKey]) -> dict[ChunkKey, int]:
     for key in keys:
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+if TYPE_CHECKING:
+    from kvoffload.core.directory import HostDirectory
+
+    _conforms: type[HostDirectory] = ShareDirectory

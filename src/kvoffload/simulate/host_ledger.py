@@ -1,6 +1,7 @@
 """Host memory of several simulated replicas: the shared tier and the memory ledger.
 
-- :class:`SharedHost` is the host :class:`~kvoffload.core.directory.Directory` that
+- :class:`SharedHost` is the host :class:`~kvoffload.core.directory.Directory` (a
+  :class:`~kvoffload.core.directory.HostDirectory`, checked statically below) that
   every replica's scheduler half uses when they share one tier (``--host-share``): one
   index, one eviction policy, one admission filter. Whoever stores a chunk, every
   replica hits it once its store completed. It remembers which replica prepared each
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvoffload.core.chunk_state import ChunkState
-from kvoffload.core.directory import Directory, PreparedStore
+from kvoffload.core.directory import Directory, HostDirectory, PreparedStore
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.observe.events import EventKind
 
@@ -35,10 +37,26 @@ class SharedHost(Directory):
     Owns, besides the directory's state, the store owner of every chunk it allocated
     (kept until the key is stored again, read only for present keys), the (replica,
     chunk) pairs counted and the spared stores per replica. ``current`` is set by
-    the driver; nothing else changes."""
+    the driver; nothing else changes. ``tier`` and ``max_admission_counters`` are
+    the directory's."""
 
-    def __init__(self, num_slots: int, replicas: int, *, policy: str, store_threshold: int) -> None:
-        super().__init__(num_slots, policy=policy, store_threshold=store_threshold)
+    def __init__(
+        self,
+        num_slots: int,
+        replicas: int,
+        *,
+        policy: str,
+        store_threshold: int,
+        tier: str = "host",
+        max_admission_counters: int = 65536,
+    ) -> None:
+        super().__init__(
+            num_slots,
+            tier=tier,
+            policy=policy,
+            store_threshold=store_threshold,
+            max_admission_counters=max_admission_counters,
+        )
         self.current = 0
         self.owner: dict[ChunkKey, int] = {}
         self._spared: set[tuple[int, ChunkKey]] = set()  # (replica, key) counted
@@ -78,7 +96,7 @@ class HostLedger:
     """What the host directories of a run hold (module docstring). Owns its counts;
     reads the directories and drains their events in :meth:`observe`."""
 
-    def __init__(self, directories: Sequence[Directory]) -> None:
+    def __init__(self, directories: Sequence[HostDirectory]) -> None:
         self.directories = list(directories)
         self.copies: Counter[ChunkKey] = Counter()  # readable copies of each chunk
         self.extra = 0  # copies beyond the first, now
@@ -108,3 +126,7 @@ class HostLedger:
     def distinct(self) -> int:
         """Distinct chunks held readable now."""
         return len(self.copies)
+
+
+if TYPE_CHECKING:
+    _conforms: type[HostDirectory] = SharedHost

@@ -4,6 +4,9 @@
   and stores, pins, atomic eviction, events); it holds and alone mutates the
   slot table, the admission filter and its events; it counts evictions, admission
   refusals and refused stores in a metrics recorder (``Directory.metrics``).
+- :mod:`.protocol`: :class:`HostDirectory`, the directory as its users see it,
+  implemented by :class:`Directory`, the share client and the simulator's shared host
+  (each checks its conformance statically), and the eviction hook type.
 - :mod:`.slots`: :class:`SlotTable`, key -> slot, per-slot state and pins, the
   free list; queries and the slot primitives the directory calls.
 - :mod:`.admission`: :class:`AdmissionFilter`, admission by reuse.
@@ -11,11 +14,13 @@
 - :mod:`.integrity`: every invariant, checked on demand over what the directory
   passes in (it imports nothing from :mod:`.directory`).
 
-Import dependencies run one way: directory -> integrity -> slots -> results.
+Import dependencies run one way: directory -> integrity -> slots -> results;
+directory -> protocol -> results.
 """
 
 from kvoffload.core.directory.admission import AdmissionFilter
 from kvoffload.core.directory.directory import Directory
+from kvoffload.core.directory.protocol import EvictionHook, HostDirectory
 from kvoffload.core.directory.results import (
     LookupResult,
     LookupStatus,
@@ -26,6 +31,8 @@ from kvoffload.core.directory.slots import SlotTable
 __all__ = [
     "AdmissionFilter",
     "Directory",
+    "EvictionHook",
+    "HostDirectory",
     "LookupResult",
     "LookupStatus",
     "PreparedStore",

@@ -1,5 +1,8 @@
 """The chunk directory of one tier: which chunk lives in which slot, pins, eviction.
 
+The engine's own implementation of
+:class:`~kvoffload.core.directory.protocol.HostDirectory` (checked statically below).
+
 Bookkeeping only; it never moves bytes. Ownership: the directory holds, and alone
 mutates, its :class:`~kvoffload.core.directory.slots.SlotTable` (key -> slot,
 per-slot state and pins, free list), its admission filter and the pending events;
@@ -27,11 +30,13 @@ directory is unchanged. Transfer failures are not exceptions: they arrive as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory.admission import AdmissionFilter, sort_store_keys
 from kvoffload.core.directory.integrity import verify
+from kvoffload.core.directory.protocol import EvictionHook
 from kvoffload.core.directory.results import LookupResult, PreparedStore
 from kvoffload.core.directory.room import evict_for
 from kvoffload.core.directory.slots import _PINNED, _STORING, SlotTable
@@ -77,7 +82,7 @@ class Directory:
         self.metrics.declare(*DIRECTORY_COUNTERS)
         self._slots = SlotTable(num_slots)
         self._events: list[CacheEvent] = []
-        self.on_evict: Callable[[tuple[ChunkKey, ...]], None] | None = None
+        self.on_evict: EvictionHook | None = None
 
     # ------------------------------------------------------------ queries (no side effects)
 
@@ -321,3 +326,9 @@ class Directory:
         """Verify every internal invariant; raise ContractViolation naming the first
         broken one. O(num_slots): for tests and debug runs."""
         verify(self._slots, self.policy, self.admission, self.tier)
+
+
+if TYPE_CHECKING:
+    from kvoffload.core.directory.protocol import HostDirectory
+
+    _conforms: type[HostDirectory] = Directory

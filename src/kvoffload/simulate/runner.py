@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import Directory, HostDirectory
 from kvoffload.core.errors import UsageError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler import OffloadScheduler
@@ -58,7 +58,7 @@ class Simulation:
     def __init__(
         self,
         config: SimConfig,
-        host: Directory | None = None,
+        host: HostDirectory | None = None,
         hasher: ContentHasher | None = None,
     ) -> None:
         self.config = c = config
@@ -75,7 +75,7 @@ class Simulation:
             max_running=c.max_running,
             enable_prefix_caching=c.prefix_caching,
         )
-        self.host: Directory | None = None
+        self.host: HostDirectory | None = None
         self.lower: list[DirectoryTier] = []
         self.scheduler: OffloadScheduler | None = None
         self.worker: SimWorker | None = None

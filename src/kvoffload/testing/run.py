@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import Directory, HostDirectory
 from kvoffload.core.jobs import StepPlan, WorkerReport
 from kvoffload.core.keys import Namespace
 from kvoffload.core.scheduler import OffloadScheduler
@@ -168,7 +168,9 @@ def run_schedule(
     return outcome
 
 
-def _check_quiescent(engine: ReferenceEngine, scheduler: OffloadScheduler, d: Directory) -> None:
+def _check_quiescent(
+    engine: ReferenceEngine, scheduler: OffloadScheduler, d: HostDirectory
+) -> None:
     problems = []
     if d.pinned_count:
         problems.append(f"{d.pinned_count} pins")

@@ -35,7 +35,7 @@ from kvoffload.tiers.spec import OpenedIndex, TierContext, TierSpec, TierStore
 
 if TYPE_CHECKING:
     from kvoffload.core.config.typed import OffloadConfig
-    from kvoffload.core.directory import Directory
+    from kvoffload.core.directory import HostDirectory
     from kvoffload.core.identity.weights import WeightsState
     from kvoffload.core.keys import Namespace
     from kvoffload.core.scheduler import OffloadScheduler
@@ -152,7 +152,7 @@ class EngineTiers:
     those shares by tier name (their start-up text, link counters, plans' slab id).
     One owner (the adapter's scheduler role), which calls :meth:`close` once."""
 
-    host: OpenedIndex[Directory]
+    host: OpenedIndex[HostDirectory]
     lower: LowerTiers
     session: bytes | None
     shares: dict[str, OpenedShare]
@@ -281,7 +281,7 @@ def directory_tiers(slots: Mapping[str, int], policy: str) -> list[DirectoryTier
 
 def build_scheduler(
     settings: SchedulerConfig,
-    host: Directory,
+    host: HostDirectory,
     namespace: Namespace,
     lower: Iterable[LowerTier] = (),
     *,

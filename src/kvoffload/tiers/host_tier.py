@@ -24,13 +24,14 @@ nothing heavy; builders import what they use.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvoffload.core.config.sections import ConfigSection, OptionValues
 from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.spec import Locality, OpenedIndex, SimLane, TierContext, TierSpec
 
 if TYPE_CHECKING:
+    from kvoffload.core.directory import HostDirectory
     from kvoffload.tiers.node_shares import NodeShare
     from kvoffload.tiers.slot_rows import SlotRows
 
@@ -55,7 +56,7 @@ def slots(config: OptionValues, chunk_bytes: int, world_size: int) -> int:
     return count
 
 
-def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[Any]:
+def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[HostDirectory]:
     """The engine's own host directory of ``ctx.slots`` slots."""
     from kvoffload.core.directory import Directory
 
@@ -123,11 +124,12 @@ def describe(config: OptionValues, chunks: int) -> str:
     return f"host {human_bytes(config.option('cpu_bytes'))} = {chunks} chunks"
 
 
-def _identity(directory: Any) -> Any:
+def _identity(directory: HostDirectory) -> HostDirectory:
+    """Host memory's index over a shared directory is the directory itself."""
     return directory
 
 
-HOST: TierSpec[Any, Any] = TierSpec(
+HOST: TierSpec[HostDirectory, SlotRows] = TierSpec(
     name="host",
     medium="CPU",
     locality=Locality.LOCAL,

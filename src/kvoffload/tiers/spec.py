@@ -44,6 +44,7 @@ from kvoffload.core.keys import ChunkKey, Namespace
 if TYPE_CHECKING:
     import argparse
 
+    from kvoffload.core.directory import HostDirectory
     from kvoffload.tiers.node_shares import NodeShare
 
 I = TypeVar("I")  # noqa: E741  (the scheduler half's index of the tier)
@@ -169,7 +170,7 @@ def _not_shareable(config: OptionValues, ctx: TierContext, share: NodeShare) -> 
     raise AssertionError("a tier that is never shared has no shared store")
 
 
-def _over_directory(directory: Any) -> Any:
+def _over_directory(directory: HostDirectory) -> Any:
     """A lower tier booked in a directory (:class:`~kvoffload.core.tiering.lower.DirectoryTier`)."""
     from kvoffload.core.tiering.lower import DirectoryTier
 
@@ -211,7 +212,7 @@ class TierSpec(Generic[I, S]):
     worker_notes: Callable[[OptionValues, S], None] = _no_note
     node_share: Callable[[OptionValues, TierContext], NodeShare | None] = _private
     open_shared_store: Callable[[OptionValues, TierContext, NodeShare], S] = _not_shareable
-    over_directory: Callable[[Any], I] = _over_directory
+    over_directory: Callable[[HostDirectory], I] = _over_directory
 
     @property
     def announces_removals(self) -> bool:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.cost import PROBE_CHUNKS
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import HostDirectory
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.scheduler.group_chunks import wanted_entries
 from kvoffload.core.scheduler.request_state import PromotionWish, RequestState
@@ -45,7 +45,7 @@ def next_chunks_wait(
     readable: int,
     local: int,
     *,
-    directory: Directory,
+    directory: HostDirectory,
     tiers: TierPlanner,
     config: SchedulerConfig,
     take: Callable[[str, int, int], Take] = lambda tier, chunks, tokens: Take.ALL,
@@ -108,7 +108,7 @@ def _run_below(
     keys: list[ChunkKey],
     readable: int,
     *,
-    directory: Directory,
+    directory: HostDirectory,
     tiers: TierPlanner,
     config: SchedulerConfig,
     waits: Callable[[str], bool] | None,

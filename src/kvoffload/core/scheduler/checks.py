@@ -14,7 +14,7 @@ from kvoffload.core.jobs import EngineJob, JobKind, TierJob, TransferJob
 from kvoffload.core.scheduler.request_state import Phase
 
 if TYPE_CHECKING:
-    from kvoffload.core.directory import Directory
+    from kvoffload.core.directory import HostDirectory
     from kvoffload.core.scheduler.job_tracker import JobTracker
     from kvoffload.core.scheduler.request_state import RequestState
     from kvoffload.core.tiering.planning import TierPlanner
@@ -27,7 +27,7 @@ def _fail(what: str) -> None:
 def verify_scheduler(
     states: dict[str, RequestState],
     tracker: JobTracker,
-    directory: Directory,
+    directory: HostDirectory,
     tiers: TierPlanner | None = None,
     quarantined: Sequence[TierJob] = (),
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvoffload.core.cost import CostModel
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import HostDirectory
 from kvoffload.core.identity.weights import WeightsState
 from kvoffload.core.observe.anomalies import AnomalyLog
 from kvoffload.core.observe.recorder import MetricsRecorder
@@ -24,7 +24,7 @@ class Context:
     the weights (decision 0019; the façade alone mutates it)."""
 
     config: SchedulerConfig
-    directory: Directory
+    directory: HostDirectory
     tiers: TierPlanner
     requests: RequestTable
     deferral: DeferralClock

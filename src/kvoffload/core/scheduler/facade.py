@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvoffload.core.cost import CostModel
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import HostDirectory
 from kvoffload.core.identity.weights import WeightsChange, WeightsState
 from kvoffload.core.jobs import EngineJob, StepPlan, TransferJob, WorkerReport
 from kvoffload.core.keys import Namespace
@@ -50,7 +50,7 @@ class OffloadScheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        directory: Directory,
+        directory: HostDirectory,
         namespace: Namespace,
         *,
         lower_tiers: Sequence[LowerTier] = (),

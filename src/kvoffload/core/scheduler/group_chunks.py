@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import HostDirectory
 from kvoffload.core.jobs import NO_BLOCK
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.kv_groups import KVGroups
@@ -34,7 +34,11 @@ class Entry(NamedTuple):
 
 
 def readable_chunks(
-    directory: Directory, groups: KVGroups, keys: Sequence[ChunkKey], local_chunks: int, chunk: int
+    directory: HostDirectory,
+    groups: KVGroups,
+    keys: Sequence[ChunkKey],
+    local_chunks: int,
+    chunk: int,
 ) -> int:
     """The longest hit, in chunks of ``keys``, every group can serve from ``directory``
     on top of the engine's own ``local_chunks`` (whole chunks it computed: they need
@@ -68,7 +72,7 @@ def readable_chunks(
 
 
 def _window_hit(
-    directory: Directory,
+    directory: HostDirectory,
     groups: KVGroups,
     *,
     group: int,
@@ -168,7 +172,7 @@ def store_entries(
 
 
 def wanted_entries(
-    directory: Directory,
+    directory: HostDirectory,
     groups: KVGroups,
     keys: Sequence[ChunkKey],
     *,

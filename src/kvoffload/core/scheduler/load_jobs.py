@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvoffload.core.directory import Directory, LookupStatus
+from kvoffload.core.directory import HostDirectory, LookupStatus
 from kvoffload.core.jobs import NO_BLOCK, NO_SLOT, EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.observe.anomalies import Anomaly, AnomalyLog
@@ -29,7 +29,7 @@ def plan_load_job(
     offered: int,
     blocks: GroupBlocks,
     config: SchedulerConfig,
-    directory: Directory,
+    directory: HostDirectory,
     tiers: TierPlanner,
     new_id: Callable[[], int],
     anomalies: AnomalyLog,
@@ -99,7 +99,7 @@ def _sources(
     keys: Sequence[ChunkKey],
     entries: Sequence[Entry],
     tier: str | None,
-    directory: Directory,
+    directory: HostDirectory,
     tiers: TierPlanner,
 ) -> tuple[tuple[int, ...], str | None, tuple[int, ...], tuple[int, ...]] | None:
     """Where each of ``keys`` is read from: (slots, with :data:`NO_SLOT` for the chunks

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import HostDirectory
 from kvoffload.core.jobs import JobKind, JobResult, TierJob
 
 
@@ -41,7 +41,7 @@ class _Held:
 
 
 class Quarantine:
-    def __init__(self, host: Directory) -> None:
+    def __init__(self, host: HostDirectory) -> None:
         self.host = host
         self._held: dict[int, _Held] = {}
 

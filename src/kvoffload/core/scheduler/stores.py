@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import HostDirectory
 from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.observe.anomalies import Anomaly, AnomalyLog
 from kvoffload.core.observe.metrics import labels
@@ -118,7 +118,7 @@ def _storable_end(
 
 def plan_store_job(
     state: RequestState,
-    directory: Directory,
+    directory: HostDirectory,
     new_id: Callable[[], int],
     config: SchedulerConfig,
     anomalies: AnomalyLog,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import HostDirectory
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.observe.events import CacheEvent
 from kvoffload.core.observe.recorder import CounterScope
@@ -94,12 +94,11 @@ class LowerTier(Protocol):
 
 class DirectoryTier:
     """A bounded, authoritative, slotted lower tier (the disk), booked in its own
-    directory: a private :class:`Directory`, or the client of a directory that a node
-    process keeps for every engine of the node
-    (:class:`~kvoffload.share.client.ShareDirectory`, duck-typed: it offers the same
-    calls, and answers a call it cannot make as a miss or ``no_room``)."""
+    directory (a :class:`~kvoffload.core.directory.HostDirectory`): a private one, or
+    the client of a directory that a node process keeps for every engine of the node
+    (which answers a call it cannot make as a miss or ``no_room``)."""
 
-    def __init__(self, directory: Directory) -> None:
+    def __init__(self, directory: HostDirectory) -> None:
         self.directory = directory
         self.name = directory.tier
         self.metrics = directory.metrics

@@ -54,7 +54,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kvoffload.core.directory import Directory
+from kvoffload.core.directory import HostDirectory
 from kvoffload.core.errors import ContractViolation, DirectoryUnavailable
 from kvoffload.core.failures import ChunkFailure, FailureKind, error_failure
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
@@ -84,7 +84,7 @@ ABSENT = Lookup.ABSENT
 class TierPlanner:
     def __init__(
         self,
-        host: Directory,
+        host: HostDirectory,
         tiers: Sequence[LowerTier],
         *,
         chunk_tokens: int,

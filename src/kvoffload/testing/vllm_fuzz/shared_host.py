@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvoffload.share.client import ShareDirectory
 from kvoffload.testing.vllm_fuzz.groups import BLOCK_SIZE, MAX_BATCHED_TOKENS
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation
 from kvoffload.testing.vllm_harness.checks import failure_message
@@ -215,9 +216,8 @@ def _stuck(index: int, h: VllmHarness) -> str:
         ("host", half.directory),
         ("disk", getattr(half.tiers.tier("disk"), "directory", None)),
     ):
-        link = getattr(directory, "link", None)
-        if link is not None:
-            counts = directory.share_counts()  # type: ignore[union-attr]
+        if isinstance(directory, ShareDirectory):
+            link, counts = directory.link, directory.share_counts()
             links[name] = f"connected={link.connected} {dict(link.stats)} {counts}"
     queued = {t: len(q) for t, q in getattr(half.tiers, "_queues", {}).items()}
     return (

@@ -1,11 +1,16 @@
-"""The directory's contract, run over every eviction policy."""
+"""The host directory's contract (:class:`~kvoffload.core.directory.HostDirectory`),
+run over every implementation (``directory_envs.py``: ids ``engine``, ``share``,
+``sim``) and every eviction policy. A test of one implementation's own says why."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+from directory_envs import IMPLEMENTATIONS, MakeDirectory, directories
 
 from kvoffload.core.chunk_state import ChunkState
-from kvoffload.core.directory import Directory, LookupStatus
+from kvoffload.core.directory import Directory, HostDirectory, LookupStatus
 from kvoffload.core.errors import ConfigError, ContractViolation, IllegalTransition
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.observe.events import CacheEvent, EventKind
@@ -23,17 +28,26 @@ def policy(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def stored(d: Directory, keys: list[ChunkKey]) -> None:
+@pytest.fixture(params=IMPLEMENTATIONS)
+def make(request: pytest.FixtureRequest) -> Iterator[MakeDirectory]:
+    """Fresh directories of one implementation, released after the test."""
+    with directories(str(request.param)) as factory:
+        yield factory
+
+
+def stored(d: HostDirectory, keys: list[ChunkKey]) -> None:
     prep = d.prepare_store(keys)
     d.complete_store(prep.keys, success=True)
 
 
-def snapshot(d: Directory, keys: list[ChunkKey]) -> tuple[object, ...]:
+def snapshot(d: HostDirectory, keys: list[ChunkKey]) -> tuple[object, ...]:
     return (d.lookup(keys), d.used_slots, d.evictable_count, [d.pins_of(k) for k in keys])
 
 
-def test_lookup_reports_hit_pending_miss_and_the_readable_prefix(policy: str) -> None:
-    d = Directory(8, policy=policy)
+def test_lookup_reports_hit_pending_miss_and_the_readable_prefix(
+    make: MakeDirectory, policy: str
+) -> None:
+    d = make(8, policy=policy)
     stored(d, [K(0), K(1)])
     d.prepare_store([K(2)])
     result = d.lookup([K(0), K(1), K(2), K(3), K(4)])
@@ -44,8 +58,8 @@ def test_lookup_reports_hit_pending_miss_and_the_readable_prefix(policy: str) ->
     assert d.lookup([]).readable_prefix == 0
 
 
-def test_lookup_has_no_side_effects(policy: str) -> None:
-    d = Directory(2, policy=policy)
+def test_lookup_has_no_side_effects(make: MakeDirectory, policy: str) -> None:
+    d = make(2, policy=policy)
     stored(d, [K(0)])
     stored(d, [K(1)])
     for _ in range(5):
@@ -53,8 +67,8 @@ def test_lookup_has_no_side_effects(policy: str) -> None:
     assert d.prepare_store([K(2)]).evicted == (K(0),)
 
 
-def test_prepare_store_skips_present_keys_and_duplicates(policy: str) -> None:
-    d = Directory(8, policy=policy)
+def test_prepare_store_skips_present_keys_and_duplicates(make: MakeDirectory, policy: str) -> None:
+    d = make(8, policy=policy)
     stored(d, [K(0)])
     d.prepare_store([K(1)])
     prep = d.prepare_store([K(0), K(1), K(2), K(2), K(3)])
@@ -62,8 +76,10 @@ def test_prepare_store_skips_present_keys_and_duplicates(policy: str) -> None:
     assert not prep.no_room and prep.evicted == ()
 
 
-def test_stored_chunks_become_readable_and_failed_ones_vanish(policy: str) -> None:
-    d = Directory(4, policy=policy)
+def test_stored_chunks_become_readable_and_failed_ones_vanish(
+    make: MakeDirectory, policy: str
+) -> None:
+    d = make(4, policy=policy)
     a = d.prepare_store([K(0), K(1)])
     b = d.prepare_store([K(2)])
     d.complete_store(a.keys, success=True)
@@ -76,16 +92,16 @@ def test_stored_chunks_become_readable_and_failed_ones_vanish(policy: str) -> No
     d.check_integrity()
 
 
-def test_the_tail_of_a_prefix_is_evicted_before_its_head(policy: str) -> None:
-    d = Directory(3, policy=policy)
+def test_the_tail_of_a_prefix_is_evicted_before_its_head(make: MakeDirectory, policy: str) -> None:
+    d = make(3, policy=policy)
     stored(d, [K(0), K(1), K(2)])
     assert d.prepare_store([K(9)]).evicted == (K(2),)
     d.touch([K(0), K(1)])
     assert d.prepare_store([K(8)]).evicted == (K(1),)
 
 
-def test_pinned_and_storing_chunks_are_never_evicted(policy: str) -> None:
-    d = Directory(4, policy=policy)
+def test_pinned_and_storing_chunks_are_never_evicted(make: MakeDirectory, policy: str) -> None:
+    d = make(4, policy=policy)
     stored(d, [K(0), K(1), K(2)])
     d.prepare_load([K(0), K(1)])
     d.prepare_store([K(3)])  # STORING, fills the last slot
@@ -96,8 +112,8 @@ def test_pinned_and_storing_chunks_are_never_evicted(policy: str) -> None:
     d.check_integrity()
 
 
-def test_eviction_is_all_or_nothing(policy: str) -> None:
-    d = Directory(4, policy=policy)
+def test_eviction_is_all_or_nothing(make: MakeDirectory, policy: str) -> None:
+    d = make(4, policy=policy)
     keys = [K(i) for i in range(4)]
     stored(d, keys)
     d.prepare_load([K(0), K(1)])
@@ -110,8 +126,10 @@ def test_eviction_is_all_or_nothing(policy: str) -> None:
     d.check_integrity()
 
 
-def test_keys_of_the_same_batch_are_not_evicted_to_make_room_for_it(policy: str) -> None:
-    d = Directory(2, policy=policy)
+def test_keys_of_the_same_batch_are_not_evicted_to_make_room_for_it(
+    make: MakeDirectory, policy: str
+) -> None:
+    d = make(2, policy=policy)
     stored(d, [K(0), K(1)])
     # K(0) is the head of the batch: evicting it to store K(2) would be self-defeating.
     prep = d.prepare_store([K(0), K(2)])
@@ -119,8 +137,8 @@ def test_keys_of_the_same_batch_are_not_evicted_to_make_room_for_it(policy: str)
     assert d.prepare_store([K(0), K(1), K(3)]).no_room
 
 
-def test_eviction_emits_removed_events_with_the_tier(policy: str) -> None:
-    d = Directory(1, tier="disk", policy=policy)
+def test_eviction_emits_removed_events_with_the_tier(make: MakeDirectory, policy: str) -> None:
+    d = make(1, tier="disk", policy=policy)
     stored(d, [K(0)])
     d.take_events()
     d.complete_store(d.prepare_store([K(1)]).keys, success=True)
@@ -130,8 +148,8 @@ def test_eviction_emits_removed_events_with_the_tier(policy: str) -> None:
     ]
 
 
-def test_load_pins_are_counted_and_released(policy: str) -> None:
-    d = Directory(2, policy=policy)
+def test_load_pins_are_counted_and_released(make: MakeDirectory, policy: str) -> None:
+    d = make(2, policy=policy)
     stored(d, [K(0), K(1)])
     slots = d.prepare_load([K(0)])
     assert slots == (d.slot_of(K(0)),)
@@ -145,8 +163,8 @@ def test_load_pins_are_counted_and_released(policy: str) -> None:
     d.check_integrity()
 
 
-def test_admission_counts_lookups_and_bounds_its_memory(policy: str) -> None:
-    d = Directory(8, policy=policy, store_threshold=2, max_admission_counters=3)
+def test_admission_counts_lookups_and_bounds_its_memory(make: MakeDirectory, policy: str) -> None:
+    d = make(8, policy=policy, store_threshold=2, max_admission_counters=3)
     assert d.prepare_store([K(0)]).refused == (K(0),)
     d.record_lookups([K(0)])
     assert d.prepare_store([K(0)]).refused == (K(0),)
@@ -160,8 +178,8 @@ def test_admission_counts_lookups_and_bounds_its_memory(policy: str) -> None:
     d.check_integrity()
 
 
-def test_contract_violations_raise_and_change_nothing(policy: str) -> None:
-    d = Directory(4, policy=policy)
+def test_contract_violations_raise_and_change_nothing(make: MakeDirectory, policy: str) -> None:
+    d = make(4, policy=policy)
     stored(d, [K(0)])
     d.prepare_store([K(1)])
     before = snapshot(d, [K(0), K(1), K(2)])
@@ -179,8 +197,10 @@ def test_contract_violations_raise_and_change_nothing(policy: str) -> None:
     d.check_integrity()
 
 
-def test_discard_while_pinned_or_storing_frees_when_the_job_completes(policy: str) -> None:
-    d = Directory(4, policy=policy)
+def test_discard_while_pinned_or_storing_frees_when_the_job_completes(
+    make: MakeDirectory, policy: str
+) -> None:
+    d = make(4, policy=policy)
     stored(d, [K(0), K(1)])
     d.prepare_load([K(0)])
     d.prepare_store([K(2)])
@@ -202,8 +222,10 @@ def test_discard_while_pinned_or_storing_frees_when_the_job_completes(policy: st
     d.check_integrity()
 
 
-def test_reset_forgets_everything_but_keeps_in_flight_slots_safe(policy: str) -> None:
-    d = Directory(4, policy=policy, store_threshold=2)
+def test_reset_forgets_everything_but_keeps_in_flight_slots_safe(
+    make: MakeDirectory, policy: str
+) -> None:
+    d = make(4, policy=policy, store_threshold=2)
     d.record_lookups([K(0), K(1), K(2), K(5)])
     d.record_lookups([K(0), K(1), K(2), K(5)])
     stored(d, [K(0), K(1)])
@@ -218,7 +240,7 @@ def test_reset_forgets_everything_but_keeps_in_flight_slots_safe(policy: str) ->
     d.check_integrity()
 
 
-def test_illegal_transitions_raise() -> None:
+def test_illegal_transitions_raise() -> None:  # the state table's, no directory
     from kvoffload.core.chunk_state import check_transition
 
     check_transition(ChunkState.STORING, ChunkState.READY)
@@ -232,7 +254,7 @@ def test_illegal_transitions_raise() -> None:
             check_transition(current, target)
 
 
-def test_integrity_check_catches_corruption() -> None:
+def test_integrity_check_catches_corruption() -> None:  # engine: corrupts its slot table
     d = Directory(4)
     stored(d, [K(0)])
     d.check_integrity()
@@ -241,15 +263,17 @@ def test_integrity_check_catches_corruption() -> None:
         d.check_integrity()
 
 
-def test_bad_configuration_names_the_field() -> None:
+def test_bad_configuration_names_the_field(make: MakeDirectory) -> None:
     with pytest.raises(ConfigError, match="num_slots"):
-        Directory(0)
+        make(0)
     with pytest.raises(ConfigError, match="store_threshold"):
-        Directory(4, store_threshold=0)
+        make(4, store_threshold=0)
     with pytest.raises(ConfigError, match="eviction.*valid"):
-        Directory(4, policy="mru")
+        make(4, policy="mru")
 
 
+# engine: ``restore`` is the engine directory's own (a disk tier adopts its files); a
+# share starts empty and the simulator never restores.
 def test_restore_adopts_chunks_in_their_slots_oldest_first(policy: str) -> None:
     d = Directory(4, tier="disk", policy=policy)
     d.restore([(K(7), 3), (K(8), 0)])

@@ -1,16 +1,25 @@
-"""A Hypothesis state machine drives the directory against a simple model.
+"""A Hypothesis state machine drives each host directory implementation
+(``tests/contract/directory_envs.py``: ``engine``, ``share``, ``sim``) against a
+simple model.
 
 The model tracks, per key: absent, STORING, READY with n pins, or *discarded while
 in flight* (its slot stays used until its job completes). After every step:
 capacity is never exceeded, pins are never negative, pinned or pending chunks were
 never evicted, every completed store stays readable until evicted or discarded, and
-``check_integrity()`` holds.
+``check_integrity()`` holds. The share runs fewer examples (each is a node process
+served from a thread, every call a round trip).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -19,9 +28,10 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
-from kvoffload.core.directory import Directory, LookupStatus
+from kvoffload.core.directory import HostDirectory, LookupStatus
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.policies import policy_names
 
@@ -29,6 +39,20 @@ KEYS = [ChunkKey(i.to_bytes(16, "big")) for i in range(10)]
 CAPACITY = 4
 key_lists = st.lists(st.sampled_from(KEYS), max_size=6)
 store_batches = st.lists(st.sampled_from(KEYS), min_size=1, max_size=3)
+EXAMPLES = {"engine": 300, "share": 100, "sim": 300}  # a share: ~25 ms an example
+
+
+def _directory_envs() -> ModuleType:
+    """``tests/contract/directory_envs.py``, one module whichever suite imports it first."""
+    name = "directory_envs"
+    if name not in sys.modules:
+        path = Path(__file__).parents[1] / "contract" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 @dataclass
@@ -55,17 +79,25 @@ class Model:
 
 
 class DirectoryMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
+    """Over directories of ``implementation`` (an id of ``directory_envs``); what the
+    one it opens holds is released at teardown."""
+
+    def __init__(self, implementation: str) -> None:
         super().__init__()
         self.model = Model()
         self.stores: list[tuple[ChunkKey, ...]] = []
         self.loads: list[tuple[ChunkKey, ...]] = []
-        self.directory = Directory(1)
+        self.stack = ExitStack()
+        self.make = self.stack.enter_context(_directory_envs().directories(implementation))
+        self.directory: HostDirectory
+
+    def teardown(self) -> None:
+        self.stack.close()
 
     @initialize(policy=st.sampled_from(policy_names()), threshold=st.sampled_from([1, 1, 2]))
     def setup(self, policy: str, threshold: int) -> None:
         self.threshold = threshold
-        self.directory = Directory(
+        self.directory = self.make(
             CAPACITY, tier="t", policy=policy, store_threshold=threshold, max_admission_counters=64
         )
 
@@ -212,7 +244,11 @@ class DirectoryMachine(RuleBasedStateMachine):
         assert d.lookup(KEYS).statuses == tuple(self.model.status(k) for k in KEYS)
 
 
-DirectoryMachine.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=40, deadline=None
-)
-test_directory_machine = DirectoryMachine.TestCase
+@pytest.mark.parametrize("implementation", list(EXAMPLES))
+def test_directory_machine(implementation: str) -> None:
+    run_state_machine_as_test(
+        lambda: DirectoryMachine(implementation),
+        settings=settings(
+            max_examples=EXAMPLES[implementation], stateful_step_count=40, deadline=None
+        ),
+    )

@@ -3,7 +3,10 @@ meaning and the check of a value (:data:`OPTIONS`).
 
 :mod:`kvoffload.core.config.typed` validates a raw mapping against this list and the docs'
 option table is generated from it (``python -m kvoffload.docgen``), so the two cannot
-drift. Pure data and predicates; nothing here raises.
+drift. Every other place that needs an option's default (a dataclass field, a
+command-line default, a value derived from it such as a timeout in seconds) reads it
+here with :func:`default`, so each default is written once. Pure data and predicates;
+nothing here raises except :func:`option` and :func:`default` for an unknown name.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from kvoffload.core.config.sections import (
     int_at_least,
     positive_number,
 )
+from kvoffload.core.errors import ConfigError
 from kvoffload.core.policies import policy_names
 from kvoffload.tiers.registry import TIERS
 
-__all__ = ["OPTIONS", "SECTIONS", "Check", "ConfigSection", "Option"]
+__all__ = ["OPTIONS", "SECTIONS", "Check", "ConfigSection", "Option", "default", "option"]
 
 
 _SHARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -237,3 +241,20 @@ OPTIONS: tuple[Option, ...] = (
     *(option for section in SECTIONS for option in section.options),
     *_TAIL,
 )
+
+_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def option(name: str) -> Option:
+    """The declared option ``name`` (kvoffload's own or a tier's); ``ConfigError``
+    naming ``name`` and the known options when there is no such option."""
+    found = _BY_NAME.get(name)
+    if found is None:
+        raise ConfigError(name, f"unknown option; options: {', '.join(sorted(_BY_NAME))}")
+    return found
+
+
+def default(name: str) -> Any:
+    """The declared default of option ``name`` (None: unset, or required); the one
+    place a default is written. ``ConfigError`` for an unknown name, as :func:`option`."""
+    return option(name).default

@@ -24,6 +24,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, replace
 
+from kvoffload.core.config.capacity import slots_per_rank
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.private_files import read_checked, replace_atomically
 from kvoffload.share.paths import SharePaths
@@ -56,7 +57,7 @@ class ShareGeometry:
                 raise ConfigError(field, f"must be a positive integer, got {value!r}")
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks <= 0:
             raise ConfigError("tensor_parallel_size", f"must be positive, got {ranks!r}")
-        num_slots = cpu_bytes // (slot_bytes * ranks)
+        num_slots = slots_per_rank(cpu_bytes, slot_bytes, ranks)
         if num_slots <= 0:
             raise ConfigError(
                 "cpu_bytes",

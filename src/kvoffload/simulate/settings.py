@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
+from kvoffload.core.config.capacity import slots_per_rank
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
@@ -90,7 +91,8 @@ class SimConfig:
 
     @property
     def host_slots(self) -> int:
-        return self.cpu_bytes // self.chunk_bytes
+        """Host slots ``cpu_bytes`` holds (one engine, one rank; 0: off)."""
+        return slots_per_rank(self.cpu_bytes, self.chunk_bytes)
 
     @property
     def tier_slots(self) -> dict[str, int]:

@@ -25,6 +25,8 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from kvoffload.core.config.capacity import slots_per_rank
+from kvoffload.core.config.own_options import default
+from kvoffload.core.directory.admission import MAX_ADMISSION_COUNTERS
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.private_files import read_checked, replace_atomically
 from kvoffload.share.paths import SharePaths
@@ -35,9 +37,9 @@ class ShareGeometry:
     num_slots: int
     slot_bytes: int
     ranks: int = 1
-    policy: str = "lru"
-    store_threshold: int = 1
-    max_admission_counters: int = 65536
+    policy: str = default("eviction")
+    store_threshold: int = default("store_threshold")
+    max_admission_counters: int = MAX_ADMISSION_COUNTERS
     generation: int = 0
     slab_id: bytes = b""
 
@@ -48,8 +50,8 @@ class ShareGeometry:
         slot_bytes: int,
         ranks: int = 1,
         *,
-        policy: str = "lru",
-        store_threshold: int = 1,
+        policy: str = default("eviction"),
+        store_threshold: int = default("store_threshold"),
     ) -> ShareGeometry:
         """The geometry whose slabs, all ranks together, fit in ``cpu_bytes``."""
         for field, value in (("cpu_bytes", cpu_bytes), ("chunk_bytes", slot_bytes)):

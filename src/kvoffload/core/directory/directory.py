@@ -30,7 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from kvoffload.core.chunk_state import ChunkState
-from kvoffload.core.directory.admission import AdmissionFilter, sort_store_keys
+from kvoffload.core.config.own_options import default
+from kvoffload.core.directory.admission import (
+    MAX_ADMISSION_COUNTERS,
+    AdmissionFilter,
+    sort_store_keys,
+)
 from kvoffload.core.directory.integrity import verify
 from kvoffload.core.directory.results import LookupResult, PreparedStore
 from kvoffload.core.directory.room import evict_for
@@ -45,6 +50,7 @@ __all__ = ["DIRECTORY_COUNTERS", "Directory"]
 
 DIRECTORY_COUNTERS = ("evictions_total", "admission_refusals_total", "no_room_total")
 """What a directory counts, under its ``tier`` label (exported at 0 from the start)."""
+_EVICTION: str = default("eviction")  # a directory's policy unless given
 
 
 class Directory:
@@ -64,9 +70,9 @@ class Directory:
         num_slots: int,
         *,
         tier: str = "host",
-        policy: str | EvictionPolicy = "lru",
-        store_threshold: int = 1,
-        max_admission_counters: int = 65536,
+        policy: str | EvictionPolicy = _EVICTION,
+        store_threshold: int = default("store_threshold"),
+        max_admission_counters: int = MAX_ADMISSION_COUNTERS,
     ) -> None:
         if not isinstance(num_slots, int) or num_slots <= 0:
             raise ConfigError("num_slots", f"must be a positive integer, got {num_slots!r}")

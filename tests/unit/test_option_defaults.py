@@ -41,7 +41,14 @@ def test_offload_config_fields_default_to_the_declared_defaults() -> None:
 
 @pytest.mark.parametrize(
     ("cpu_bytes", "chunk_bytes", "world_size", "slots"),
-    [(100, 10, 1, 10), (100, 10, 2, 5), (99, 10, 2, 4), (105, 10, 4, 2), (9, 10, 1, 0), (5, 0, 1, 0)],
+    [
+        (100, 10, 1, 10),
+        (100, 10, 2, 5),
+        (99, 10, 2, 4),
+        (105, 10, 4, 2),
+        (9, 10, 1, 0),
+        (5, 0, 1, 0),
+    ],
 )
 def test_slots_per_rank(cpu_bytes: int, chunk_bytes: int, world_size: int, slots: int) -> None:
     assert slots_per_rank(cpu_bytes, chunk_bytes, world_size) == slots

@@ -227,7 +227,8 @@ TAIL: tuple[Option, ...] = (
 )
 
 OWN_OPTIONS: tuple[Option, ...] = (*HEAD, *SHARE, *TAIL)
-"""kvoffload's own options, without the tiers' (for the order users see, :data:`~.options.OPTIONS`)."""
+"""kvoffload's own options, without the tiers' (in the order users see them:
+:data:`~.options.OPTIONS`)."""
 
 _BY_NAME: dict[str, Option] = {o.name: o for o in OWN_OPTIONS}
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvoffload.core.config.options import default
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 from kvoffload.core.observe.metrics import Series, labels
@@ -111,13 +112,13 @@ class SchedulerConfig:
     blocks_per_chunk: int = 1
     world_size: int = 1
     hash_block_size: int = 0  # tokens per engine block hash; 0: the block size
-    max_deferral_steps: int = 500
-    max_deferral_seconds: float = 5.0
+    max_deferral_steps: int = default("max_deferral_steps")
+    max_deferral_seconds: float = default("max_deferral_seconds")
     null_block: int | None = None
     kv_groups: KVGroups = ONE_GROUP
-    direct_tier_loads: bool = True
+    direct_tier_loads: bool = default("lower_tier_loads") == "direct"
     load_policy: str = "always"
-    prefill_tokens_per_s: float = 10000.0
+    prefill_tokens_per_s: float = default("prefill_tokens_per_s")
     testing_disable_inflight_deferral: bool = False
 
     def __post_init__(self) -> None:

@@ -59,7 +59,7 @@ from kvoffload.share.attachment import Attachment, Booking
 from kvoffload.share.backing import Backing
 from kvoffload.share.connection import Welcome
 from kvoffload.share.lease import Lease
-from kvoffload.share.link import Link
+from kvoffload.share.link import CALL_TIMEOUT_S, Link
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import (
@@ -105,7 +105,7 @@ class ShareDirectory(ShareQueries):
         session: bytes | None = None,
         namespace: bytes = b"",
         tier: str = "host",
-        timeout_s: float = 0.005,
+        timeout_s: float = CALL_TIMEOUT_S,
         retry_s: float = 0.05,
         start_server: bool = True,
         lease: bool = True,

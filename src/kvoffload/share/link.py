@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from kvoffload.core.config.own_options import default
 from kvoffload.core.errors import ContractViolation, KvOffloadError
 from kvoffload.core.private_files import open_checked
 from kvoffload.share.backing import Backing
@@ -31,7 +32,10 @@ from kvoffload.share.paths import SharePaths
 from kvoffload.share.protocol import ONE_WAY, FrameError, Op, Role, Status, frame, read_frame
 from kvoffload.share.users import UsersHold
 
-__all__ = ["Link"]
+__all__ = ["CALL_TIMEOUT_S", "Link"]
+
+CALL_TIMEOUT_S = default("host_share_timeout_ms") / 1000
+"""A call's deadline unless given (``host_share_timeout_ms``, in seconds)."""
 
 
 class Link:
@@ -48,7 +52,7 @@ class Link:
         namespace: bytes,
         geometry: ShareGeometry | None,
         *,
-        timeout_s: float = 0.005,
+        timeout_s: float = CALL_TIMEOUT_S,
         retry_s: float = 0.05,
         start_server: bool = True,
         on_connected: Callable[[Welcome], None] | None = None,

@@ -24,6 +24,9 @@ import json
 import os
 from dataclasses import asdict, dataclass, replace
 
+from kvoffload.core.config.capacity import slots_per_rank
+from kvoffload.core.config.own_options import default
+from kvoffload.core.directory.admission import MAX_ADMISSION_COUNTERS
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.private_files import read_checked, replace_atomically
 from kvoffload.share.paths import SharePaths
@@ -34,9 +37,9 @@ class ShareGeometry:
     num_slots: int
     slot_bytes: int
     ranks: int = 1
-    policy: str = "lru"
-    store_threshold: int = 1
-    max_admission_counters: int = 65536
+    policy: str = default("eviction")
+    store_threshold: int = default("store_threshold")
+    max_admission_counters: int = MAX_ADMISSION_COUNTERS
     generation: int = 0
     slab_id: bytes = b""
 
@@ -47,8 +50,8 @@ class ShareGeometry:
         slot_bytes: int,
         ranks: int = 1,
         *,
-        policy: str = "lru",
-        store_threshold: int = 1,
+        policy: str = default("eviction"),
+        store_threshold: int = default("store_threshold"),
     ) -> ShareGeometry:
         """The geometry whose slabs, all ranks together, fit in ``cpu_bytes``."""
         for field, value in (("cpu_bytes", cpu_bytes), ("chunk_bytes", slot_bytes)):
@@ -56,7 +59,7 @@ class ShareGeometry:
                 raise ConfigError(field, f"must be a positive integer, got {value!r}")
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks <= 0:
             raise ConfigError("tensor_parallel_size", f"must be positive, got {ranks!r}")
-        num_slots = cpu_bytes // (slot_bytes * ranks)
+        num_slots = slots_per_rank(cpu_bytes, slot_bytes, ranks)
         if num_slots <= 0:
             raise ConfigError(
                 "cpu_bytes",

@@ -28,10 +28,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvoffload.core.config.own_options import default
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.private_files import FilePolicy, check_root, make_private_dir
 
-DEFAULT_ROOT = Path("/dev/shm")
+DEFAULT_ROOT = Path(default("host_share_root"))
+"""Where shares live unless ``host_share_root`` names another directory."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SOCKET_PATH_BYTES = 107
 """The longest Unix socket path (``sun_path`` is 108 bytes with its terminating NUL)."""

@@ -23,6 +23,8 @@ import signal
 import sys
 from pathlib import Path
 
+from kvoffload.core.config.own_options import default
+from kvoffload.core.directory.admission import MAX_ADMISSION_COUNTERS
 from kvoffload.core.errors import KvOffloadError, UsageError
 from kvoffload.core.private_files import resolve_group
 from kvoffload.share.backing import Backing, BackingOptions
@@ -48,9 +50,9 @@ def main(argv: list[str] | None = None, options: BackingOptions | None = None) -
     parser.add_argument("--slots", type=int, help="slots of a new share (instead of size)")
     parser.add_argument("--slot-bytes", type=int, help="bytes of one chunk of one rank")
     parser.add_argument("--ranks", type=int, default=1)
-    parser.add_argument("--policy", default="lru")
-    parser.add_argument("--store-threshold", type=int, default=1)
-    parser.add_argument("--max-admission-counters", type=int, default=65536)
+    parser.add_argument("--policy", default=default("eviction"))
+    parser.add_argument("--store-threshold", type=int, default=default("store_threshold"))
+    parser.add_argument("--max-admission-counters", type=int, default=MAX_ADMISSION_COUNTERS)
     parser.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     backing = options.from_arguments(args)

@@ -154,10 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
         k.add_argument(f"--{spec.name}-bytes", default="0", help=spec.sim.bytes_help)
     k.add_argument("--eviction", default=d.eviction, help=f"{' | '.join(policy_names())}")
     k.add_argument("--store-threshold", type=int, default=d.store_threshold, help="see docs")
-    k.add_argument("--lower-tier-admission", default="write_through", help="write_through | N")
+    k.add_argument(
+        "--lower-tier-admission", default=d.lower_tier_admission, help="write_through | N"
+    )
     k.add_argument(
         "--lower-tier-loads",
-        default="direct",
+        default=d.lower_tier_loads,
         help="direct (tier loads straight into the engine) | promote (through host memory)",
     )
     k.add_argument(

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
+from kvoffload.core.config.capacity import slots_per_rank
+from kvoffload.core.config.options import default
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
@@ -30,11 +32,11 @@ class SimConfig:
     cpu_bytes: int
     # each lower tier's capacity by name (``--<tier>-bytes``; a tier not named: 0, off)
     tier_bytes: Mapping[str, int] = field(default_factory=dict, hash=False)
-    eviction: str = "lru"
-    store_threshold: int = 1
-    lower_tier_admission: str | int = "write_through"
-    lower_tier_loads: str = "direct"
-    load_policy: str = "cost"
+    eviction: str = default("eviction")
+    store_threshold: int = default("store_threshold")
+    lower_tier_admission: str | int = default("lower_tier_admission")
+    lower_tier_loads: str = default("lower_tier_loads")
+    load_policy: str = default("load_policy")
     engine_tokens: int = 262144
     block_size: int = 64
     chunk_tokens: int = 256
@@ -43,8 +45,8 @@ class SimConfig:
     decode_stride: int = 128
     max_queue: int = 256
     prefix_caching: bool = True
-    max_deferral_steps: int = 500
-    max_deferral_seconds: float = 5.0
+    max_deferral_steps: int = default("max_deferral_steps")
+    max_deferral_seconds: float = default("max_deferral_seconds")
     cost: CostModel = field(default_factory=CostModel)
     kv_groups: KVGroups = ONE_GROUP
 
@@ -90,7 +92,8 @@ class SimConfig:
 
     @property
     def host_slots(self) -> int:
-        return self.cpu_bytes // self.chunk_bytes
+        """Host slots ``cpu_bytes`` holds (one engine, one rank; 0: off)."""
+        return slots_per_rank(self.cpu_bytes, self.chunk_bytes)
 
     @property
     def tier_slots(self) -> dict[str, int]:

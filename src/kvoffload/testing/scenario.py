@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
+from kvoffload.core.config.options import default
 from kvoffload.engine.settings import StepMode
 
 
@@ -28,7 +29,7 @@ class Scenario:
     token_budget: int = 16
     max_running: int = 4
     num_slots: int = 16
-    eviction: str = "lru"
+    eviction: str = default("eviction")
     world_size: int = 1
     max_deferral_steps: int = 8  # the bound in steps, busy or idle (logical clock)
     max_hold_steps: int = 3  # a job is reported at most this many steps after it may run
@@ -36,7 +37,7 @@ class Scenario:
     reset_steps: tuple[int, ...] = ()  # kvoffload's cache is reset before these steps
     lower_tier_slots: int = 0  # a disk-like tier below host memory (0: none)
     spill_after_hits: int = 0  # its admission: 0 write-through, N after N host hits
-    tier_loads: str = "direct"  # a lower tier's hit: "direct" (tier loads) or "promote"
+    tier_loads: str = default("lower_tier_loads")  # a lower tier's hit: "direct" or "promote"
     options: dict[str, bool] = field(default_factory=dict)  # testing switches
 
     def without(self, index: int) -> Scenario:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.core.chunk_format import HEADER_BYTES, IntegrityError, check_header
+from kvoffload.core.config.own_options import default
 from kvoffload.core.directory import Directory
 from kvoffload.core.keys import ChunkKey, shard_key
 from kvoffload.core.policies import EvictionPolicy
@@ -34,6 +35,7 @@ from kvoffload.tiers.disk_files import disk_policy
 from kvoffload.tiers.slab_format import SUPERBLOCK_BYTES, Superblock, SuperblockError
 
 _HEAD = KEY_OFFSET + 24  # header, chunk key, sequence number
+_EVICTION: str = default("eviction")  # the disk directory's policy unless given
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def open_disk_tier(
     num_slots: int,
     payload_bytes: int,
     *,
-    policy: str | EvictionPolicy = "lru",
+    policy: str | EvictionPolicy = _EVICTION,
 ) -> tuple[DirectoryTier, Recovery]:
     """The disk tier with every complete chunk found in the slabs under ``root``."""
     entries, recovery = recover_chunks(root, namespace_digest, world_size, num_slots, payload_bytes)

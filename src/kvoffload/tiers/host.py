@@ -21,6 +21,7 @@ import mmap
 
 import torch
 
+from kvoffload.core.config.capacity import slots_per_rank
 from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.slot_rows import SlotRows
 
@@ -46,7 +47,7 @@ class HostSlab(SlotRows):
             raise ConfigError("chunk_bytes", f"must be a positive integer, got {chunk_bytes!r}")
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
             raise ConfigError("host.budget_bytes", f"must be an integer, got {budget_bytes!r}")
-        num_slots = budget_bytes // chunk_bytes
+        num_slots = slots_per_rank(budget_bytes, chunk_bytes)
         if num_slots <= 0:
             raise ConfigError(
                 "host.budget_bytes",

@@ -5,7 +5,7 @@ simulator lane.
 Every engine has it, first of its tiers: what it stores goes to host memory, what it
 loads comes from there or from a lower tier. Its options are the engine's own
 (``cpu_bytes``, ``eviction``, ``store_threshold``, the ``host_share*`` options:
-``core/config/options.py``), so its config section is empty.
+``core/config/own_options.py``), so its config section is empty.
 
 - Private (no ``host_share``): its directory lives in the scheduler half
   (:class:`~kvoffload.core.directory.Directory`), its slots in each worker's own
@@ -26,8 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvoffload.core.config.capacity import host_slots
 from kvoffload.core.config.sections import ConfigSection, OptionValues
-from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.spec import Locality, OpenedIndex, SimLane, TierContext, TierSpec
 
 if TYPE_CHECKING:
@@ -44,16 +44,8 @@ def enabled(config: OptionValues) -> bool:
 def slots(config: OptionValues, chunk_bytes: int, world_size: int) -> int:
     """Host slots per rank that ``cpu_bytes`` (all ranks together) holds: one slot
     holds one rank's share of a chunk; ``ConfigError`` naming ``cpu_bytes`` when not
-    even one fits."""
-    cpu_bytes: int = config.option("cpu_bytes")
-    count = (cpu_bytes // world_size) // chunk_bytes if chunk_bytes else 0
-    if count < 1:
-        raise ConfigError(
-            "cpu_bytes",
-            f"invalid value {cpu_bytes}; accepted: at least one chunk per worker, "
-            f"{chunk_bytes * world_size} bytes here",
-        )
-    return count
+    even one fits (:func:`~kvoffload.core.config.capacity.host_slots`)."""
+    return host_slots(config.option("cpu_bytes"), chunk_bytes, world_size)
 
 
 def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[HostDirectory]:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from kvoffload.core.config.own_options import default
 from kvoffload.core.config.sections import ConfigSection, OptionValues
 from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.keys import ChunkKey, Namespace
@@ -99,7 +100,7 @@ class TierContext:
     chunk_bytes: int
     slots: int
     groups: int = 1
-    eviction: str = "lru"
+    eviction: str = default("eviction")
     rank: int = 0
     session: bytes | None = None  # scheduler side, with a host share: the engine's session
 

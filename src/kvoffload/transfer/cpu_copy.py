@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvoffload.core.config.options import default
 from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.slot_rows import SlotRows
 from kvoffload.transfer.cpu_kernel import copy_records
@@ -46,7 +47,7 @@ class CpuCopier:
         slab: SlotRows,
         blocks_per_chunk: int,
         *,
-        threads: int = 1,
+        threads: int = default("copy_threads"),
         split_bytes: int = SPLIT_BYTES,
     ) -> None:
         if threads < 1:

@@ -66,6 +66,7 @@ from typing import Protocol
 
 import torch
 
+from kvoffload.core.config.options import default
 from kvoffload.core.failures import ChunkFailure, error_failure, timeout_failure
 from kvoffload.core.jobs import EngineJob, JobResult
 from kvoffload.core.tiering.routes import FROM_TIER, Leg, leg_on
@@ -73,14 +74,12 @@ from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer.io_deadlines import DeadlineBook
 from kvoffload.transfer.lanes import Lane
 from kvoffload.transfer.results import ResultBook
-from kvoffload.transfer.tier_worker import TierStore
+from kvoffload.transfer.tier_worker import TIMEOUT_S, TierStore
 from kvoffload.transfer.worker import TransferWorker
 
 STAGING_BYTES = 16 << 20
 """The staging area of a worker, all tiers together (each tier at least one chunk)."""
 
-TIMEOUT_S = 5.0
-"""A job's deadline after its submission, by default (``tier_io_timeout_ms``)."""
 
 IoHook = Callable[[EngineJob], None]
 
@@ -161,7 +160,7 @@ class StagedLoads:
         stores: Mapping[str, TierStore],
         *,
         staging_bytes: int = STAGING_BYTES,
-        threads: int = 1,
+        threads: int = default("copy_threads"),
         timeout_s: float = TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         io_hook: IoHook | None = None,

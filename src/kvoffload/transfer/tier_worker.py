@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from kvoffload.core.config.options import default
 from kvoffload.core.failures import ChunkFailure, error_failure, timeout_failure
 from kvoffload.core.jobs import JobKind, JobResult, TierJob
 from kvoffload.tiers.slot_rows import SlotRows
@@ -66,7 +67,8 @@ class TierLane(Protocol):
     def shutdown(self, timeout: float | None = 10.0) -> None: ...
 
 
-TIMEOUT_S = 5.0  # a job's deadline after its submission, by default (tier_io_timeout_ms)
+TIMEOUT_S = default("tier_io_timeout_ms") / 1000
+"""A job's deadline after its submission, by default (``tier_io_timeout_ms``, in s)."""
 IoHook = Callable[[TierJob], None]
 
 PART_BYTES = 8 << 20  # a job is split into parts of about this size, run in parallel
@@ -90,7 +92,7 @@ class TierWorker:
         slab: SlotRows,
         stores: dict[str, TierStore],
         *,
-        threads: int = 4,
+        threads: int = default("tier_threads"),
         part_bytes: int = PART_BYTES,
         timeout_s: float = TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
+from kvoffload.core.config.options import default
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
 from kvoffload.tiers.host import HostSlab
@@ -60,7 +61,7 @@ class TransferWorker:
         slab: SlotRows,
         blocks_per_chunk: int,
         *,
-        threads: int = 1,
+        threads: int = default("copy_threads"),
         rank: int = 0,
         hook: CopyHook | None = None,
     ) -> None:
@@ -97,7 +98,7 @@ class TransferWorker:
         *,
         blocks_per_chunk: int,
         host_budget_bytes: int,
-        threads: int = 1,
+        threads: int = default("copy_threads"),
         rank: int = 0,
         hook: CopyHook | None = None,
         open_slab: Callable[[int], SlotRows] | None = None,

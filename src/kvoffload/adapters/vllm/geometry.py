@@ -31,6 +31,7 @@ from kvoffload.adapters.vllm.compat import (
     SlidingWindowSpec,
     VllmConfig,
 )
+from kvoffload.core.config.capacity import slots_per_rank
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
@@ -156,7 +157,7 @@ def derive_geometry(
     world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     blocks_per_chunk = chunk_tokens // block_size
     chunk_bytes = bytes_per_block * blocks_per_chunk
-    num_slots = (config.cpu_bytes // world_size) // chunk_bytes if chunk_bytes else 0
+    num_slots = slots_per_rank(config.cpu_bytes, chunk_bytes, world_size)
     if num_slots < 1:
         raise ConfigError(
             "cpu_bytes",

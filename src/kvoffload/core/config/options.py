@@ -1,239 +1,51 @@
 """Every user option of kvoffload, declared once: name, accepted values, default,
-meaning and the check of a value (:data:`OPTIONS`).
+meaning and the check of a value (:data:`OPTIONS`): kvoffload's own
+(:mod:`.own_options`) and each lower tier's config section (``tiers/registry.py``).
 
 :mod:`kvoffload.core.config.typed` validates a raw mapping against this list and the docs'
 option table is generated from it (``python -m kvoffload.docgen``), so the two cannot
-drift. Pure data and predicates; nothing here raises.
+drift. Every other place that needs an option's default (a dataclass field, a
+command-line default, a value derived from it such as a timeout in seconds) reads it
+with :func:`default` (here, or :func:`.own_options.default` in a module the tiers
+import), so each default is written once, in its declaration. Pure data; nothing here
+raises except :func:`option` and :func:`default` for an unknown name.
 """
 
 from __future__ import annotations
 
-import grp
-import re
 from typing import Any
 
-from kvoffload.core.config.sections import (
-    Check,
-    ConfigSection,
-    Option,
-    int_at_least,
-    positive_number,
-)
-from kvoffload.core.policies import policy_names
+from kvoffload.core.config.own_options import HEAD, SHARE, TAIL
+from kvoffload.core.config.sections import Check, ConfigSection, Option
+from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.registry import TIERS
 
-__all__ = ["OPTIONS", "SECTIONS", "Check", "ConfigSection", "Option"]
+__all__ = ["OPTIONS", "SECTIONS", "Check", "ConfigSection", "Option", "default", "option"]
 
-
-_SHARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def _share_name(v: Any) -> bool:
-    return v is None or (isinstance(v, str) and _SHARE_NAME.match(v) is not None)
-
-
-def _group(v: Any) -> bool:
-    """Unset, or a group that exists (by name, gid, or gid's digits)."""
-    if v is None:
-        return True
-    try:
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-            grp.getgrgid(v)
-        elif isinstance(v, str) and v.isdigit():
-            grp.getgrgid(int(v))
-        elif isinstance(v, str) and v:
-            grp.getgrnam(v)
-        else:
-            return False
-    except (KeyError, OverflowError):
-        return False
-    return True
-
-
-def _policy(v: Any) -> bool:
-    return isinstance(v, str) and v in policy_names()
-
-
-_HEAD: tuple[Option, ...] = (
-    Option(
-        "cpu_bytes",
-        "integer >= 1",
-        None,
-        "Host memory for offloaded chunks, in bytes, for all workers together.",
-        int_at_least(1),
-        required=True,
-    ),
-    Option(
-        "chunk_tokens",
-        "positive multiple of the engine block size",
-        None,
-        "Tokens per chunk (the unit stored, loaded and evicted). Default: the engine block size.",
-        lambda v: v is None or int_at_least(1)(v),
-    ),
-    Option(
-        "eviction",
-        " | ".join(policy_names()),
-        "lru",
-        "Eviction policy of the host tier. slru: LRU, except that chunks reused since "
-        "they were stored (up to 40% of the tier) outlive chunks not reused (decision 0014; "
-        "at or above lru on every trace and workload measured, not yet the default).",
-        _policy,
-    ),
-    Option(
-        "store_threshold",
-        "integer >= 1",
-        1,
-        "Store a chunk only after this many requests looked it up (1 stores everything).",
-        int_at_least(1),
-    ),
-    Option(
-        "copy_threads",
-        "integer >= 1",
-        1,
-        "CPU threads per worker copying KV between engine and host memory when the KV "
-        "cache is in host memory (CPU engines). 2 nearly doubles copy bandwidth but shares "
-        "cores with the model.",
-        int_at_least(1),
-    ),
-    Option(
-        "tier_threads",
-        "integer >= 1",
-        4,
-        "Threads per worker moving chunks between host memory and the tiers below it. "
-        "More keep more tier requests (reads, writes, round trips) in flight; on a "
-        "small machine sharing cores with a local tier server, fewer can be faster.",
-        int_at_least(1),
-    ),
-)
-
-_SHARE: tuple[Option, ...] = (
-    Option(
-        "host_share",
-        "a name: letters, digits, _ . - (up to 64), or unset",
-        None,
-        "Use the node-shared host tier of this name instead of a private one: every engine "
-        "on the node naming it reads and writes one copy of each chunk in shared memory, "
-        "kept when an engine exits or is killed (decision 0016; its node process starts "
-        "with the first engine). cpu_bytes is then the share's size, all ranks together, "
-        "if this engine creates it. A disk tier below it is shared by the node's engines "
-        "naming the same disk_path, through a node process of its own (decision 0017).",
-        _share_name,
-    ),
-    Option(
-        "host_share_timeout_ms",
-        "number > 0",
-        5,
-        "Deadline of one call to the share's node process; a call past it answers as a "
-        "miss (or no room) and is counted (``kvoffload_host_share_calls_total``): a slow "
-        "share never stalls a step.",
-        positive_number,
-    ),
-    Option(
-        "host_share_root",
-        "a directory path",
-        "/dev/shm",
-        "Where the share's files (slabs, index, socket, meta, log) live: a memory "
-        "file system for the slabs to be memory. They are in a directory of this user's "
-        "own, ROOT/kvoffload-u<UID>/NAME (mode 0700; decision 0018); ROOT must not be "
-        "writable by other users unless sticky (as /dev/shm and /tmp are).",
-        lambda v: isinstance(v, str) and bool(v),
-    ),
-    Option(
-        "host_share_group",
-        "a group name or gid, or unset",
-        None,
-        "Trust the members of this group with the share's files and socket as their "
-        "owner is trusted: they live in ROOT/kvoffload-g<GID>/NAME (mode 2770), files "
-        "0660 of that group. Unset: only this user's processes (decision 0018). Every "
-        "engine of the share must name the same group.",
-        _group,
-    ),
-)
-
-_TAIL: tuple[Option, ...] = (
-    Option(
-        "tier_io_timeout_ms",
-        "integer >= 1",
-        5000,
-        "Deadline of every lower-tier job, from its submission: a tier load or a "
-        "promotion still running past it is reported failed (the engine recomputes, the "
-        "request goes on; the chunks stay in the tier), a spill too; memory the stuck I/O "
-        "may still write or read stays reserved until it returns "
-        "(``kvoffload_tier_io_timeouts_total``).",
-        int_at_least(1),
-    ),
-    Option(
-        "lower_tier_admission",
-        '"write_through" or an integer N >= 1',
-        "write_through",
-        "When a chunk is written below host memory: as soon as its host store completes "
-        "(write_through), or after it was loaded from host memory N times.",
-        lambda v: v == "write_through" or int_at_least(1)(v),
-    ),
-    Option(
-        "lower_tier_loads",
-        "direct | promote",
-        "direct",
-        "How a hit in a lower tier reaches the engine: read straight into the "
-        "engine's blocks through a small staging area (direct: offered at once, needs no "
-        "host-memory room), or first promoted into host memory while the request waits "
-        "(promote: needs host room for the whole run).",
-        lambda v: v in ("direct", "promote"),
-    ),
-    Option(
-        "load_policy",
-        "always | cost",
-        "cost",
-        "Which hits are loaded: cost offers a hit's part held by a tier only when its "
-        "expected ready time (the work queued on the tier's lane plus its transfer, "
-        "learned from the tier's own jobs) beats recomputing it at the engine's measured "
-        "prefill speed (a slow tier's tail is recomputed, and the tier re-measured now and "
-        "then by loading one chunk of a hit, so it is used again once fast; decision "
-        "0013); always loads every hit, however slow its tier. "
-        'A request may override it: ``"kvoffload": {"load": "always"}``.',
-        lambda v: v in ("cost", "always"),
-    ),
-    Option(
-        "prefill_tokens_per_s",
-        "number > 0",
-        10000.0,
-        "The engine's prefill speed (tokens per second) assumed by load_policy cost until "
-        "step timings measure it. A tier is loaded until its own jobs were timed (its first "
-        "load measures it).",
-        positive_number,
-    ),
-    Option(
-        "metrics_port",
-        "integer 1..65535",
-        None,
-        "Serve kvoffload's Prometheus metrics on http://127.0.0.1:<port>/metrics from the "
-        "scheduler process (vLLM's own /metrics carries them too when stats are on).",
-        lambda v: v is None or (int_at_least(1)(v) and v <= 65535),
-    ),
-    Option(
-        "max_deferral_steps",
-        "integer >= 1",
-        500,
-        "A request deferred (transfers in flight, promotion, lower-tier lookup) for this "
-        "many busy engine steps (steps that ran other requests; idle steps do not count) "
-        "is admitted without a hit and recomputes.",
-        int_at_least(1),
-    ),
-    Option(
-        "max_deferral_seconds",
-        "number > 0",
-        5.0,
-        "Same bound in seconds; whichever is reached first applies.",
-        positive_number,
-    ),
-)
 
 SECTIONS: tuple[ConfigSection, ...] = tuple(spec.section for spec in TIERS)
 """Each lower tier's config section (``tiers/registry.py``), in the tiers' order."""
 
 OPTIONS: tuple[Option, ...] = (
-    *_HEAD,
-    *_SHARE,
+    *HEAD,
+    *SHARE,
     *(option for section in SECTIONS for option in section.options),
-    *_TAIL,
+    *TAIL,
 )
+
+_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def option(name: str) -> Option:
+    """The declared option ``name`` (kvoffload's own or a tier's); ``ConfigError``
+    naming ``name`` and the known options when there is no such option."""
+    found = _BY_NAME.get(name)
+    if found is None:
+        raise ConfigError(name, f"unknown option; options: {', '.join(sorted(_BY_NAME))}")
+    return found
+
+
+def default(name: str) -> Any:
+    """The declared default of option ``name`` (None: unset, or required).
+    ``ConfigError`` for an unknown name, as :func:`option`."""
+    return option(name).default

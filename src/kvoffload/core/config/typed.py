@@ -1,6 +1,6 @@
 """User configuration: one definition per option, validated at start-up.
 
-Every option is declared once in :data:`OPTIONS` (``config_options.py``: name,
+Every option is declared once in :data:`OPTIONS` (``core/config/options.py``: name,
 type, default, accepted values, meaning; each lower tier's options in its own module,
 ``tiers/<tier>_tier.py``); :meth:`OffloadConfig.from_dict`
 validates a raw mapping (the vLLM ``kv_connector_extra_config``) against it, and
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kvoffload.core.config.options import OPTIONS, SECTIONS, Option
+from kvoffload.core.config.options import OPTIONS, SECTIONS, Option, default
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.secrets import HIDDEN, redact_url, url_has_password
 
@@ -45,29 +45,30 @@ def _check(option: Option, value: Any) -> None:
 class OffloadConfig:
     """Validated kvoffload settings (see :data:`OPTIONS` for each option's meaning).
 
+    Each field's default is the option's declared one (:func:`.options.default`).
     The lower tiers' options (each tier's config section, ``tiers/registry.py``) are
     in ``tier_options``, every one of them with its default filled in; read one with
     :meth:`option` (``config.disk_path`` reads it too, for callers outside kvoffload's
     sources)."""
 
     cpu_bytes: int
-    chunk_tokens: int | None = None
-    eviction: str = "lru"
-    store_threshold: int = 1
-    copy_threads: int = 1
-    tier_threads: int = 4
-    host_share: str | None = None
-    host_share_timeout_ms: float = 5
-    host_share_root: str = "/dev/shm"
-    host_share_group: str | int | None = None
-    tier_io_timeout_ms: int = 5000
-    lower_tier_admission: str | int = "write_through"
-    lower_tier_loads: str = "direct"
-    load_policy: str = "cost"
-    prefill_tokens_per_s: float = 10000.0
-    metrics_port: int | None = None
-    max_deferral_steps: int = 500
-    max_deferral_seconds: float = 5.0
+    chunk_tokens: int | None = default("chunk_tokens")
+    eviction: str = default("eviction")
+    store_threshold: int = default("store_threshold")
+    copy_threads: int = default("copy_threads")
+    tier_threads: int = default("tier_threads")
+    host_share: str | None = default("host_share")
+    host_share_timeout_ms: float = default("host_share_timeout_ms")
+    host_share_root: str = default("host_share_root")
+    host_share_group: str | int | None = default("host_share_group")
+    tier_io_timeout_ms: int = default("tier_io_timeout_ms")
+    lower_tier_admission: str | int = default("lower_tier_admission")
+    lower_tier_loads: str = default("lower_tier_loads")
+    load_policy: str = default("load_policy")
+    prefill_tokens_per_s: float = default("prefill_tokens_per_s")
+    metrics_port: int | None = default("metrics_port")
+    max_deferral_steps: int = default("max_deferral_steps")
+    max_deferral_seconds: float = default("max_deferral_seconds")
     tier_options: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -12,14 +12,23 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
 
+from kvoffload.core.config.own_options import default
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import ChunkKey
+
+MAX_ADMISSION_COUNTERS = 65536
+"""How many keys an admission filter counts unless told otherwise (a directory's,
+a share's: ``ShareGeometry.max_admission_counters``)."""
 
 
 class AdmissionFilter:
     """Bounded per-key lookup counters and the admission rule over them."""
 
-    def __init__(self, store_threshold: int = 1, max_counters: int = 65536) -> None:
+    def __init__(
+        self,
+        store_threshold: int = default("store_threshold"),
+        max_counters: int = MAX_ADMISSION_COUNTERS,
+    ) -> None:
         if not isinstance(store_threshold, int) or store_threshold < 1:
             raise ConfigError(
                 "store_threshold", f"must be an integer >= 1, got {store_threshold!r}"

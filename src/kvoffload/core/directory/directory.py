@@ -34,7 +34,12 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from kvoffload.core.chunk_state import ChunkState
-from kvoffload.core.directory.admission import AdmissionFilter, sort_store_keys
+from kvoffload.core.config.own_options import default
+from kvoffload.core.directory.admission import (
+    MAX_ADMISSION_COUNTERS,
+    AdmissionFilter,
+    sort_store_keys,
+)
 from kvoffload.core.directory.integrity import verify
 from kvoffload.core.directory.protocol import EvictionHook
 from kvoffload.core.directory.results import LookupResult, PreparedStore
@@ -50,6 +55,7 @@ __all__ = ["DIRECTORY_COUNTERS", "Directory"]
 
 DIRECTORY_COUNTERS = ("evictions_total", "admission_refusals_total", "no_room_total")
 """What a directory counts, under its ``tier`` label (exported at 0 from the start)."""
+_EVICTION: str = default("eviction")  # a directory's policy unless given
 
 
 class Directory:
@@ -69,9 +75,9 @@ class Directory:
         num_slots: int,
         *,
         tier: str = "host",
-        policy: str | EvictionPolicy = "lru",
-        store_threshold: int = 1,
-        max_admission_counters: int = 65536,
+        policy: str | EvictionPolicy = _EVICTION,
+        store_threshold: int = default("store_threshold"),
+        max_admission_counters: int = MAX_ADMISSION_COUNTERS,
     ) -> None:
         if not isinstance(num_slots, int) or num_slots <= 0:
             raise ConfigError("num_slots", f"must be a positive integer, got {num_slots!r}")

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvoffload.core.directory import HostDirectory
+from kvoffload.core.directory.admission import MAX_ADMISSION_COUNTERS
 from kvoffload.core.errors import ContractViolation, DirectoryUnavailable
 from kvoffload.core.failures import ChunkFailure, FailureKind, error_failure
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, TierJob
@@ -89,7 +90,7 @@ class TierPlanner:
         *,
         chunk_tokens: int,
         spill_after_hits: int = 0,
-        max_counters: int = 65536,
+        max_counters: int = MAX_ADMISSION_COUNTERS,
         grouped: bool = False,
     ) -> None:
         self.host = host

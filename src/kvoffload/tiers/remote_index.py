@@ -324,6 +324,8 @@ class RemoteIndex:
             self._async_until = 0.0
 
     def close(self) -> None:
+        """Stop the query thread (waiting up to 5 s for a probe in flight); lookups
+        then never defer. The store (``query``) is the caller's to close."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()

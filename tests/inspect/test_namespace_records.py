@@ -19,15 +19,14 @@ from kvoffload.core.keys import ChunkKey, Namespace
 from kvoffload.inspect_command import main
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.disk import DiskStore, namespace_dir
-from kvoffload.tiers.namespace_records import (
-    RECORD_FILE,
-    read_disk_record,
-    record_key,
-    write_disk_record,
-    write_redis_record,
-)
+from kvoffload.tiers.disk_record import RECORD_FILE, read_disk_record, write_disk_record
+from kvoffload.tiers.disk_tier import DISK
+from kvoffload.tiers.namespace_records import read_namespace_record
 from kvoffload.tiers.redis_client import RedisSettings, make_client
+from kvoffload.tiers.redis_record import record_key, write_redis_record
 from kvoffload.tiers.redis_store import RedisStore
+from kvoffload.tiers.redis_tier import REDIS
+from kvoffload.tiers.registry import HOST
 
 NS = Namespace(
     "org/tiny@main", "layout12", "torch.float32", "tp1-pp1", config="c" * 24, weights="w" * 24
@@ -87,11 +86,31 @@ def test_a_failed_record_is_logged_never_raised(
     ours.addHandler(caplog.handler)
     ours.setLevel(logging.DEBUG)
     try:
-        record_namespace("disk", write_disk_record, blocker, NS)
+        record_namespace(DISK.records, blocker, NS)
     finally:
         ours.removeHandler(caplog.handler)
         ours.setLevel(level)
     assert "could not record namespace" in caplog.text and NS.digest().hex() in caplog.text
+
+
+def test_each_tier_reads_back_through_its_spec_what_it_recorded(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    client = make_client(RedisSettings(redis_server.url))
+    for spec, where in ((DISK, tmp_path), (REDIS, client)):
+        assert read_namespace_record(spec.records, where, NS.digest().hex()) is None
+        record_namespace(spec.records, where, NS)
+        assert read_namespace_record(spec.records, where, NS.digest().hex()) == NS.fields()
+        assert read_namespace_record(spec.records, where, OLD.digest().hex()) is None
+    assert read_disk_record(namespace_dir(tmp_path, NS.digest()), NS.digest().hex())
+    assert redis_server.client().get(record_key(NS.digest())) == encode_record(NS)
+
+
+def test_a_tier_without_records_records_nothing(tmp_path: Path) -> None:
+    assert HOST.records is None
+    record_namespace(HOST.records, tmp_path, NS)
+    assert read_namespace_record(HOST.records, tmp_path, NS.digest().hex()) is None
+    assert os.listdir(tmp_path) == []
 
 
 def test_inspect_disk_shows_each_namespaces_fields(

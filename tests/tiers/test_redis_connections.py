@@ -18,8 +18,10 @@ from kvoffload.testing.redis_server import RedisServer, free_cluster_port, start
 from kvoffload.tiers.redis_client import RedisSettings, make_client
 from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.tiers.redis_store import RedisStore
+from kvoffload.tiers.remote_index import RemoteIndexOptions
 
 DIGEST = bytes(range(16))
+LONG_RETRY = RemoteIndexOptions(retry_s=30)  # a failed probe backs off for the whole test
 PAYLOAD = 4096
 
 
@@ -69,7 +71,7 @@ def test_credentials_in_the_url_or_as_separate_keys(secured: RedisServer) -> Non
 
 def test_wrong_credentials_make_the_index_back_off_not_fail(secured: RedisServer) -> None:
     settings = RedisSettings(f"redis://:nope@127.0.0.1:{secured.port}/0", timeout_ms=200)
-    index = RedisIndex(make_client(settings), DIGEST, world_size=1, retry_s=30)
+    index = RedisIndex(make_client(settings), DIGEST, world_size=1, options=LONG_RETRY)
     try:
         deadline = time.monotonic() + 10
         while index.present_run([K(1)]) is None:  # asks in the background, fails
@@ -155,7 +157,7 @@ def test_a_cluster_that_is_down_at_start_fails_operations_not_the_engine() -> No
     s = RedisStore(client, DIGEST, 0, PAYLOAD)
     with pytest.raises(redis.ConnectionError):
         s.write_many([(K(1), memoryview(data(1)))])
-    index = RedisIndex(client, DIGEST, world_size=1, retry_s=30)
+    index = RedisIndex(client, DIGEST, world_size=1, options=LONG_RETRY)
     try:
         deadline = time.monotonic() + 10
         while index.present_run([K(1)]) is None:

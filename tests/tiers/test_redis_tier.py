@@ -15,6 +15,7 @@ from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers.redis_client import RedisSettings, key_name, make_client
 from kvoffload.tiers.redis_index import RedisIndex
 from kvoffload.tiers.redis_store import RedisStore
+from kvoffload.tiers.remote_index import RemoteIndexOptions
 
 DIGEST = bytes(range(16))
 PAYLOAD = 4096
@@ -111,7 +112,7 @@ def test_the_index_asks_the_server_and_needs_every_rank(redis_server: RedisServe
 
 def test_the_index_in_background_mode_answers_on_its_thread(redis_server: RedisServer) -> None:
     client = make_client(RedisSettings(redis_server.url))
-    index = RedisIndex(client, DIGEST, world_size=1, probe="async")
+    index = RedisIndex(client, DIGEST, world_size=1, options=RemoteIndexOptions(probe="async"))
     try:
         store(redis_server).write_many([(K(1), memoryview(data(1)))])
         assert index.present_run([K(1)]) is None  # asked, not known yet
@@ -126,7 +127,8 @@ def test_a_server_that_is_down_killed_or_restarted_never_blocks(
 ) -> None:
     client = make_client(RedisSettings(redis_server.url, timeout_ms=200))
     # A generous budget: the probes stay in the lookup even on a fresh connection.
-    index = RedisIndex(client, DIGEST, world_size=1, retry_s=0.2, sync_probe_s=1.0)
+    options = RemoteIndexOptions(retry_s=0.2, sync_probe_s=1.0)
+    index = RedisIndex(client, DIGEST, world_size=1, options=options)
     s = store(redis_server, timeout_ms=200)
     try:
         s.write_many([(K(1), memoryview(data(1)))])

@@ -25,7 +25,7 @@ from llm_support import (
 )
 
 from kvoffload.core.keys import Namespace
-from kvoffload.tiers.namespace_records import read_disk_record
+from kvoffload.tiers.disk_record import read_disk_record
 
 OVERRIDE = {"rms_norm_eps": 1.0}
 CHUNKS = 2 * 8  # two prompts of 8 chunks each

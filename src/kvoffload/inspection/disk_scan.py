@@ -30,7 +30,7 @@ reported as bad (``short``) and scanned as far as it goes: slots past the end re
 as empty, as recovery reads them. Anything under ``kvoffload-v1/`` that is not a
 namespace directory, a slab file (a regular file named exactly ``slab.r<rank>``,
 rank in ASCII digits without leading zeros) or a namespace's record (a regular file
-``namespace.json``: :mod:`kvoffload.tiers.namespace_records`, shown as the namespace's
+``namespace.json``: :mod:`kvoffload.tiers.disk_record`, shown as the namespace's
 fields) counts as *stray*, except a namespace's lock and users files
 (``kvoffload.tiers.disk_lock``: never locked or opened here, so inspecting a tier an
 engine is using works), the fan-out
@@ -68,7 +68,7 @@ from kvoffload.inspection.model import (
 from kvoffload.inspection.slot_scan import SlotScan
 from kvoffload.tiers.disk_files import FORMAT_DIR
 from kvoffload.tiers.disk_lock import LOCK_NAME, USERS_NAME
-from kvoffload.tiers.namespace_records import RECORD_FILE, read_disk_record
+from kvoffload.tiers.disk_record import RECORD_FILE, read_disk_record
 
 __all__ = ["SLAB_PREFIX", "inspect_disk", "parse_slab_name", "resolve_root"]
 

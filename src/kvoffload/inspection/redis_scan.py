@@ -3,7 +3,7 @@
 Keys are :mod:`kvoffload.tiers.redis_client`'s:
 ``kvoffload:v1:<namespace digest hex>:<key hex>:r<rank>``, and one record per
 namespace (``kvoffload:v1:<namespace digest hex>:namespace``,
-:mod:`kvoffload.tiers.namespace_records`: the namespace's fields, read with ``GET``).
+:mod:`kvoffload.tiers.redis_record`: the namespace's fields, read with ``GET``).
 Only read commands are
 sent: ``SCAN`` with a ``MATCH`` pattern and a ``COUNT`` (never ``KEYS``, which blocks
 the server), then, pipelined in batches, ``STRLEN`` and ``GETRANGE`` of the header
@@ -35,7 +35,6 @@ from kvoffload.inspection.model import (
     Report,
     is_digest_hex,
 )
-from kvoffload.tiers.namespace_records import record_key
 from kvoffload.tiers.redis_client import (
     LazyCluster,
     RedisSettings,
@@ -43,6 +42,7 @@ from kvoffload.tiers.redis_client import (
     make_client,
     namespace_pattern,
 )
+from kvoffload.tiers.redis_record import record_key
 
 SCAN_COUNT = 1000
 HEADER_BATCH = 512  # keys per pipeline for STRLEN + GETRANGE
@@ -168,7 +168,7 @@ def parse_key_name(name: str) -> tuple[str, ChunkKey, int] | None:
 
 def parse_record_name(name: str) -> str | None:
     """The namespace digest hex of a namespace record's key name, exactly as the
-    engine writes it (:func:`~kvoffload.tiers.namespace_records.record_key`); None for
+    engine writes it (:func:`~kvoffload.tiers.redis_record.record_key`); None for
     any other name."""
     parts = name.split(":")
     if len(parts) != 4 or not is_digest_hex(parts[2]):

@@ -1,12 +1,13 @@
 """The tier hierarchy's health from a running engine's kvoffload counters.
 
 :func:`tier_health` turns the samples of one scrape (:mod:`.exposition`) into a
-:class:`HealthReport`: per tier (host first, then disk, redis, then any other tier
-name in sorted order) the counters of :data:`kvoffload.core.observe.metrics.METRICS` that
-tell how it is doing, and the hierarchy's deferrals, deferral timeouts and internal
-errors. Only ``kvoffload_*`` samples are read; samples that differ only in labels
-kvoffload does not declare (vLLM's ``engine`` and ``model_name``: several engines
-behind one ``/metrics``) are summed.
+:class:`HealthReport`: per tier (in the registry's order, host memory first:
+:func:`~kvoffload.tiers.registry.tier_names`; then any other tier name, sorted) the
+counters of :data:`kvoffload.core.observe.metrics.METRICS` that tell how it is doing,
+and the hierarchy's deferrals, deferral timeouts and internal errors. Only
+``kvoffload_*`` samples are read; samples that differ only in labels kvoffload does
+not declare (vLLM's ``engine`` and ``model_name``: several engines behind one
+``/metrics``) are summed.
 
 A field is ``None`` (a mapping: empty) when the scrape has no sample of that series:
 on kvoffload's own endpoint (``metrics_port``) every series that applies to a tier
@@ -24,9 +25,10 @@ from dataclasses import dataclass, field
 
 from kvoffload.core.observe.metrics import PREFIX
 from kvoffload.inspection.exposition import Exposition, Sample
+from kvoffload.tiers.registry import HOST as HOST_TIER
+from kvoffload.tiers.registry import tier_names
 
-HOST = "host"
-TIER_ORDER = (HOST, "disk", "redis")
+HOST = HOST_TIER.name
 DIRECTIONS = ("store", "spill", "promote", "load")
 """``direction`` label values in the order shown (engine -> host -> tier -> host -> engine)."""
 
@@ -104,8 +106,9 @@ def tier_health(exposition: Exposition, location: str) -> HealthReport:
     sample read here is not a finite count (NaN, infinite, negative or fractional)."""
     series = _Series(s for s in exposition.samples if s.name.startswith(PREFIX))
     seen = {s.label("tier") for s in series.samples} - {None, HOST}
-    names = [HOST, *(t for t in TIER_ORDER[1:] if t in seen)]
-    names += sorted(t for t in seen if t is not None and t not in TIER_ORDER)
+    known = tier_names()  # read now: the registry's order, host memory first
+    names = [HOST, *(t for t in known[1:] if t in seen)]
+    names += sorted(t for t in seen if t is not None and t not in known)
     tiers = [_tier(series, name, lower=len(names) > 1) for name in names]
     return HealthReport(
         location=location,

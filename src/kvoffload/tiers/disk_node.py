@@ -45,7 +45,8 @@ from kvoffload.tiers.spec import TierContext
 def node_share(config: OptionValues, ctx: TierContext) -> NodeShare:
     """The disk share of ``disk_path`` and the engine's namespace (see the module
     docstring)."""
-    from kvoffload.tiers.namespace_records import record_namespace, write_disk_record
+    from kvoffload.tiers.disk_record import DISK_RECORDS
+    from kvoffload.tiers.namespace_records import record_namespace
 
     backing = DiskBacking(Path(config.option("disk_path")), ctx.namespace.digest())
     return disk_share(
@@ -54,7 +55,7 @@ def node_share(config: OptionValues, ctx: TierContext) -> NodeShare:
         group=resolve_group(config.option("host_share_group")),
         geometry=ShareGeometry(ctx.slots, ctx.chunk_bytes, ctx.world_size, ctx.eviction),
         timeout_s=float(config.option("host_share_timeout_ms")) / 1000,
-        after_open=lambda: record_namespace("disk", write_disk_record, backing.root, ctx.namespace),
+        after_open=lambda: record_namespace(DISK_RECORDS, backing.root, ctx.namespace),
     )
 
 

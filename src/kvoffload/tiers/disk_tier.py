@@ -31,6 +31,7 @@ from kvoffload.core.config.sections import (
     optional,
 )
 from kvoffload.core.errors import ConfigError
+from kvoffload.tiers.disk_record import DISK_RECORDS
 from kvoffload.tiers.spec import (
     InspectCommand,
     Locality,
@@ -129,7 +130,7 @@ def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[LowerTier]
     second engine on the namespace: ``ConfigError``); its namespace record written."""
     from kvoffload.tiers.disk_index import open_disk_tier
     from kvoffload.tiers.disk_lock import DiskLock
-    from kvoffload.tiers.namespace_records import record_namespace, write_disk_record
+    from kvoffload.tiers.namespace_records import record_namespace
 
     root = Path(config.option("disk_path"))
     digest = ctx.namespace.digest()
@@ -145,7 +146,7 @@ def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[LowerTier]
         "kvoffload: disk tier at %s: %d chunks recovered, %d copies ignored",
         root, recovery.adopted, recovery.ignored,
     )  # fmt: skip
-    record_namespace("disk", write_disk_record, root, ctx.namespace)
+    record_namespace(DISK_RECORDS, root, ctx.namespace)
     return OpenedIndex(index, lock.release)
 
 
@@ -256,4 +257,5 @@ DISK: TierSpec[LowerTier, TierStore] = TierSpec(
         add=_inspect_arguments,
         run=_inspect,
     ),
+    records=DISK_RECORDS,
 )

@@ -1,112 +1,69 @@
-"""Where each tier keeps a namespace's record (:mod:`kvoffload.core.identity.namespace_record`).
+"""A tier's namespace records (:mod:`kvoffload.core.identity.namespace_record`), for
+any tier: how a tier keeps one (:class:`NamespaceRecords`, its spec's
+:attr:`~kvoffload.tiers.spec.TierSpec.records`; each tier's in its own module, e.g.
+``tiers/disk_record.py``, ``tiers/redis_record.py``), and writing or reading one
+that way (:func:`record_namespace`, :func:`read_namespace_record`).
 
-- Disk: ``<root>/kvoffload-v1/<namespace digest hex>/namespace.json``, next to the
-  slab files, owner-only (0600, its directory 0700), replaced atomically (written to
-  a temporary name in the same directory, then renamed), and only when its content
-  differs.
-- Redis: the string key ``kvoffload:v1:<namespace digest hex>:namespace``, inside
-  the namespace's key prefix (so ``SCAN kvoffload:v1:<digest>:*`` finds it with the
-  chunks); no expiry, like the chunks, so the server may evict it.
-
-The scheduler half writes the record once at start (:func:`write_disk_record`,
-:func:`write_redis_record`): never on the hot path. Writes raise (``OSError``, the
-Redis client's errors) and the caller logs them: a record is informational, the
-engine never reads it. Readers (:func:`read_disk_record`, used by ``kvoffload
-inspect``) return None for a missing or bad record.
+The scheduler half writes the record once at start, where its index opened the tier:
+never on the hot path. A failed write is logged, never raised: a record is
+informational, the engine never reads it; ``kvoffload inspect`` shows a namespace
+without a readable record as "fields unknown". Imports no tier.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from kvoffload.core.identity.namespace_record import MAX_RECORD_BYTES, decode_record, encode_record
 from kvoffload.core.keys import Namespace
-from kvoffload.core.private_files import create_exclusive
-from kvoffload.tiers.disk_files import disk_policy, private_namespace_dir
-from kvoffload.tiers.redis_client import PREFIX
 
-RECORD_FILE = "namespace.json"
-RECORD_SUFFIX = "namespace"
-"""The last part of a namespace's record key in Redis."""
+__all__ = ["NamespaceRecords", "read_namespace_record", "record_namespace"]
 
 logger = logging.getLogger("kvoffload")
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+@dataclass(frozen=True)
+class NamespaceRecords:
+    """How one tier keeps a namespace's record at its location ``where`` (what the
+    tier's index opens: a disk tier's root directory, a Redis client; the caller owns
+    it). ``label`` names the tier in the warning of a failed write; ``write`` writes
+    ``namespace``'s record there, replacing the one it had (raises the location's
+    errors: ``OSError``, the client's); ``read`` returns the fields recorded for the
+    namespace of digest hex ``digest_hex`` there, or None when there is no readable,
+    valid record (raises only what says the location failed as a whole, e.g. a
+    client's connection error). Neither keeps state."""
+
+    label: str
+    write: Callable[[Any, Namespace], object]
+    read: Callable[[Any, str], dict[str, str] | None]
 
 
-def write_disk_record(root: Path, namespace: Namespace) -> Path:
-    """Write ``namespace``'s record into its directory under the disk tier ``root``
-    (created owner-only when missing); return the record's path. A record with the
-    same content is left as it is. Raises ``OSError``."""
-    directory = private_namespace_dir(root, namespace.digest())
-    path = directory / RECORD_FILE
-    content = encode_record(namespace)
-    with contextlib.suppress(OSError):
-        if _read(path) == content:
-            return path
-    temporary = directory / f".{RECORD_FILE}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = create_exclusive(temporary, os.O_WRONLY, disk_policy(root))
-    try:
-        try:
-            os.write(fd, content)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    return path
-
-
-def read_disk_record(directory: Path, digest_hex: str) -> dict[str, str] | None:
-    """The fields recorded in namespace directory ``directory`` (whose digest is
-    ``digest_hex``), or None when there is no readable, valid record."""
-    try:
-        return decode_record(_read(directory / RECORD_FILE), digest_hex)
-    except OSError:
-        return None
-
-
-def record_key(namespace_digest: bytes) -> str:
-    """The Redis key of a namespace's record."""
-    return f"{PREFIX}:{namespace_digest.hex()}:{RECORD_SUFFIX}"
-
-
-def write_redis_record(client: Any, namespace: Namespace) -> None:
-    """One ``SET`` of ``namespace``'s record. Raises the client's errors."""
-    client.set(record_key(namespace.digest()), encode_record(namespace))
-
-
-def _read(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | _CLOEXEC | _NOFOLLOW)
-    try:
-        return os.read(fd, MAX_RECORD_BYTES + 1)
-    finally:
-        os.close(fd)
-
-
-def record_namespace(
-    tier: str, write: Callable[[Any, Namespace], object], where: Any, namespace: Namespace
-) -> None:
-    """Write ``namespace``'s record with ``write`` into ``where`` (a disk root, a
-    Redis client); a failure is logged, never raised: the record only serves
+def record_namespace(records: NamespaceRecords | None, where: Any, namespace: Namespace) -> None:
+    """Write ``namespace``'s record into ``where`` as ``records`` (a tier spec's
+    :attr:`~kvoffload.tiers.spec.TierSpec.records`) keep it; nothing for None (a tier
+    without records). A failure is logged, never raised: the record only serves
     ``kvoffload inspect``."""
+    if records is None:
+        return
     try:
-        write(where, namespace)
+        records.write(where, namespace)
     except Exception as exc:
         logger.warning(
             "kvoffload: could not record namespace %s in the %s tier (%s: %s); "
             "kvoffload inspect will show its fields as unknown",
             namespace.digest().hex(),
-            tier,
+            records.label,
             type(exc).__name__,
             " ".join(str(exc).split())[:200],
         )
+
+
+def read_namespace_record(
+    records: NamespaceRecords | None, where: Any, digest_hex: str
+) -> dict[str, str] | None:
+    """The fields recorded in ``where`` for the namespace ``digest_hex`` as ``records``
+    keep them; None without a readable, valid record or for None (a tier without
+    records). See :class:`NamespaceRecords` for what may raise."""
+    return None if records is None else records.read(where, digest_hex)

@@ -30,6 +30,7 @@ from kvoffload.core.config.sections import (
 )
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.secrets import read_secret_env, read_secret_file, redact_url
+from kvoffload.tiers.redis_record import REDIS_RECORDS
 from kvoffload.tiers.spec import (
     InspectCommand,
     Locality,
@@ -177,13 +178,13 @@ def probe(client: Any, config: OptionValues) -> None:
 def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[LowerTier]:
     """The cached view of what the server holds (a server that does not answer is
     warned about, then missed until it does); the namespace's record written."""
-    from kvoffload.tiers.namespace_records import record_namespace, write_redis_record
+    from kvoffload.tiers.namespace_records import record_namespace
     from kvoffload.tiers.redis_client import make_client
     from kvoffload.tiers.redis_index import RedisIndex
 
     client = make_client(settings(config))
     probe(client, config)
-    record_namespace("Redis", write_redis_record, client, ctx.namespace)
+    record_namespace(REDIS_RECORDS, client, ctx.namespace)
     index = RedisIndex(client, ctx.namespace.digest(), ctx.world_size)
     return OpenedIndex(index, index.close)
 
@@ -297,4 +298,5 @@ REDIS: TierSpec[LowerTier, TierStore] = TierSpec(
         add=_inspect_arguments,
         run=_inspect,
     ),
+    records=REDIS_RECORDS,
 )

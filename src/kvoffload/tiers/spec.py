@@ -24,7 +24,10 @@ module outside ``tiers/`` (and the test support, and ``inspection/``) names one:
 - its start-up text (:attr:`TierSpec.describe`) and start-up warnings
   (:attr:`TierSpec.warn`);
 - its lane in the simulator (:attr:`TierSpec.sim`);
-- its ``kvoffload inspect`` subcommand (:attr:`TierSpec.inspect`; None: none).
+- its ``kvoffload inspect`` subcommand (:attr:`TierSpec.inspect`; None: none);
+- where it keeps a namespace's record for ``kvoffload inspect``
+  (:attr:`TierSpec.records`, a :class:`~kvoffload.tiers.namespace_records.NamespaceRecords`;
+  None: none).
 
 Importing a spec module imports nothing heavy (no torch, numpy or client library):
 builders import what they use when called. Specs are frozen and shared.
@@ -41,6 +44,7 @@ from kvoffload.core.config.own_options import default
 from kvoffload.core.config.sections import ConfigSection, OptionValues
 from kvoffload.core.failures import ChunkFailure
 from kvoffload.core.keys import ChunkKey, Namespace
+from kvoffload.tiers.namespace_records import NamespaceRecords
 
 if TYPE_CHECKING:
     import argparse
@@ -195,7 +199,9 @@ class TierSpec(Generic[I, S]):
     draws a session, books under it and names it in every plan's metadata);
     ``describe`` its part of the scheduler's start-up line; ``warn`` logs its
     start-up warnings (never raises); ``settle`` checks, when the engine starts,
-    what needs the environment (files, variables) without connecting."""
+    what needs the environment (files, variables) without connecting; ``records``
+    where the tier keeps a namespace's record (written as its index opens, with
+    :func:`~kvoffload.tiers.namespace_records.record_namespace`; None: none)."""
 
     name: str
     medium: str
@@ -214,6 +220,7 @@ class TierSpec(Generic[I, S]):
     node_share: Callable[[OptionValues, TierContext], NodeShare | None] = _private
     open_shared_store: Callable[[OptionValues, TierContext, NodeShare], S] = _not_shareable
     over_directory: Callable[[HostDirectory], I] = _over_directory
+    records: NamespaceRecords | None = None
 
     @property
     def announces_removals(self) -> bool:

@@ -9,7 +9,7 @@ layout it registered, its host slab and the copy path. Warnings: each tier's own
 opened degraded; a server that does not answer at start is warned about as its index
 opens), and the numpy copy path where the compiled kernel is missing.
 :func:`record_namespace` (``tiers/namespace_records.py``) writes a namespace's record
-for ``kvoffload inspect`` and logs a failure.
+where a tier keeps it, for ``kvoffload inspect``, and logs a failure.
 
 Contract: these functions only read the objects they are given and log; nothing
 here raises.

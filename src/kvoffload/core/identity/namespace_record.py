@@ -3,7 +3,8 @@
 Tiers name a namespace by its digest only (slab directories, Redis key prefixes), so
 the digest alone says nothing of the model behind it. The scheduler half writes one
 record per namespace next to its chunks at start (``tiers/namespace_records.py``:
-``namespace.json`` in the disk tier's namespace directory, one Redis key) and
+``namespace.json`` in the disk tier's namespace directory, ``tiers/disk_record.py``;
+one Redis key, ``tiers/redis_record.py``) and
 ``kvoffload inspect`` reads it back. The record is informational: the engine never
 reads it, and a missing or bad record only makes inspect show "fields unknown".
 

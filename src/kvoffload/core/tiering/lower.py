@@ -8,9 +8,10 @@ A :class:`LowerTier` answers which chunks it holds and books the chunks moving i
   own eviction policy and slots (a chunk's place in the tier's storage, sent with
   each job); a promotion pins its sources so they are not evicted while being read;
   an evicted chunk's slot is simply written over by the next chunk stored there.
-- a remote index (Redis/Valkey, in :mod:`kvoffload.tiers.redis_index`): not
-  authoritative (the server evicts, other engines add); ``present_run`` may answer
-  None while it asks the server, and a value gone by read time is a miss.
+- a remote index (:mod:`kvoffload.tiers.remote_index`; Redis/Valkey's in
+  :mod:`kvoffload.tiers.redis_index`): not authoritative (the server evicts, other
+  engines add); ``present_run`` may answer None while it asks the server, and a value
+  gone by read time is a miss.
 
 Counters: a tier counts in ``metrics``, a recorder scope with its ``tier`` label
 fixed (:mod:`kvoffload.core.observe.recorder`): the tier itself counts its spills' outcome,

@@ -73,8 +73,8 @@ from kvoffload.testing.vllm_harness.spec import (
 )
 from kvoffload.testing.vllm_harness.units import Unit, make_units
 from kvoffload.testing.vllm_harness.weight_events import WeightEvents
-from kvoffload.tiers.redis_index import RedisIndex
-from kvoffload.tiers.redis_tier import REDIS
+from kvoffload.tiers.registry import LOWER_TIERS
+from kvoffload.tiers.remote_index import RemoteIndex
 
 SECONDS_PER_STEP = 0.02
 """The logical duration of one engine step (a step of a real engine takes 10-50 ms):
@@ -369,8 +369,9 @@ class VllmHarness(WeightEvents):
 
     def _after_step(self) -> None:
         for unit in self.units:
-            index = unit.side.lower_tier(REDIS.name)
-            if isinstance(index, RedisIndex):
-                index.pump()
+            for spec in LOWER_TIERS:
+                index = unit.side.lower_tier(spec.name)
+                if isinstance(index, RemoteIndex):
+                    index.pump()
         self.check()
         self.checks.late_copies(self.ranks)

@@ -24,8 +24,8 @@ from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
 from kvoffload.core.cost import LaneCosts, fixed_timing
 from kvoffload.testing.vllm_harness.checks import Checks
 from kvoffload.testing.vllm_harness.kv_model import KVModel
-from kvoffload.tiers.redis_index import RedisIndex
-from kvoffload.tiers.redis_tier import REDIS
+from kvoffload.tiers.registry import LOWER_TIERS
+from kvoffload.tiers.remote_index import RemoteIndex, RemoteIndexOptions
 from kvoffload.tiers.spec import OpenedIndex
 
 
@@ -62,14 +62,14 @@ def make_units(
 ) -> list[Unit]:
     """The scheduler's kvoffload connectors as units, each made deterministic: its
     scheduler half on the harness's logical ``clock``, its cost model on the fixed
-    ``lane_costs``, its Redis index without a thread (:func:`deterministic_redis_index`)."""
+    ``lane_costs``, its remote indexes without a thread (:func:`deterministic_remote_indexes`)."""
     units = []
     for index, kid in enumerate(kvoffload_children(scheduler.connector)):
         side = kid.scheduler_side
         assert side is not None  # checked by kvoffload_children
         side.scheduler.clock = clock
         side.scheduler.cost.timing = fixed_timing(lane_costs)
-        deterministic_redis_index(side, clock)
+        deterministic_remote_indexes(side, clock)
         checks = Checks(
             scheduler,
             side,
@@ -81,14 +81,15 @@ def make_units(
     return units
 
 
-def deterministic_redis_index(side: SchedulerSide, clock: Callable[[], float]) -> None:
-    """Swap the scheduler side's Redis index for one without its thread, in logical
-    time, probing in the background (the harness answers its queries after each
-    step: lookups of unknown chunks are deferred a step)."""
-    old = side.lower_tier(REDIS.name)
-    if not isinstance(old, RedisIndex):
-        return
-    index = RedisIndex(
-        old.client, old.digest, old.world_size, probe="async", background=False, clock=clock
-    )
-    side.replace_lower_tier(OpenedIndex(index, index.close))
+def deterministic_remote_indexes(side: SchedulerSide, clock: Callable[[], float]) -> None:
+    """Swap each of the scheduler side's remote indexes (the Redis tier's) for one over
+    the same store without its thread, in logical time, probing in the background (the
+    harness answers their queries after each step: lookups of unknown chunks are
+    deferred a step); the old ones are closed."""
+    for spec in LOWER_TIERS:
+        old = side.lower_tier(spec.name)
+        if not isinstance(old, RemoteIndex):
+            continue
+        options = RemoteIndexOptions(probe="async", clock=clock, background=False)
+        index = RemoteIndex(old.name, old.query, options)
+        side.replace_lower_tier(OpenedIndex(index, index.close))

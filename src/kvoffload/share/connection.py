@@ -25,7 +25,7 @@ class Welcome:
     slot_bytes: int
     ranks: int
     fresh: bool  # the session is new to this node process (it holds no booking of it)
-    slab_id: bytes = b""  # the share's slab files' id (see .geometry)
+    slab_id: bytes = b""  # the share's slab files' id (see .meta)
 
     @property
     def identity(self) -> tuple[int, bytes]:

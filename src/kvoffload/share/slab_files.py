@@ -7,7 +7,7 @@ File ``slab.rR`` of the share's directory (in ``/dev/shm``: memory, not disk)::
                   u16 reserved, u64 slot bytes, u64 slots, 16 bytes slab id
     offset 4096   slot 0, slot 1, ... each ``slot_bytes`` bytes, back to back
 
-The slab id (:attr:`~.geometry.ShareGeometry.slab_id`) is one random value for every
+The slab id (:attr:`~.meta.ShareGeometry.slab_id`) is one random value for every
 rank's file of one incarnation of the share: a worker checks that the file it maps
 is the one its engine's node process serves (:mod:`.slab`).
 

@@ -2,7 +2,7 @@
 every engine's worker of that rank.
 
 File ``slab.rR`` of the share's directory (in ``/dev/shm``: memory, not disk), laid
-out as :mod:`.slab_files` says, opened as :mod:`kvoffload.core.private_files` says
+out as :mod:`kvoffload.share.slab_files` says, opened as :mod:`kvoffload.core.private_files` says
 (never a link, never a file another user made).
 
 One file per rank, rather than rank-major regions of one file: a worker maps, prefaults
@@ -18,7 +18,7 @@ for it. Page-locking: when CUDA is available the mapping is registered with
 processes may register the same pages), and unregistered by :meth:`close`. That path
 is not exercised by the tests (they run without CUDA).
 
-Ownership: the node process creates (and sizes) the files (:mod:`.slab_files`);
+Ownership: the node process creates (and sizes) the files (:mod:`kvoffload.share.slab_files`);
 engines map them and never resize or delete them. Which slot may be read or written
 when is decided by the share's directory (two-phase bookings); the slab does no
 locking. The bytes of a slot are never trusted without the directory: a restarted
@@ -30,7 +30,7 @@ deleted wholesale, and a new node process made new slab files under a new id), t
 mapping still shows the old, deleted file: :meth:`SharedSlab.remap` replaces it, at
 the same address (``MAP_FIXED``: every view of the slab stays valid), with the
 share's file now, if that file carries the id asked for. The caller (the worker,
-:class:`~kvoffload.adapters.vllm.host_share.WorkerShare`) remaps only when no copy
+:class:`~kvoffload.tiers.host_shared.SharedHostSlab`) remaps only when no copy
 of its own is in flight on the old mapping.
 """
 

@@ -4,7 +4,7 @@
   and stores, pins, atomic eviction, events); it holds and alone mutates the
   slot table, the admission filter and its events; it counts evictions, admission
   refusals and refused stores in a metrics recorder (``Directory.metrics``).
-- :mod:`.protocol`: :class:`HostDirectory`, the directory as its users see it,
+- :mod:`.host_directory`: :class:`HostDirectory`, the directory as its users see it,
   implemented by :class:`Directory`, the share client and the simulator's shared host
   (each checks its conformance statically), and the eviction hook type.
 - :mod:`.slots`: :class:`SlotTable`, key -> slot, per-slot state and pins, the
@@ -15,12 +15,12 @@
   passes in (it imports nothing from :mod:`.directory`).
 
 Import dependencies run one way: directory -> integrity -> slots -> results;
-directory -> protocol -> results.
+directory -> host_directory -> results.
 """
 
 from kvoffload.core.directory.admission import AdmissionFilter
 from kvoffload.core.directory.directory import Directory
-from kvoffload.core.directory.protocol import EvictionHook, HostDirectory
+from kvoffload.core.directory.host_directory import EvictionHook, HostDirectory
 from kvoffload.core.directory.results import (
     LookupResult,
     LookupStatus,

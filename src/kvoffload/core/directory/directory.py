@@ -1,7 +1,7 @@
 """The chunk directory of one tier: which chunk lives in which slot, pins, eviction.
 
 The engine's own implementation of
-:class:`~kvoffload.core.directory.protocol.HostDirectory` (checked statically below).
+:class:`~kvoffload.core.directory.host_directory.HostDirectory` (checked statically below).
 
 Bookkeeping only; it never moves bytes. Ownership: the directory holds, and alone
 mutates, its :class:`~kvoffload.core.directory.slots.SlotTable` (key -> slot,
@@ -40,8 +40,8 @@ from kvoffload.core.directory.admission import (
     AdmissionFilter,
     sort_store_keys,
 )
+from kvoffload.core.directory.host_directory import EvictionHook
 from kvoffload.core.directory.integrity import verify
-from kvoffload.core.directory.protocol import EvictionHook
 from kvoffload.core.directory.results import LookupResult, PreparedStore
 from kvoffload.core.directory.room import evict_for
 from kvoffload.core.directory.slots import _PINNED, _STORING, SlotTable
@@ -335,6 +335,6 @@ class Directory:
 
 
 if TYPE_CHECKING:
-    from kvoffload.core.directory.protocol import HostDirectory
+    from kvoffload.core.directory.host_directory import HostDirectory
 
     _conforms: type[HostDirectory] = Directory

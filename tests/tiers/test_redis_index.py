@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import redis
+from tests.tiers.test_remote_index import Clock, K
 
 from kvoffload.core.keys import ChunkKey
 from kvoffload.tiers.redis_client import key_name
@@ -17,18 +18,6 @@ from kvoffload.tiers.redis_tier import REDIS
 from kvoffload.tiers.remote_index import RemoteIndex, RemoteIndexOptions
 
 DIGEST = bytes(range(16))
-
-
-def K(i: int) -> ChunkKey:
-    return ChunkKey(i.to_bytes(16, "big"))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeClient:

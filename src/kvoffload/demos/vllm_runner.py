@@ -249,7 +249,7 @@ def run_batches(
     hits_before = _hit_counters(llm)
     for b, batch in enumerate(batches):
         # vLLM's TypedDict uses typing.NotRequired, which mypy targeting 3.10 reads as required.
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt)) for r in batch]  # type: ignore[typeddict-item]
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt)) for r in batch]
         params = [
             SamplingParams(temperature=0.0, max_tokens=r.output_tokens, ignore_eos=True)
             for r in batch

@@ -151,7 +151,7 @@ def generate(llm: Any, prompt: Sequence[int], max_tokens: int = MAX_TOKENS) -> A
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    inputs = [TokensPrompt(prompt_token_ids=list(prompt))]  # type: ignore[typeddict-item]
+    inputs = [TokensPrompt(prompt_token_ids=list(prompt))]
     [out] = llm.generate(inputs, params, use_tqdm=False)
     return out
 

@@ -59,6 +59,7 @@ from kvoffload.adapters.vllm.messages import PlanMetadata
 from kvoffload.adapters.vllm.scheduler_side import SchedulerSide
 from kvoffload.adapters.vllm.startup import warn_tiers
 from kvoffload.adapters.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
+from kvoffload.adapters.vllm.versions import check_vllm_version
 from kvoffload.adapters.vllm.worker_side import WorkerSide
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
@@ -84,6 +85,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self.config = config
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
+        check_vllm_version()
         check_deployment(vllm_config, transfer)
         if role == KVConnectorRole.SCHEDULER:
             # A failed load is a cache miss: vLLM recomputes the request's blocks,
@@ -115,6 +117,11 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        return self._sched().hit_sources(request, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._sched().build_connector_meta(scheduler_output)

@@ -15,7 +15,8 @@ core, every worker) before any model is loaded. kvoffload's plugin:
    :class:`~kvoffload.core.errors.ConfigError` is raised to the caller. The same
    holds for kvoffload's child configs inside a ``MultiConnector``, and for a
    deployment kvoffload cannot serve (pipeline or context parallelism, a one-way
-   ``kv_role``: ``deployment.py``);
+   ``kv_role``: ``deployment.py``), and a vLLM release kvoffload is not tested
+   with (``versions.py``; ``KVOFFLOAD_ALLOW_UNTESTED_VLLM=1`` runs it anyway);
 4. sets ``kv_load_failure_policy: recompute`` on the engine's built
    ``kv_transfer_config`` whenever kvoffload is in it (itself or a child of a
    ``MultiConnector``), where vLLM's scheduler reads it (``load_failure.py``).
@@ -38,6 +39,7 @@ from typing import Any
 
 from kvoffload.adapters.vllm.deployment import deployment_problem
 from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
+from kvoffload.adapters.vllm.versions import check_vllm_version
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.tiers.registry import LOWER_TIERS
@@ -136,6 +138,11 @@ def check_engine_args(args: Any, transfers: list[Any]) -> None:
     """Refuse a deployment kvoffload cannot serve (``deployment.py``) from the engine
     arguments, before anything is built; same reporting as
     :func:`check_transfer_config`."""
+    if transfers:
+        try:
+            check_vllm_version()
+        except ConfigError as exc:
+            _refuse("untested vLLM", exc)
     for ours in transfers:
         problem = deployment_problem(
             pipeline_parallel_size=int(getattr(args, "pipeline_parallel_size", 1) or 1),

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from kvoffload.adapters.prometheus import MetricsEndpoint
 from kvoffload.adapters.vllm.compat import (
+    CacheHitSource,
     KVCacheBlocks,
     KVCacheConfig,
     KVCacheEvent,
@@ -21,6 +22,7 @@ from kvoffload.adapters.vllm.compat import (
 from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
+from kvoffload.adapters.vllm.hit_sources import hit_sources
 from kvoffload.adapters.vllm.link_metrics import LinkCounters
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.scheduler_weights import SchedulerWeights
@@ -209,6 +211,23 @@ class SchedulerSide:
             if num_external_tokens:
                 owed = [b for b in flat(block_ids) if b != NULL_BLOCK]
                 self.guard.owe(request.request_id, owed)
+
+    def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
+        """vLLM's per-source split of the hit just allocated (asked right after
+        :meth:`update_state_after_alloc`): each tier's share of the request's load
+        (``hit_sources.py``); all of it as host memory if kvoffload is off or the load
+        is not found, so the counts always sum to ``num_external_tokens``."""
+        if num_external_tokens <= 0:
+            return {}
+        with self.lock:
+            if not self.guard.off:
+                try:
+                    by_tier = self.scheduler.load_sources(request.request_id, num_external_tokens)
+                    if by_tier:
+                        return hit_sources(by_tier)
+                except Exception as exc:
+                    self.guard.trip("get_external_cache_hit_sources", exc)
+        return {CacheHitSource.HOST: num_external_tokens}
 
     def build_connector_meta(self, output: SchedulerOutput) -> PlanMetadata:
         with self.lock:

@@ -22,6 +22,7 @@ from kvoffload.core.scheduler.completions import Completions
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.deferral import DeferralClock
 from kvoffload.core.scheduler.job_tracker import Completion, JobTracker
+from kvoffload.core.scheduler.load_jobs import load_sources
 from kvoffload.core.scheduler.loads import LoadPlanner
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler.requests import RequestTable
@@ -179,6 +180,16 @@ class OffloadScheduler:
         admission, whatever lookup answered (see
         :mod:`kvoffload.core.scheduler.allocations`). Never raises."""
         self.allocations.on_allocated(request, blocks, num_external_tokens)
+
+    def load_sources(self, request_id: str, tokens: int) -> dict[str, int]:
+        """The tiers (by name; ``"host"`` for host memory) that supply ``tokens`` of the
+        load just planned for ``request_id`` at its allocation (vLLM asks right after
+        :meth:`on_allocated`), as :func:`~.load_jobs.load_sources` splits them; empty
+        when no load of the request waits in this step. Read-only; never raises."""
+        for job in reversed(self.builder.pending_loads):
+            if job.request_id == request_id:
+                return load_sources(job, tokens)
+        return {}
 
     # ------------------------------------------------------------ end of a request
 

@@ -132,3 +132,23 @@ def _sources(
     slots = tuple(NO_SLOT if st is not LookupStatus.HIT else next(host_slots) for st in status)
     groups = tuple(entries[i].group for i in from_tier) if tiers.grouped and entries else ()
     return slots, tier, tier_slots, groups
+
+
+HOST_SOURCE = "host"
+"""The source :func:`load_sources` names for chunks read from host memory."""
+
+
+def load_sources(job: EngineJob, tokens: int) -> dict[str, int]:
+    """How many of a load's ``tokens`` each tier supplies: the job's lower tier (its
+    :data:`NO_SLOT` chunks) in proportion to its share of the job's chunks (every KV
+    cache group's alike), host memory the rest. Only non-zero counts; they sum to
+    ``tokens``; empty for a load of only invalid blocks. Chunks a promotion brought
+    up before the load are read from host memory and count there. Pure."""
+    if tokens <= 0 or not job.keys:
+        return {}
+    from_tier = sum(1 for slot in job.slots if slot == NO_SLOT)
+    if job.tier is None or not from_tier:
+        return {HOST_SOURCE: tokens}
+    tier_tokens = (tokens * from_tier + len(job.keys) // 2) // len(job.keys)
+    sources = {HOST_SOURCE: tokens - tier_tokens, job.tier: tier_tokens}
+    return {name: n for name, n in sources.items() if n}

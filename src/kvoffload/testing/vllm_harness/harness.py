@@ -43,7 +43,6 @@ from typing import Any
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch
-from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -59,6 +58,7 @@ from kvoffload.core.jobs import EngineJob, JobKind, TransferJob
 from kvoffload.core.scheduler import OffloadScheduler
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
+from kvoffload.testing.vllm_harness.deferred_outputs import DeferredOutputs
 from kvoffload.testing.vllm_harness.hangs import IoHangs, settle
 from kvoffload.testing.vllm_harness.kv_model import KVModel
 from kvoffload.testing.vllm_harness.model_runner import ModelRunner
@@ -146,7 +146,7 @@ class VllmHarness(WeightEvents):
             for r in range(world)
         ]
         self.handshake()
-        self.aggregator = KVOutputAggregator(world) if world > 1 else None
+        self.outputs_in = DeferredOutputs(world)  # vLLM's aggregator; reports deferred
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(self.block_size, sha256)
         self.runner = ModelRunner(self.scheduler, self.model)
@@ -343,11 +343,7 @@ class VllmHarness(WeightEvents):
                 sampled_token_ids=[[sampled[rid]] if rid in sampled else [] for rid in ids],
                 kv_connector_output=kv_out,
             )
-        if self.aggregator is not None:
-            runner = self.aggregator.aggregate([outputs[r] for r in range(len(self.ranks))], 0)
-            assert runner is not None
-        else:
-            runner = outputs[0]
+        runner = self.outputs_in.merge([outputs[r] for r in range(len(self.ranks))])
         merged = runner.kv_connector_output
         if merged is not None:
             record.finished_recving = set(merged.finished_recving or ())

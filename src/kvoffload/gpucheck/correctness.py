@@ -41,9 +41,9 @@ from kvoffload.gpucheck.kv_layouts import (
     snapshot,
 )
 from kvoffload.gpucheck.report import Budget, Entry, Report
-from kvoffload.gpucheck.slabs import host_slab, make_share, private_root
+from kvoffload.gpucheck.slabs import SharedSlabFiles, host_slab, make_share, private_root
 from kvoffload.tiers.slot_rows import SlotRows
-from kvoffload.transfer.layout import register_kv_caches
+from kvoffload.transfer.layout import KVLayout, register_kv_caches
 from kvoffload.transfer.worker import TransferWorker
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -119,12 +119,26 @@ def run_case(case: Case, device: torch.device, root: Path, *, name: str) -> Entr
 
 def _round_trip(case: Case, device: torch.device, root: Path, name: str) -> Entry:
     shape = KVShape(NUM_BLOCKS, case.block_size, case.dtype, str(device), heads=2, head_dim=32)
-    kv = build(case.layout, shape, seed=len(name))
+    kv = build(case.layout, shape, seed=random.Random(name).randrange(1 << 31))
     layout = register_kv_caches(kv.caches, kv.num_blocks)
     k = case.blocks_per_chunk
+    share = (
+        make_share(root, name, layout.chunk_bytes(k), NUM_SLOTS) if case.slab == "shared" else None
+    )
+    try:
+        return _copy_and_compare(kv, layout, share, k, name)
+    finally:
+        if share is not None:
+            share.remove()
+
+
+def _copy_and_compare(
+    kv: KVCaches, layout: KVLayout, share: SharedSlabFiles | None, k: int, name: str
+) -> Entry:
+    """Steps 2 and 3 of the module docstring, over ``share``'s slab (None: a private
+    one); what ran. Raises on any difference."""
+    pinned = layout.device.type == "cuda"
     chunk_bytes = layout.chunk_bytes(k)
-    pinned = device.type == "cuda"
-    share = make_share(root, name, chunk_bytes, NUM_SLOTS) if case.slab == "shared" else None
     slab: SlotRows = (
         share.open(pinned=pinned)
         if share is not None

@@ -54,15 +54,6 @@ class KVCaches:
     block_dims: dict[str, int]
     num_blocks: int
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of distinct memory the caches view (aliases counted once)."""
-        seen = {
-            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for t in self.caches.values()
-        }
-        return sum(seen.values())
-
 
 def _vllm_cpu(s: KVShape) -> tuple[dict[str, torch.Tensor], int]:
     shape = (s.num_blocks, s.heads, s.block_size, 2 * s.head_dim)

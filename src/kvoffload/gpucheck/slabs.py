@@ -67,3 +67,8 @@ class SharedSlabFiles:
     def open(self, *, pinned: bool) -> SharedSlab:
         """Rank 0's slab, mapped; registered for DMA when ``pinned`` (CUDA)."""
         return SharedSlab(self.paths, self.geometry, 0, self.geometry.slot_bytes, pin_memory=pinned)
+
+    def remove(self) -> None:
+        """Delete the share's directory (mappings stay valid; the memory goes with
+        the last one), so that many cases never fill a small ``/dev/shm``."""
+        shutil.rmtree(self.paths.dir, ignore_errors=True)

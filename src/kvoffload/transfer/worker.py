@@ -189,8 +189,9 @@ class TransferWorker:
         if self._cuda is not None:
             self._cuda = CudaCopier(layout, self.slab, self.blocks_per_chunk)
         if self._cpu is not None:
-            old, self._cpu = self._cpu, CpuCopier(
-                layout, self.slab, self.blocks_per_chunk, threads=self._threads
+            old, self._cpu = (
+                self._cpu,
+                CpuCopier(layout, self.slab, self.blocks_per_chunk, threads=self._threads),
             )
             old.close()
 

@@ -134,4 +134,3 @@ class WorkerSleep:
         if (self.phase, new) not in TRANSITIONS:
             raise IllegalTransition(f"sleep: {self.phase.value} -> {new.value}")
         self.phase = new
-

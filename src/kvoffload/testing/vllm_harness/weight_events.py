@@ -1,9 +1,9 @@
 """What changes a harness engine's weights and caches from outside its engine loop:
 vLLM's connector handshake at start, ``reset_prefix_cache`` (with or without the
 connector), an RL framework's in-place weight update followed by vLLM's default
-reset, and weights loaded anew with no reset (decisions 0005, 0019), and vLLM's sleep mode: :meth:`WeightEvents.sleep_engine`
-and :meth:`WeightEvents.wake_engine` in vLLM 0.33's order (decision 0021). The fake
-model's
+reset, weights loaded anew with no reset (decisions 0005, 0019), and vLLM's sleep
+mode: :meth:`WeightEvents.sleep_engine` and :meth:`WeightEvents.wake_engine` in vLLM
+0.33's order (decision 0021). The fake model's
 ``version`` stands for the weights; every change of it is what a worker's fingerprint
 sees.
 
@@ -12,6 +12,8 @@ state it names; these calls run between engine steps, as in a paused engine.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from vllm.v1.core.sched.interface import PauseState
@@ -32,6 +34,7 @@ class WeightEvents:
     ranks: list[Rank]
     trace: list[str]
     kv: list[torch.Tensor]
+    step: Callable[..., object]
     sleeps: int = 0  # sleep_engine calls that released the KV memory
 
     def handshake(self) -> None:
@@ -89,21 +92,33 @@ class WeightEvents:
                 child.side.weights.note_loaded()
         self.trace.append("! weights loaded")
 
-    def sleep_engine(self, level: int = 1) -> None:
+    def sleep_engine(self, level: int = 1) -> list[str]:
         """vLLM 0.33's ``EngineCore.sleep(level)`` in abort mode: every request aborted,
-        the scheduler paused (``PAUSED_NEW``), and for level 1 and up its caches reset
+        the scheduler paused (``PAUSED_NEW``), the engine stepped until no request is
+        left (the engine process's ``_pause_complete``: loads in flight for aborted
+        requests still hold their blocks; vLLM also waits for kvoffload's pending
+        jobs, the harness does not, so tier jobs the policy holds may straddle the
+        sleep), and for level 1 and up its caches reset
         with the connectors (``_finish_pause``: a failed reset fails the sleep), then
         the workers' ``sleep``: each kvoffload connector's ``unregister_kv_caches``
         (under ``MultiConnector``, each child's, as 0.33's does) before the KV memory
         is released, which the harness stands for by overwriting every KV tensor. The
         transfers the policy still holds are let through first: a real copy or tier
         read ends on its own. The weights stay (a level-2 sleep that reloads the same
-        weights); :meth:`wake_engine` may change them."""
-        self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+        weights); :meth:`wake_engine` may change them. Returns the ids of the requests
+        aborted."""
+        aborted = self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
         self.scheduler.set_pause_state(PauseState.PAUSED_NEW)
         self.trace.append(f"! sleep (level {level})")
+        for _ in range(500):
+            s = self.scheduler
+            if not (s.has_unfinished_requests() or s.has_finished_requests()):
+                break
+            self.step()
+        else:
+            raise HarnessViolation("sleep: requests still held after 500 steps")
         if level < 1:
-            return
+            return [r.request_id for r in aborted]
         if not self.scheduler.reset_prefix_cache(True, True):
             raise HarnessViolation("sleep: the connector reset failed")
         for entry in self.ranks:
@@ -116,6 +131,7 @@ class WeightEvents:
         for kv in self.kv:
             kv.fill_(-7.0)  # the memory went to someone else
         self.sleeps += 1
+        return [r.request_id for r in aborted]
 
     def wake_engine(self, weights_changed: bool = False) -> None:
         """vLLM 0.33's ``wake_up()``: the workers get their memory back and each

@@ -60,6 +60,12 @@ NO_SLOT = -1
 """A tier load's placeholder host slot: this chunk is read from the job's lower tier."""
 
 
+ASLEEP = "sleep fence: the engine's KV memory is released (vLLM sleep mode)"
+"""The error of an engine load or store a worker refused while the engine's KV
+memory is released (``adapters/vllm/sleep_state.py``, decision 0021): nothing was
+copied; a load is recomputed, a store is never made readable."""
+
+
 class JobKind(enum.Enum):
     LOAD = "load"  # host slots -> engine blocks (an EngineJob)
     STORE = "store"  # engine blocks -> host slots (an EngineJob)

@@ -18,6 +18,10 @@ Contract:
   the store finished is prevented by the scheduler's flush fence, i.e. ``wait``.
 - ``shutdown`` fails queued jobs, lets running copies finish (or, past ``timeout``,
   fails them and drops their late completion), and never raises.
+- ``fence`` (the engine's KV memory is released: vLLM's sleep mode) makes every job
+  submitted from then on fail at once with the fence's error, and the jobs it names
+  fail even after ``lift``; ``drain`` waits for the jobs submitted before the fence;
+  ``remap`` re-derives the layout from the KV tensors while nothing runs.
 
 On CPU every job runs on its direction's thread; ``hook(job)`` (tests) is called
 there right before the copy: raising fails the job, blocking holds it and every later
@@ -32,6 +36,7 @@ shared. ``threads`` (CPU only) splits each job between that many copy threads.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -77,6 +82,10 @@ class TransferWorker:
         self._hook = hook
         self._book = ResultBook()
         self._closed = False
+        self._fence_lock = threading.Lock()  # a submission against a fence being set
+        self._fence: str | None = None  # why every job fails at once now (None: they run)
+        self._refused: dict[int, str] = {}  # jobs that fail at once even after ``lift``
+        self._threads = threads
         self._cuda: CudaCopier | None = None
         self._cpu: CpuCopier | None = None
         self._inflight: dict[int, InFlight] = {}
@@ -146,6 +155,46 @@ class TransferWorker:
         self._collect_cuda(wait_for=ids)
         self._book.wait(ids)
 
+    def fence(self, error: str, jobs: Iterable[int] = ()) -> None:
+        """From now on every job submitted fails at once with ``error``; ``jobs`` (ids)
+        fail so even after :meth:`lift` (a job that straddled the fence). Jobs
+        submitted before keep running: :meth:`drain` waits for them."""
+        with self._fence_lock:
+            self._fence = error
+            self._refused.update((job_id, error) for job_id in jobs)
+
+    def lift(self) -> None:
+        """Jobs submitted from now on run again (but those :meth:`fence` named)."""
+        with self._fence_lock:
+            self._fence = None
+
+    def drain(self, *, collect: bool = True) -> None:
+        """Wait for every job submitted and not finished. ``collect=False``: only wait
+        for the book (on CUDA, the thread that submits this worker's jobs collects
+        them: a staging worker's lane thread)."""
+        if collect:
+            self.wait(self.running())
+        else:
+            self._book.wait(self._book.running())
+
+    def remap(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        """Derive the layout from ``kv_caches`` again (the same tensors after the
+        engine got its KV memory back) and the copier over it. Call with nothing
+        running (after :meth:`drain`, under a fence). Raises ContractViolation when
+        the tensors' layout is not the one registered (the old views stay)."""
+        layout = register_kv_caches(kv_caches, self.layout.num_blocks)
+        if layout.description != self.layout.description:
+            raise ContractViolation("the KV caches' layout changed since register_kv_caches")
+        self.layout = layout
+        if self._cuda is not None:
+            self._cuda = CudaCopier(layout, self.slab, self.blocks_per_chunk)
+        if self._cpu is not None:
+            old, self._cpu = (
+                self._cpu,
+                CpuCopier(layout, self.slab, self.blocks_per_chunk, threads=self._threads),
+            )
+            old.close()
+
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop: fail queued jobs, finish (or after ``timeout`` s, fail) running ones.
 
@@ -166,8 +215,12 @@ class TransferWorker:
             self._cpu.close()
 
     def _submit(self, job: EngineJob, kind: JobKind) -> None:
-        self._book.begin(job.job_id)
-        if self._closed:
+        with self._fence_lock:
+            self._book.begin(job.job_id)
+            refused = self._refused.get(job.job_id, self._fence)
+        if refused is not None:
+            self._book.fail(job.job_id, refused)
+        elif self._closed:
             self._book.fail(job.job_id, "worker is shut down")
         elif self._cuda is not None:
             self._start_cuda(job, kind)

@@ -31,6 +31,7 @@ from vllm.v1.core.kv_cache_utils import (
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
+from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
@@ -66,7 +67,9 @@ __all__ = [
     "KVConnectorTransferResults",
     "KVConnectorWorkerMetadata",
     "MLAAttentionSpec",
+    "PauseState",
     "Request",
+    "SchedulerInterface",
     "SchedulerOutput",
     "SlidingWindowSpec",
     "SupportsHMA",

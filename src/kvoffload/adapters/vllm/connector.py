@@ -204,6 +204,31 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._work().register_kv_caches(kv_caches)
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any = None) -> bool:
+        """vLLM 0.33+: kvoffload follows the KV cache's release and remap in sleep mode
+        (:meth:`unregister_kv_caches`, :meth:`restore_kv_caches`)."""
+        return True
+
+    def unregister_kv_caches(self) -> None:
+        """Before vLLM releases the KV cache memory (sleep): fence and drain every copy
+        into or out of it (``sleep_state.py``; the scheduler role has none). Idempotent,
+        never raises."""
+        if self.worker_side is not None:
+            try:
+                self.worker_side.unregister_kv_caches()
+            except Exception:
+                logger.exception("kvoffload: unregister_kv_caches failed")
+
+    def restore_kv_caches(self) -> None:
+        """After wake-up: map the KV caches again, lift the fence. Idempotent, never
+        raises."""
+        if self.worker_side is not None:
+            try:
+                self.worker_side.restore_kv_caches()
+            except Exception:
+                logger.exception("kvoffload: restore_kv_caches failed")
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if isinstance(kv_connector_metadata, PlanMetadata):
             self._work().handle_preemptions(kv_connector_metadata)

@@ -25,6 +25,7 @@ from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.hit_sources import hit_sources
 from kvoffload.adapters.vllm.link_metrics import LinkCounters
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.adapters.vllm.paused_reset import paused_scheduler
 from kvoffload.adapters.vllm.scheduler_weights import SchedulerWeights
 from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
@@ -316,10 +317,19 @@ class SchedulerSide:
                 return False
 
     def reset_cache(self) -> bool:
+        """vLLM's connector reset. While vLLM's scheduler is paused (sleep, a pause with
+        ``clear_cache``: ``paused_reset.py``) every tier is kept and the workers check
+        their weights (changed weights move the keys, decision 0019); otherwise
+        everything stored before is forgotten (decision 0005). Always True."""
+        paused = paused_scheduler()
         with self.lock:
             if not self.guard.off:
                 try:
-                    self.scheduler.reset()
+                    if paused:
+                        self.scheduler.check_weights()
+                        self.scheduler.metrics.count("paused_resets_total")
+                    else:
+                        self.scheduler.reset()
                 except Exception as exc:
                     self.guard.trip("reset_cache", exc)
         return True

@@ -14,6 +14,8 @@ request id, failed loads' blocks (and the invalid blocks a load names) as invali
 failed requests instead, through ``get_transfer_results``' ``failed_recving``: see
 :class:`TransferBackend`), and every result goes back to the scheduler half in the
 worker metadata. Before ``register_kv_caches`` every per-step call is a no-op.
+``unregister_kv_caches`` / ``restore_kv_caches`` (vLLM's sleep mode) fence and drain
+the copies into and out of engine memory and map it again (``sleep_state.py``).
 Nothing here raises for a failed copy.
 """
 
@@ -28,6 +30,7 @@ import torch
 from kvoffload.adapters.vllm.compat import KVCacheConfig, VllmConfig, tensor_parallel_rank
 from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
+from kvoffload.adapters.vllm.sleep_state import WorkerSleep
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.adapters.vllm.worker_weights import WorkerWeights
 from kvoffload.core.config.typed import OffloadConfig
@@ -81,6 +84,10 @@ class WorkerSide:
         # Whether this connector is the engine's own (not a MultiConnector's child):
         # None asks vLLM; harnesses set it.
         self.top_level: bool | None = None
+        self.sleep = WorkerSleep()  # vLLM's sleep mode (decision 0021)
+        self._kv_caches: dict[str, torch.Tensor] = {}  # as registered, for restore
+        self._staging: StagedLoads | None = None  # the tier loads' copiers, if any
+        self._weights_refusal: str | None = None  # the weights fence of the last plan
 
     @property
     def worker(self) -> TransferWorker | None:
@@ -130,6 +137,7 @@ class WorkerSide:
                 tiers.shutdown()
             worker.shutdown()
             raise
+        self._kv_caches, self._staging = dict(kv_caches), staged
         groups = self.geometry.kv_groups
         backend = TransferBackend(
             worker,
@@ -253,9 +261,35 @@ class WorkerSide:
         name (decision 0019)."""
         self._hold_session(metadata)
         stamp = metadata.weights
-        if stamp is not None and self.runner is not None:
-            allowed = self.weights.admits(stamp)
-            self.runner.backend.refusal = None if allowed else FENCED
+        if self.runner is None:
+            return
+        asleep = self.sleep.refusal
+        if stamp is not None and asleep is None:  # never fingerprint released weights
+            self._weights_refusal = None if self.weights.admits(stamp) else FENCED
+        self.runner.backend.refusal = asleep or self._weights_refusal
+
+    # ------------------------------------------------------------ sleep mode
+
+    def _copiers(self) -> list[tuple[TransferWorker, bool]]:
+        """The copiers that touch engine blocks, each with whether this thread collects
+        its copies (a staging worker's lane thread collects its own)."""
+        if self.runner is None:
+            return []
+        pairs = [(self.runner.backend.worker, True)]
+        if self._staging is not None:
+            pairs += [(w, False) for w in self._staging.staging_workers.values()]
+        return pairs
+
+    def unregister_kv_caches(self) -> None:
+        """vLLM is about to release the KV cache memory: fence and drain every copy that
+        touches it (``sleep_state.py``). Idempotent; never raises."""
+        running = self._staging.running() if self._staging is not None else set()
+        self.sleep.unregister(self._copiers(), running)
+
+    def restore_kv_caches(self) -> None:
+        """The KV cache memory is back: map it again and lift the fence. Idempotent;
+        never raises."""
+        self.sleep.restore(self._copiers(), self._kv_caches)
 
     def _hold_session(self, metadata: PlanMetadata) -> None:
         """Lease the session the plan names before any of its jobs run, at every store

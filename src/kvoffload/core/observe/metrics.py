@@ -279,6 +279,19 @@ METRICS: tuple[MetricDef, ...] = (
         "keys name (a load is recomputed, a store never made readable), per direction.",
         ("direction",),
     ),
+    MetricDef(
+        "paused_resets_total",
+        "counter",
+        "Connector resets vLLM made while its scheduler was paused (sleep mode, a pause "
+        "with clear_cache): every tier kept, the weights checked.",
+    ),
+    MetricDef(
+        "sleep_refused_jobs_total",
+        "counter",
+        "Loads and stores a worker refused while the engine's KV memory was released (vLLM "
+        "sleep mode): a load is recomputed, a store never made readable; per direction.",
+        ("direction",),
+    ),
     MetricDef("flushes_total", "counter", "Store jobs the workers were told to finish early."),
     MetricDef("usage_bytes", "gauge", "Bytes of chunks held, per tier.", ("tier",)),
     MetricDef(

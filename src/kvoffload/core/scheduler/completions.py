@@ -11,7 +11,7 @@ leaves it), the requests' phases, the transfer histograms, the cost model's lane
 from __future__ import annotations
 
 from kvoffload.core.identity.weights import FENCED
-from kvoffload.core.jobs import JobKind, TierJob, WorkerReport
+from kvoffload.core.jobs import ASLEEP, JobKind, TierJob, WorkerReport
 from kvoffload.core.observe.recorder import MetricsRecorder
 from kvoffload.core.scheduler.context import Context
 from kvoffload.core.scheduler.job_tracker import Completion
@@ -64,6 +64,8 @@ class Completions:
         job = completion.job
         if not completion.success and completion.result.error == FENCED:
             self.metrics.count("fenced_jobs_total", direction=job.kind.value)
+        if not completion.success and completion.result.error == ASLEEP:
+            self.metrics.count("sleep_refused_jobs_total", direction=job.kind.value)
         if isinstance(job, TierJob):
             self.moves.complete(job, completion.result)
         elif job.kind is JobKind.STORE:

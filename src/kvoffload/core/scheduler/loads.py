@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from kvoffload.core.cost import Decline
 from kvoffload.core.identity.weights import FENCED
-from kvoffload.core.jobs import NO_SLOT, EngineJob
+from kvoffload.core.jobs import ASLEEP, NO_SLOT, EngineJob
 from kvoffload.core.scheduler.below_host import Take, TierHit, next_chunks_wait
 from kvoffload.core.scheduler.block_tables import GroupBlocks
 from kvoffload.core.scheduler.context import Context
@@ -266,7 +266,8 @@ class LoadPlanner:
         torn, so nobody loads these host chunks again (and the request recomputes
         instead of retrying: no retry loops) unless only tier chunks failed, or the
         worker refused the load under the weights fence (nothing was copied; the
-        chunks are another weights' and never found under the new keys)."""
+        chunks are another weights' and never found under the new keys) or while the
+        engine slept (nothing was copied: the chunks are good)."""
         job = completion.job
         assert isinstance(job, EngineJob)  # the completions route only loads here
         keys = job.keys if job.tier is None else tuple(job.keys[i] for i in job.host_chunks())
@@ -279,6 +280,6 @@ class LoadPlanner:
         self.stats.load_failures += 1
         if completion.result.failed_chunks:
             return  # the tier's chunks failed (counted under its labels)
-        if completion.result.error != FENCED:  # refused by the weights fence: nothing torn
+        if completion.result.error not in (FENCED, ASLEEP):  # refused: nothing was copied
             self.directory.discard(keys)  # (the chunks may serve engines on other weights)
         self.metrics.count("failed_chunks_total", len(keys), direction="load", tier="host")

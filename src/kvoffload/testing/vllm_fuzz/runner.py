@@ -49,6 +49,7 @@ class Outcome:
     message: str = ""
     trace: list[str] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
+    slept_away: set[str] = field(default_factory=set)  # requests a sleep aborted
 
     @property
     def failed(self) -> bool:
@@ -172,6 +173,7 @@ def _drive(scenario: Scenario, h: VllmHarness, env: Environment, outcome: Outcom
         + [a[0] for a in scenario.aborts]
         + [r.step for r in scenario.resets]
         + [u.step for u in scenario.weight_updates]
+        + [z.step for z in scenario.sleeps]
         + ([down.end] if down is not None else [])
     )
     arrived: set[str] = set()
@@ -236,6 +238,12 @@ def _fire_events(
         if update.step == step:
             done = h.update_weights(update.running)
             outcome.stats["weight_updates_done" if done else "weight_updates_refused"] += 1
+    for sleep in scenario.sleeps:
+        if sleep.step == step:
+            outcome.slept_away |= set(h.sleep_engine(sleep.level))
+            h.wake_engine(sleep.weights_changed)
+            outcome.stats["sleeps"] += 1
+            outcome.stats["sleeps_weights_changed"] += sleep.weights_changed
     down = scenario.fault(FaultKind.REDIS_DOWN)
     if down is not None and scenario.tiers is Tiers.REDIS:
         if step == down.start:
@@ -263,7 +271,7 @@ def _torn(seed: int, rank: int, rate: float) -> Callable[[ChunkKey], bool]:
 
 
 def _check_outputs(scenario: Scenario, h: VllmHarness, arrived: set[str], outcome: Outcome) -> None:
-    aborted = {rid for _, rid in scenario.aborts}
+    aborted = {rid for _, rid in scenario.aborts} | outcome.slept_away
     for spec in scenario.requests:
         if spec.request_id not in arrived:
             continue
@@ -297,6 +305,7 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         weights_changes=m.value("weights_changes_total"),
         fenced_loads=m.value("fenced_jobs_total", direction="load"),
         fenced_stores=m.value("fenced_jobs_total", direction="store"),
+        paused_resets=m.value("paused_resets_total"),
     )
     for unit in h.beside:
         other = unit.side.scheduler

@@ -16,6 +16,12 @@ import random
 from dataclasses import dataclass, field, replace
 
 from kvoffload.core.policies import policy_names
+from kvoffload.testing.vllm_fuzz.engine_events import (
+    SleepWake,
+    WeightUpdate,
+    draw_sleeps,
+    draw_weight_updates,
+)
 from kvoffload.testing.vllm_fuzz.groups import (
     BLOCK_SIZE,
     describe_groups,
@@ -86,17 +92,6 @@ class Reset:
 
 
 @dataclass(frozen=True)
-class WeightUpdate:
-    """An RL framework's weight update before ``step``: the weights change in place,
-    then vLLM's default ``reset_prefix_cache`` (the connector is not told; with
-    ``running``, running requests are preempted first). Done only when the reset
-    succeeds (decision 0019)."""
-
-    step: int
-    running: bool
-
-
-@dataclass(frozen=True)
 class Beside:
     """kvoffload under test as the second child of vLLM's ``MultiConnector``, after a
     loading connector (another kvoffload, standing in for a P/D connector) with
@@ -128,6 +123,7 @@ class Scenario:
     aborts: tuple[tuple[int, str], ...] = ()  # (step, request id)
     resets: tuple[Reset, ...] = ()
     weight_updates: tuple[WeightUpdate, ...] = ()
+    sleeps: tuple[SleepWake, ...] = ()
     faults: tuple[Fault, ...] = field(default_factory=tuple)
     beside: Beside | None = None  # kvoffload beside another loading connector
     lane_cost: float = 0.0  # the lower tier's seconds per chunk loaded (decision 0013)
@@ -178,6 +174,11 @@ class Scenario:
         lines += [
             f"  weights updated before step {u.step} (running={u.running})"
             for u in self.weight_updates
+        ]
+        lines += [
+            f"  sleep (level {z.level}) and wake before step {z.step} "
+            f"(weights changed={z.weights_changed})"
+            for z in self.sleeps
         ]
         lines += [f"  fault {f.describe()}" for f in self.faults]
         return "\n".join(lines)
@@ -237,6 +238,7 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
         beside=draw_beside(seed),
         lane_cost=draw_lane_cost(seed),
         weight_updates=draw_weight_updates(seed, last + 30),
+        sleeps=draw_sleeps(seed, last + 30),
     )
 
 
@@ -248,25 +250,6 @@ def draw_lane_cost(seed: int) -> float:
     flips the decision."""
     rng = random.Random(f"kvoffload-vllm-fuzz-lane:{seed}")
     return rng.choice((0.0, 0.0, 0.0, 0.5, 0.004, 0.01))
-
-
-WEIGHT_UPDATE_SHARE = 0.3
-"""Share of seeds whose weights are updated in place while they run."""
-
-
-def draw_weight_updates(seed: int, horizon: int) -> tuple[WeightUpdate, ...]:
-    """In-place weight updates with vLLM's default reset (their own stream: the other
-    draws of a seed stay as they were)."""
-    rng = random.Random(f"kvoffload-vllm-fuzz-weights:{seed}")
-    if rng.random() >= WEIGHT_UPDATE_SHARE:
-        return ()
-    return tuple(
-        sorted(
-            (WeightUpdate(rng.randint(1, horizon), rng.random() < 0.6)
-             for _ in range(rng.choice((1, 1, 2, 3)))),
-            key=lambda u: u.step,
-        )
-    )  # fmt: skip
 
 
 BESIDE_SHARE = 0.3

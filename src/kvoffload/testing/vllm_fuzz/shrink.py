@@ -1,9 +1,10 @@
 """Shrinking a failing scenario to a small reproduction.
 
 Greedy: try each simplification (drop a request with its aborts, an abort, a reset,
-a weight update, a fault; one rank instead of two; no connector beside kvoffload; store everything)
-and keep the first that still fails with the same category of failure; repeat until
-nothing simpler fails or the budget of runs is spent.
+a weight update, a sleep, a fault; one rank instead of two; no connector beside
+kvoffload; store everything) and keep the first that still fails with the same
+category of failure; repeat until nothing simpler fails or the budget of runs is
+spent.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def simpler(scenario: Scenario) -> Iterator[Scenario]:
         yield replace(
             scenario, weight_updates=tuple(u for u in scenario.weight_updates if u is not update)
         )
+    for sleep in scenario.sleeps:
+        yield replace(scenario, sleeps=tuple(z for z in scenario.sleeps if z is not sleep))
     for abort in scenario.aborts:
         yield replace(scenario, aborts=tuple(a for a in scenario.aborts if a is not abort))
     for request in scenario.requests:

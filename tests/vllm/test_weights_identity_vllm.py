@@ -149,7 +149,8 @@ def test_weight_files_rewritten_in_place_between_restarts_are_never_served(
     with engine(model, disk_config(tmp_path)) as llm:
         before = tokens(generate(llm, prompts))
         settle(llm)
-        assert tier(llm, "disk").held_count() == 16
+        failed = counted(llm, "failed_chunks_total", direction="spill", tier="disk")
+        assert tier(llm, "disk").held_count() == 16, f"{failed} spilled chunks failed"
         old = llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side
         first = old.geometry.namespace
     with engine(model, disk_config(tmp_path)) as llm:  # unchanged: served from disk

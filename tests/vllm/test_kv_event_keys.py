@@ -24,6 +24,8 @@ from kvoffload.adapters.vllm.events import EventTranslator
 from kvoffload.core.jobs import EngineJob, JobKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.observe.events import CacheEvent, EventKind
+from kvoffload.tiers.registry import tier_names, tier_spec
+from kvoffload.tiers.spec import Locality
 from vllm import SamplingParams
 
 BLOCK = 16
@@ -52,11 +54,13 @@ def vllms_event(req: Request) -> BlockStored:
     return event
 
 
-def kvoffloads_events(req: Request | object, translator: EventTranslator) -> list[BlockStored]:
+def kvoffloads_events(
+    req: Request | object, translator: EventTranslator, tier: str = "disk"
+) -> list[BlockStored]:
     keys = [ChunkKey(bytes([i]) * 16) for i in range(BLOCKS // PER_CHUNK)]
     job = EngineJob(1, JobKind.STORE, "r", tuple(keys), (0, 1, 2), tuple(range(BLOCKS)), 2)
     translator.note_jobs([job], {"r": (keys, req)})
-    events = translator.translate([CacheEvent(EventKind.STORED, tuple(keys), "disk")])
+    events = translator.translate([CacheEvent(EventKind.STORED, tuple(keys), tier)])
     assert all(isinstance(e, BlockStored) for e in events)
     return events  # type: ignore[return-value]
 
@@ -103,3 +107,20 @@ def test_a_request_without_vllms_fields_is_published_without_extra_keys() -> Non
     ours = kvoffloads_events(bare, translator)
     assert [e.extra_keys for e in ours] == [[None] * PER_CHUNK] * len(ours)
     assert translator.no_extra_keys == len(ours)
+
+
+@pytest.mark.parametrize("tier", tier_names())
+def test_each_tier_is_labelled_by_its_spec(tier: str) -> None:
+    """Medium and locality from the tier's spec; no ``ownership`` for a LOCAL tier (as
+    vLLM's own CPU offloading publishes: routers credit it by medium, and Dynamo's
+    indexer credits no event that carries one), the tier's name for a REMOTE one."""
+    spec = tier_spec(tier)
+    translator = EventTranslator(BLOCK, PER_CHUNK, maybe_convert_block_hash)
+    stored = kvoffloads_events(request(), translator, tier)
+    keys = tuple(ChunkKey(bytes([i]) * 16) for i in range(BLOCKS // PER_CHUNK))
+    removed = translator.translate([CacheEvent(EventKind.REMOVED, keys, tier)])
+    ownership = None if spec.locality is Locality.LOCAL else f"kvoffload:{tier}"
+    for event in [*stored, *removed]:
+        assert (event.medium, event.locality) == (spec.medium, spec.locality.value)
+        assert event.ownership == ownership
+    assert ownership == {"host": None, "disk": None, "redis": "kvoffload:redis"}[tier]

@@ -11,8 +11,13 @@ and publishes:
 - ``BlockRemoved`` (the same hashes) when it leaves one.
 
 Tiers map to vLLM's media: host -> ``CPU``; disk and Redis -> ``STORAGE``, with
-``locality`` ``LOCAL`` (disk) or ``REMOTE`` (Redis, shared with other instances) and
-``ownership`` naming the kvoffload tier. A chunk's record is dropped once it has
+``locality`` ``LOCAL`` (disk) or ``REMOTE`` (Redis, shared with other instances).
+``ownership`` is None for a LOCAL tier, as on the events of vLLM's own CPU offloading:
+routers credit an instance's host memory and disk by medium, and Dynamo's indexer
+(1.6.1) credits no event that carries an ownership at all. A REMOTE tier's events name
+it (``kvoffload:redis``): no router credits a shared store to one instance (Dynamo drops
+REMOTE events whatever they carry), and a consumer that does tells kvoffload's store
+from another's by it. A chunk's record is dropped once it has
 left host memory and disk; Redis evicts silently, so Redis never sends removals and
 does not keep records alive. A chunk stored by another instance and never planned
 here has no record; its events are skipped (counted in ``unknown``).
@@ -57,9 +62,16 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 from kvoffload.core.observe.events import CacheEvent, EventKind
 from kvoffload.tiers.registry import TIERS
+from kvoffload.tiers.spec import Locality
 
 MEDIUM = {spec.name: spec.medium for spec in TIERS}
 LOCALITY = {spec.name: spec.locality.value for spec in TIERS}
+OWNERSHIP: dict[str, str | None] = {
+    spec.name: None if spec.locality is Locality.LOCAL else f"kvoffload:{spec.name}"
+    for spec in TIERS
+}
+"""Each tier's ``ownership`` in vLLM's events (see the module docstring): None for a
+LOCAL tier, ``kvoffload:<tier>`` for a REMOTE one."""
 TRACKED_TIERS = frozenset(spec.name for spec in TIERS if spec.announces_removals)
 """The tiers whose chunks are tracked until removed: those that announce removals."""
 
@@ -195,7 +207,7 @@ class EventTranslator:
                                 else [None] * len(hashes)
                             ),
                             locality=LOCALITY.get(tier),
-                            ownership=f"kvoffload:{tier}",
+                            ownership=OWNERSHIP.get(tier, f"kvoffload:{tier}"),
                             session_id=chunk.session_id,
                             **self._group_fields(chunk.group, stored=True),
                         )
@@ -207,7 +219,7 @@ class EventTranslator:
                             block_hashes=hashes,
                             medium=MEDIUM.get(tier, "STORAGE"),
                             locality=LOCALITY.get(tier),
-                            ownership=f"kvoffload:{tier}",
+                            ownership=OWNERSHIP.get(tier, f"kvoffload:{tier}"),
                             **self._group_fields(chunk.group, stored=False),
                         )
                     )

@@ -1,0 +1,232 @@
+"""A real KV-aware router credits kvoffload's tiers: Dynamo's standalone KV indexer
+(``python -m dynamo.indexer``, ai-dynamo-runtime in ``.venv-dynamo``, set up by
+``scripts/setup-dynamo``) subscribed to one in-process vLLM engine's ZMQ KV events.
+
+The run: prompt 0 (8 blocks of 32 tokens) is served and credited to the engine
+(``gpu``); other prompts push it out of the engine's memory, and the indexer must credit
+it to the instance's host memory; more prompts push it out of host memory too, and the
+indexer must credit it to the disk tier. The indexer's ``/query`` answers per instance
+cumulative matched tokens: ``gpu``, ``cpu`` (engine or host memory), ``disk`` (any of
+the three), so host memory's share is ``cpu - gpu`` and the disk's ``disk - cpu``.
+
+Dynamo 1.6.1 credits no event that carries an ``ownership``: with kvoffload's host
+events named ``kvoffload:host`` (before issue 34) the same run left the prompt credited
+to nobody once it left the engine (measured with the same setup). The published events
+are captured at the engine's publisher and checked to carry none for host and disk, so
+the test asserts the mode it claims.
+
+The indexer is an external asynchronous process: the test polls its ``/query`` with a
+deadline (never a fixed sleep), first with fresh one-block probes until it is
+subscribed (ZMQ drops what is published before a subscriber joins). It is stopped by
+its pid, on failure too. Without ``.venv-dynamo`` the test is skipped, except under CI
+(``CI`` set), where it fails: CI runs ``./scripts/test``, which sets it up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llm_support import BLOCK, CHUNK_BYTES, engine, generate, settle
+
+from kvoffload.testing.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+DYNAMO_PYTHON = ROOT / ".venv-dynamo" / "bin" / "python"
+BLOCKS = 8  # prompt 0's blocks
+DEADLINE_S = 30.0
+
+Query = Callable[[list[int]], dict[str, int]]
+
+
+def prompt(p: int) -> list[int]:
+    """Prompt ``p``: 8 blocks, no block shared with another prompt (llm_support's formula)."""
+    return [(7 * p + 3 * i) % 997 + 3 for i in range(BLOCKS * BLOCK)]
+
+
+def dynamo_python() -> Path:
+    if DYNAMO_PYTHON.exists():
+        return DYNAMO_PYTHON
+    why = f"{DYNAMO_PYTHON} is missing (./scripts/setup-dynamo makes it)"
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def poll(
+    query: Query, tokens: list[int], ok: Callable[[dict[str, int]], bool], within: float = 30.0
+) -> dict[str, int] | None:
+    """The indexer's answer for ``tokens`` once ``ok`` holds; None past ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        answer = query(tokens)
+        if ok(answer):
+            return answer
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def credited(
+    query: Query, tokens: list[int], ok: Callable[[dict[str, int]], bool]
+) -> dict[str, int]:
+    """The indexer's answer for ``tokens`` once ``ok`` holds (AssertionError with the
+    last answer past the deadline)."""
+    answer = poll(query, tokens, ok, DEADLINE_S)
+    assert answer is not None, f"indexer still answers {query(tokens)} after {DEADLINE_S} s"
+    return answer
+
+
+@pytest.fixture
+def indexer(tmp_path: Path) -> Iterator[Callable[[int], Query]]:
+    """``start(zmq_port)`` starts Dynamo's indexer with the engine publishing on
+    ``zmq_port`` as its worker 1, waits until it answers, and returns its query: the
+    instance's cumulative ``gpu``/``cpu``/``disk`` matched tokens (zeros when it credits
+    nobody). Stopped by its pid at the end of the test, on failure too."""
+    python = dynamo_python()
+    procs: list[subprocess.Popen[bytes]] = []
+    http = free_port()
+
+    def query(tokens: list[int]) -> dict[str, int]:
+        body = json.dumps({"token_ids": tokens, "model_name": "default"}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{http}/query", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            answer = json.loads(r.read())
+        mine = answer.get("instances", {}).get("1", {})
+        return {tier: int(mine.get(tier, 0)) for tier in ("gpu", "cpu", "disk")}
+
+    def start(zmq_port: int) -> Query:
+        argv = [str(python), "-m", "dynamo.indexer", "--block-size", str(BLOCK)]
+        argv += ["--port", str(http), "--threads", "1"]
+        argv += ["--workers", f"1=tcp://127.0.0.1:{zmq_port}"]
+        with (tmp_path / "indexer.log").open("wb") as log:  # the child keeps its own copy
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            assert procs[0].poll() is None, (tmp_path / "indexer.log").read_text()[-2000:]
+            try:
+                query([1] * BLOCK)
+                return query
+            except OSError:
+                assert time.monotonic() < deadline, "the indexer did not answer"
+                time.sleep(0.1)
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_dynamo_credits_a_prompt_in_host_memory_then_on_disk(
+    tiny_model: Path, tmp_path: Path, indexer: Callable[[int], Query]
+) -> None:
+    from vllm.config import KVEventsConfig
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    zmq_port = free_port()
+    extra = {
+        "cpu_bytes": 40 * CHUNK_BYTES,  # prompts 0-3 fit; two more push prompt 0 out
+        "disk_path": str(tmp_path / "disk"),
+        "disk_bytes": 256 * (CHUNK_BYTES + 4096),
+        "tier_io_timeout_ms": 60_000,
+    }
+    events = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{zmq_port}"
+    )
+    published: list[Any] = []  # every event the engine publishes, kvoffload's included
+    with engine(
+        tiny_model, extra, kv_blocks=20, max_num_seqs=1, max_model_len=320,
+        kv_events_config=events,
+    ) as llm:  # fmt: skip
+        publisher = llm.llm_engine.engine_core.engine_core.scheduler.kv_event_publisher
+        send = publisher.publish
+
+        def capture(batch: Any) -> None:
+            published.extend(batch.events)
+            send(batch)
+
+        publisher.publish = capture
+        query = indexer(zmq_port)  # registered once the engine's publisher is bound
+
+        def serve(tokens: list[int]) -> None:
+            generate(llm, [tokens], max_tokens=1)
+            settle(llm)
+
+        # Subscribed: a fresh one-block probe served now is credited (probes served
+        # before the subscription joined are lost to it).
+        for probe in range(20):
+            tokens = [(11 * probe + 5 * i) % 991 + 5 for i in range(BLOCK + 1)]
+            serve(tokens)
+            if poll(query, tokens[:BLOCK], lambda a: a["gpu"] == BLOCK, within=2.0):
+                break
+        else:
+            raise AssertionError("the indexer never credited a probe")
+
+        p0 = prompt(0)
+        serve(p0)
+        served = credited(query, p0, lambda a: a["gpu"] == BLOCKS * BLOCK)
+        hashes = chain(published, p0)  # prompt 0's block hashes, from kvoffload's events
+
+        def gone(medium: str) -> bool:
+            removed = {
+                h
+                for e in published
+                if isinstance(e, BlockRemoved) and e.medium == medium
+                for h in e.block_hashes
+            }
+            return hashes <= removed
+
+        filler = 1
+        while not gone("GPU"):  # out of engine memory
+            assert filler < 8, "prompt 0 never left the engine's memory"
+            serve(prompt(filler))
+            filler += 1
+        host = credited(query, p0, lambda a: a["cpu"] - a["gpu"] >= 7 * BLOCK)
+        while not gone("CPU"):  # out of host memory too
+            assert filler < 16, "prompt 0 never left host memory"
+            serve(prompt(filler))
+            filler += 1
+        disk = credited(query, p0, lambda a: a["disk"] - a["cpu"] >= 7 * BLOCK)
+
+    # The mode: kvoffload's LOCAL tiers publish without ownership, as vLLM's own
+    # offloading does (with one, Dynamo credited nothing after the engine evicted).
+    ours = [e for e in published if getattr(e, "medium", None) in ("CPU", "STORAGE")]
+    stored = {e.medium for e in ours if isinstance(e, BlockStored)}
+    assert stored == {"CPU", "STORAGE"}
+    assert all(e.ownership is None and e.locality == "LOCAL" for e in ours)
+    print(f"probes {probe + 1}, fillers {filler - 1}; credited: served {served}, "
+          f"out of engine {host}, out of host {disk}")  # fmt: skip
+    assert served["gpu"] == BLOCKS * BLOCK
+    assert host["gpu"] == 0 and host["cpu"] - host["gpu"] >= 7 * BLOCK
+    assert disk["cpu"] == 0 and disk["disk"] >= 7 * BLOCK
+
+
+def chain(published: list[Any], tokens: list[int]) -> set[bytes | int]:
+    """The block hashes of ``tokens``'s full blocks, from kvoffload's host-memory
+    ``BlockStored`` events (one block each here: parent hash and token ids chain them)."""
+    from vllm.distributed.kv_events import BlockStored
+
+    host = [e for e in published if isinstance(e, BlockStored) and e.medium == "CPU"]
+    hashes: list[Any] = []
+    parent = None
+    for i in range(len(tokens) // BLOCK):
+        block = tokens[i * BLOCK : (i + 1) * BLOCK]
+        (event,) = [e for e in host if e.parent_block_hash == parent and e.token_ids == block]
+        parent = event.block_hashes[-1]
+        hashes.extend(event.block_hashes)
+    return set(hashes)

@@ -250,3 +250,43 @@ def test_a_request_preempted_while_its_promotion_runs_drains_it_first(
     h.run()
     assert h.output_tokens("b") == h.model.reference_output("b", DOC + [7], 32)
     h.quiescent()
+
+
+@pytest.mark.parametrize("async_scheduling", MODES)
+def test_two_loads_on_window_groups_never_strand_the_engine(
+    make: Any, async_scheduling: bool
+) -> None:
+    """Issue 276 (fuzzer seed 276): on a hybrid engine (windows 64, 100 and 40 and
+    full attention, 60 blocks) two requests' loads landed in one idle step; vLLM had
+    admitted the second, counting window groups' null blocks as held, and the first,
+    at the head of its block holders, could not allocate the rest of its prefill,
+    while the second, behind it, held the blocks: nothing ran again. kvoffload offers
+    a hit on such an engine only while no other request's load is in flight."""
+    chunk = 3 * BLOCK
+    h = make(
+        groups=(64, None, 100, 40),
+        num_blocks=60,
+        max_num_seqs=6,
+        async_scheduling=async_scheduling,
+        cpu_bytes=26 * 3 * CHUNK_BYTES,
+        extra={"chunk_tokens": chunk, "eviction": "s3fifo", "max_deferral_steps": 27},
+    )
+    base = [(t * 37 + 11) % 997 for t in range(238)]
+    prompts = {
+        "r2": base,
+        "r3": base[:117] + [(t * 53 + 5) % 991 for t in range(39)],
+        "r5": base[:204] + [(t * 29 + 3) % 983 for t in range(34)],
+    }
+    h.add_request("r2", prompts["r2"], 33)
+    for _ in range(25):
+        h.step()
+    h.add_request("r3", prompts["r3"], 33)
+    h.step()
+    h.step()
+    h.add_request("r5", prompts["r5"], 33)
+    h.run(limit=400)  # raised "not done after 400 steps" before the fix
+    for request_id, prompt in prompts.items():
+        expected = h.model.reference_output(request_id, prompt, 33)
+        assert h.output_tokens(request_id) == expected
+    assert h.loads_checked >= 2  # both later requests loaded their prefix
+    h.quiescent()

@@ -49,6 +49,7 @@ class Deferral(enum.Enum):
     LOOKUP = "lookup"  # a lower tier is being asked whether it holds the next chunks
     NO_ROOM = "no_room"  # the engine did not admit the request and ran nothing since
     WEIGHTS = "weights"  # the workers' weights are being fingerprinted (start, after a reset)
+    LOAD_HOLDER = "load_holder"  # window groups: another request's load holds engine blocks
 
 
 RETRY_LATER = None

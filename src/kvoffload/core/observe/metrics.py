@@ -64,7 +64,8 @@ METRICS: tuple[MetricDef, ...] = (
         "Lookups answered retry-later, by reason: transfer_in_flight (the request's own "
         "jobs), promotion, pending (its next chunk is being stored: the convoy case), "
         "lookup (a lower tier was asked), no_room (the engine did not admit the request "
-        "and ran nothing since: the requests behind it go first).",
+        "and ran nothing since: the requests behind it go first), load_holder (sliding-"
+        "window groups, nothing running: another request's load is in flight).",
         ("reason",),
     ),
     MetricDef(

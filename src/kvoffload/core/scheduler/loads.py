@@ -31,7 +31,7 @@ from kvoffload.core.scheduler.group_chunks import (
 )
 from kvoffload.core.scheduler.job_tracker import Completion
 from kvoffload.core.scheduler.load_jobs import plan_load_job
-from kvoffload.core.scheduler.request_state import RequestState
+from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import (
     RETRY_LATER,
     Deferral,
@@ -144,8 +144,28 @@ class LoadPlanner:
         external = readable * chunk - num_computed_tokens
         if external < chunk or num_computed_tokens % self.config.block_size:
             external = 0
+        if external and self._beside_a_load_holder(state):
+            return self._wait(state, Deferral.LOAD_HOLDER, local_only)
         state.lookup_hit = (num_computed_tokens, external)
         return external
+
+    def _beside_a_load_holder(self, state: RequestState) -> bool:
+        """Whether offering ``state`` a hit now could strand the engine: it has a
+        sliding-window group, another request's load is in flight (LOADING) and no
+        request runs (one that runs frees blocks as it ends or is preempted).
+
+        vLLM (0.32, 0.33) admits an async load only if it leaves room for the rest of
+        the earlier loads' requests, but counts a window group's null blocks below the
+        window as held, so it underestimates that rest; two requests whose loads landed
+        can then hold blocks the one at the head of its queue of block holders needs to
+        run, and vLLM stops its scan there for good with nothing running (issue 276;
+        decision 0008). One load at a time on such an idle engine leaves a lone holder,
+        which the engine can always complete. The caller defers the hit, bounded (past the
+        bound the request recomputes). Read-only."""
+        if not self.config.kv_groups.windowed:
+            return False
+        phases = {other.phase for other in self.requests if other is not state}
+        return Phase.LOADING in phases and Phase.RUNNING not in phases
 
     def unstall(self, state: RequestState, answer: int | None, unallocated: bool) -> int | None:
         """``answer`` (lookup's), unless the engine is stalled on this request.

@@ -97,7 +97,7 @@ def test_hybrid_and_window_models_keep_hma_and_are_served_after_a_reset(
         assert tokens(again) == plain
         # Every prompt's shared prefix came from kvoffload (the engine forgot it).
         assert all(o.num_cached_tokens >= 6 * BLOCK for o in again)
-        # On an idle engine with window groups one load runs at a time (issue 276): a
+        # On an idle engine with window groups one load runs at a time (fuzzer seed 276): a
         # later prompt may then find the shared prefix in the prefix cache a load filled.
         assert stats.loads >= 1 and stats.load_failures == 0
         quiescent(llm)

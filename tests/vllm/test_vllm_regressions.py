@@ -256,7 +256,7 @@ def test_a_request_preempted_while_its_promotion_runs_drains_it_first(
 def test_two_loads_on_window_groups_never_strand_the_engine(
     make: Any, async_scheduling: bool
 ) -> None:
-    """Issue 276 (fuzzer seed 276): on a hybrid engine (windows 64, 100 and 40 and
+    """Fuzzer seed 276: on a hybrid engine (windows 64, 100 and 40 and
     full attention, 60 blocks) two requests' loads landed in one idle step; vLLM had
     admitted the second, counting window groups' null blocks as held, and the first,
     at the head of its block holders, could not allocate the rest of its prefill,

@@ -158,7 +158,7 @@ class LoadPlanner:
         the earlier loads' requests, but counts a window group's null blocks below the
         window as held, so it underestimates that rest; two requests whose loads landed
         can then hold blocks the one at the head of its queue of block holders needs to
-        run, and vLLM stops its scan there for good with nothing running (issue 276;
+        run, and vLLM stops its scan there for good with nothing running (fuzzer seed 276;
         decision 0008). One load at a time on such an idle engine leaves a lone holder,
         which the engine can always complete. The caller defers the hit, bounded (past the
         bound the request recomputes). Read-only."""

@@ -105,6 +105,13 @@ class SchedulerConfig:
     ``prefill_tokens_per_s``: the engine's prefill speed assumed until step timings
     measure it.
 
+    ``one_load_beside_windows``: on an engine with a sliding-window group, while
+    another request's load is in flight and none runs, lookup answers retry later
+    (deferral ``load_holder``): vLLM's scheduler (0.32, 0.33) can otherwise strand two
+    requests whose loads landed (fuzzer seed 276, decision 0008). Set by the vLLM
+    adapter; engines without that queue of block holders (the reference engine, the
+    simulator) leave it off.
+
     ``testing_disable_inflight_deferral`` exists only so the interleaving explorer
     can show that it finds the race this deferral prevents; never set it otherwise.
     """
@@ -120,6 +127,7 @@ class SchedulerConfig:
     direct_tier_loads: bool = default("lower_tier_loads") == "direct"
     load_policy: str = "always"
     prefill_tokens_per_s: float = default("prefill_tokens_per_s")
+    one_load_beside_windows: bool = False
     testing_disable_inflight_deferral: bool = False
 
     def __post_init__(self) -> None:

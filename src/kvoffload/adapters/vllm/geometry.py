@@ -75,6 +75,7 @@ class Geometry:
             direct_tier_loads=config.lower_tier_loads == "direct",
             load_policy=config.load_policy,
             prefill_tokens_per_s=float(config.prefill_tokens_per_s),
+            one_load_beside_windows=True,  # vLLM's stall (SchedulerConfig)
         )
 
 

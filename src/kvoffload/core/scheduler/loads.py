@@ -150,9 +150,10 @@ class LoadPlanner:
         return external
 
     def _beside_a_load_holder(self, state: RequestState) -> bool:
-        """Whether offering ``state`` a hit now could strand the engine: it has a
-        sliding-window group, another request's load is in flight (LOADING) and no
-        request runs (one that runs frees blocks as it ends or is preempted).
+        """Whether offering ``state`` a hit now could strand the engine (only where
+        ``config.one_load_beside_windows``, vLLM's): it has a sliding-window group,
+        another request's load is in flight (LOADING) and no request runs (one that
+        runs frees blocks as it ends or is preempted).
 
         vLLM (0.32, 0.33) admits an async load only if it leaves room for the rest of
         the earlier loads' requests, but counts a window group's null blocks below the
@@ -162,7 +163,7 @@ class LoadPlanner:
         decision 0008). One load at a time on such an idle engine leaves a lone holder,
         which the engine can always complete. The caller defers the hit, bounded (past the
         bound the request recomputes). Read-only."""
-        if not self.config.kv_groups.windowed:
+        if not (self.config.one_load_beside_windows and self.config.kv_groups.windowed):
             return False
         phases = {other.phase for other in self.requests if other is not state}
         return Phase.LOADING in phases and Phase.RUNNING not in phases

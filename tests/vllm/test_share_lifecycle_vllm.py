@@ -23,7 +23,10 @@ from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
 
 SHARE_CHUNKS = 64
-FRESH = [[(11 * p + 5 * i) % 991 + 3 for i in range(8 * BLOCK)] for p in range(6)]
+FRESH = [[(11 * p + 5 * i) % 991 + 3 for i in range(8 * BLOCK)] for p in range(24)]
+"""Prompts nothing stored before, served one by one until A stored one into the new
+share: how many that takes is the client's reconnect timing (its back-off, the new
+node process's start), so the bound is generous (six were sometimes too few)."""
 
 
 def share_counts(paths: SharePaths) -> ShareCounts | None:

@@ -20,6 +20,7 @@ Every node process it saw is stopped by pid at :meth:`~.share_watch.ShareWatch.c
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from kvoffload.core.directory import LookupStatus
@@ -66,17 +67,32 @@ class DiskShareWatch(ShareWatch):
         self.wait(lambda: (c := self.counts()) is None or c.sessions == want, f"{want} sessions")
 
     def check_bookings(self, engines: list[VllmHarness]) -> None:
+        """The disk share stores and pins exactly what the live engines booked at it.
+        An engine's client moves bookings a node process lost to stale on its own
+        (its lease thread, its next call), so the two are compared until they agree,
+        bounded (``wait_for``); a disagreement that lasts is the violation."""
+
+        def booked() -> tuple[int, int]:
+            storing = pinned = 0
+            for h in engines:
+                directory = disk_directory(h)
+                if directory is None:
+                    raise HarnessViolation("an engine of the fleet has a private disk tier")
+                current = directory.attachment.bookings.current
+                storing += len(current.storing)
+                pinned += current.pin_count
+            return storing, pinned
+
+        def agree() -> bool:
+            c = self.counts()
+            return c is None or (c.storing, c.pinned) == booked()
+
+        with contextlib.suppress(HarnessViolation):
+            self.wait(agree, "bookings agreeing")
         counts = self.counts()
         if counts is None:
             return
-        storing = pinned = 0
-        for h in engines:
-            directory = disk_directory(h)
-            if directory is None:
-                raise HarnessViolation("an engine of the fleet has a private disk tier")
-            current = directory.attachment.bookings.current
-            storing += len(current.storing)
-            pinned += current.pin_count
+        storing, pinned = booked()
         if (counts.storing, counts.pinned) != (storing, pinned):
             raise HarnessViolation(
                 f"the disk share has {counts.storing} slots storing and {counts.pinned} "

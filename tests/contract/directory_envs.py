@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kvoffload.core.directory import Directory, HostDirectory
+from kvoffload.core.directory.admission import MAX_ADMISSION_COUNTERS
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.paths import SharePaths
@@ -43,7 +44,7 @@ class MakeDirectory(Protocol):
         tier: str = "host",
         policy: str = "lru",
         store_threshold: int = 1,
-        max_admission_counters: int = 65536,
+        max_admission_counters: int = MAX_ADMISSION_COUNTERS,
     ) -> HostDirectory: ...
 
 
@@ -58,7 +59,7 @@ def _sim(stack: ExitStack) -> MakeDirectory:
         tier: str = "host",
         policy: str = "lru",
         store_threshold: int = 1,
-        max_admission_counters: int = 65536,
+        max_admission_counters: int = MAX_ADMISSION_COUNTERS,
     ) -> HostDirectory:
         return SharedHost(
             num_slots,
@@ -83,7 +84,7 @@ def _share(stack: ExitStack) -> MakeDirectory:
         tier: str = "host",
         policy: str = "lru",
         store_threshold: int = 1,
-        max_admission_counters: int = 65536,
+        max_admission_counters: int = MAX_ADMISSION_COUNTERS,
     ) -> HostDirectory:
         nonlocal made
         made += 1

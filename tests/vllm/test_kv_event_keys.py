@@ -59,7 +59,7 @@ def kvoffloads_events(
 ) -> list[BlockStored]:
     keys = [ChunkKey(bytes([i]) * 16) for i in range(BLOCKS // PER_CHUNK)]
     job = EngineJob(1, JobKind.STORE, "r", tuple(keys), (0, 1, 2), tuple(range(BLOCKS)), 2)
-    translator.note_jobs([job], {"r": (keys, req)})
+    translator.note_jobs([job], {"r": (keys, req, ChunkKey(bytes(16)))})
     events = translator.translate([CacheEvent(EventKind.STORED, tuple(keys), tier)])
     assert all(isinstance(e, BlockStored) for e in events)
     return events  # type: ignore[return-value]

@@ -220,7 +220,7 @@ class KeyChain:
     has not seen, so the cost per engine step is proportional to new chunks.
     """
 
-    __slots__ = ("_blocks_seen", "_last", "blocks_per_chunk", "extra", "keys")
+    __slots__ = ("_blocks_seen", "_last", "blocks_per_chunk", "extra", "keys", "seed")
 
     def __init__(
         self, namespace: Namespace, blocks_per_chunk: int, epoch: bytes = b"", extra: bytes = b""
@@ -232,7 +232,8 @@ class KeyChain:
         self.blocks_per_chunk = blocks_per_chunk
         self.extra = extra
         self.keys: list[ChunkKey] = []
-        self._last = chain_seed(namespace, epoch, extra)
+        self.seed = chain_seed(namespace, epoch, extra)  # the key before chunk 0
+        self._last = self.seed
         self._blocks_seen = 0
 
     def extend(self, all_block_hashes: Sequence[bytes]) -> list[ChunkKey]:

@@ -17,7 +17,8 @@ worker holds a connection of its own), so nothing can still be writing those slo
 
 The readable set is mirrored into the share's index (:mod:`.index`) as it changes:
 chunks made readable by ``complete_store`` are inserted, chunks evicted, discarded or
-reset are removed, before the call's reply is sent.
+reset are removed, before the call's reply is sent. Its removals also go to the
+announcement feed (:mod:`.feed`), which keeps the records engines announce chunks by.
 
 Generations: a node process restarted after a crash starts with an empty directory
 (slab bytes are never trusted without the index). Until ``fence_open`` says every
@@ -27,6 +28,7 @@ it books no slot: ``prepare_store`` answers ``no_room``.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from kvoffload.core.chunk_state import ChunkState
 from kvoffload.core.directory import Directory, LookupStatus, PreparedStore
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import ChunkKey
+from kvoffload.share.feed import ShareFeed
 from kvoffload.share.index import IndexWriter
 
 _STATUS_CODES = {LookupStatus.MISS: 0, LookupStatus.HIT: 1, LookupStatus.HIT_PENDING: 2}
@@ -58,9 +61,12 @@ class ShareBook:
         directory: Directory,
         fence_open: Callable[[], bool] | None = None,
         index: IndexWriter | None = None,
+        feed: ShareFeed | None = None,
     ) -> None:
         self.directory = directory
         self.index = index
+        # Epoch: random per node process, never 0 (a reader's cursor before its first read).
+        self.feed = feed if feed is not None else ShareFeed(int.from_bytes(os.urandom(8)) | 1)
         self.sessions: dict[bytes, Session] = {}
         self._namespace_of: dict[ChunkKey, bytes] = {}
         self._fence_open = fence_open
@@ -164,8 +170,8 @@ class ShareBook:
             self._namespace_of[key] = session.namespace
         for key in prepared.evicted:
             self._namespace_of.pop(key, None)
-        if self.index is not None and prepared.evicted:
-            self.index.remove(prepared.evicted)
+        if prepared.evicted:
+            self._unreadable(prepared.evicted)
         self.directory.take_events()
         return prepared
 
@@ -211,8 +217,8 @@ class ShareBook:
         removed = set(self.directory.discard(keys))
         for key in keys:
             self._namespace_of.pop(key, None)
-        if self.index is not None and removed:
-            self.index.remove(removed)
+        if removed:
+            self._unreadable(removed)
         self.directory.take_events()
         first = {key: i for i, key in reversed(list(enumerate(keys)))}
         return sorted(first[key] for key in removed)
@@ -224,11 +230,30 @@ class ShareBook:
         removed = self.directory.discard(mine)
         for key in mine:
             self._namespace_of.pop(key, None)
-        if self.index is not None and removed:
-            self.index.remove(removed)
+        if removed:
+            self._unreadable(removed)
         self.directory.admission.clear()
         self.directory.take_events()
         return removed
+
+    def _unreadable(self, keys: Sequence[ChunkKey] | set[ChunkKey]) -> None:
+        """``keys`` stopped being readable: out of the index and the feed."""
+        if self.index is not None:
+            self.index.remove(keys)
+        self.feed.removed(keys)
+
+    # ------------------------------------------------------------------ announcements
+
+    def announce(self, session: Session, entries: Sequence[tuple[ChunkKey, bytes]]) -> None:
+        """Keep the records ``session``'s engine sent for chunks it stored, those
+        readable now, under its namespace (see :mod:`.feed`)."""
+        d = self.directory
+        readable = [
+            key for key, _ in entries
+            if d.state_of(key) in (ChunkState.READY, ChunkState.PINNED)
+            and self._namespace_of.get(key) == session.namespace
+        ]  # fmt: skip
+        self.feed.announce(session.namespace, entries, readable)
 
     def check(self) -> None:
         """Every invariant of the directory, and the sessions' bookings agree with it."""

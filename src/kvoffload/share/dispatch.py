@@ -14,6 +14,7 @@ import numpy as np
 from kvoffload.core.errors import ContractViolation
 from kvoffload.core.keys import KEY_BYTES, ChunkKey
 from kvoffload.share.book import Session, ShareBook
+from kvoffload.share.feed import CURSOR, unpack_announce
 from kvoffload.share.protocol import (
     FLAG_ADMIT_ALL,
     FLAG_GROUPS,
@@ -84,6 +85,16 @@ def _serve(book: ShareBook, session: Session, op: Op, payload: bytes) -> bytes:
         return b""
     if op is Op.PRESENT:
         return pack_keys(d.present_keys())
+    if op is Op.ANNOUNCE:
+        book.announce(session, unpack_announce(payload))
+        return b""
+    if op is Op.FEED:
+        since, epoch, budget = CURSOR.unpack(payload)
+        return book.feed.read(session.namespace, since, epoch, budget)
+    if op is Op.SNAPSHOT:
+        return book.feed.snapshot(session.namespace)
+    if op is Op.RECORDS:
+        return book.feed.records(session.namespace, unpack_keys(payload))
     raise ValueError(f"unknown op {op}")
 
 

@@ -6,8 +6,8 @@ batch of keys per frame (one round trip per directory call)::
     request:  u32 payload length | u8 op     | payload
     reply:    u32 payload length | u8 status | payload
 
-An op with :data:`ONE_WAY` set gets no reply (``touch`` and ``record_lookups``, which
-answer nothing and cannot fail): the caller only sends it, and the node process
+An op with :data:`ONE_WAY` set gets no reply (``touch``, ``record_lookups`` and
+``announce``, which answer nothing and cannot fail): the caller only sends it, and the node process
 serves it before anything sent after it on that connection. All integers
 little-endian. Keys are :data:`~kvoffload.core.keys.KEY_BYTES` bytes
 each, packed back to back (no length prefix: the frame length gives their number).
@@ -54,6 +54,10 @@ class Op(enum.IntEnum):
     CHECK = 15  # () -> () or an error
     SYNC = 16  # u32 n, storing keys, pinned keys (one per pin) -> ()
     PRESENT = 17  # () -> keys
+    ANNOUNCE = 18  # (key, u32 n, record) ... -> () (one-way; see .feed)
+    FEED = 19  # u64 since, u64 epoch, u32 budget -> see feed.unpack_feed
+    SNAPSHOT = 20  # () -> u64 cursor, u64 epoch, keys with a record
+    RECORDS = 21  # keys -> per key u32 n, record
 
 
 class Role(enum.IntEnum):

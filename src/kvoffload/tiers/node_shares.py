@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from kvoffload.share.backing import Backing
 from kvoffload.share.client import ShareDirectory
+from kvoffload.share.feed_reader import FEED_TIMEOUT_S, FeedReader
 from kvoffload.share.lease import Lease
 from kvoffload.share.meta import ShareGeometry
 from kvoffload.share.opening import NotStarted, Serving, SessionLease, start_and_wait
@@ -133,6 +134,14 @@ class OpenedShare:
             f"{self.tier} share {paths.name!r} in {paths.root} "
             f"(generation {generation}, node process pid {pid}, {who})"
         )
+
+    def feed_reader(self) -> FeedReader:
+        """A reader of the share's announcement feed under this engine's session and
+        namespace, on a connection of its own (``share/feed_reader.py``)."""
+        link = self.directory.link
+        # Off the step path: a feed call may wait longer than the share's call deadline.
+        return FeedReader(self.share.paths, link.session, link.namespace,
+                          timeout_s=max(self.share.timeout_s, FEED_TIMEOUT_S))  # fmt: skip
 
     def link_stats(self) -> Mapping[str, int]:
         """The link's counters (``share.link.Link.stats``)."""

@@ -8,7 +8,7 @@ three-argument constructor, ``get_transfer_results``, worker metadata aggregatio
 from __future__ import annotations
 
 from vllm.config import VllmConfig
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent, KVEventBatch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorHandshakeMetadata,
@@ -66,6 +66,7 @@ __all__ = [
     "KVConnectorStats",
     "KVConnectorTransferResults",
     "KVConnectorWorkerMetadata",
+    "KVEventBatch",
     "MLAAttentionSpec",
     "PauseState",
     "Request",

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvoffload.adapters.vllm import share_records
 from kvoffload.adapters.vllm.compat import (
     BlockRemoved,
     BlockStored,
@@ -78,6 +79,8 @@ TRACKED_TIERS = frozenset(spec.name for spec in TIERS if spec.announces_removals
 
 ExtraKeys = tuple[tuple[Any, ...] | None, ...]
 """One entry per hash block, in the form vLLM's events publish (``to_event_extra_keys``)."""
+Chain = tuple[list[ChunkKey], object, ChunkKey]
+"""A request's chunk keys, its vLLM request and the key before its first chunk."""
 
 
 @dataclass(slots=True)
@@ -86,6 +89,7 @@ class _Chunk:
     parent: bytes | None
     tokens: array[int]
     group: int = 0
+    parent_key: bytes = b""  # the chain key before this chunk's (share records)
     held: set[str] = field(default_factory=set)
     extra_keys: ExtraKeys | None = None  # None: no block has any
     lora: tuple[int, str] | None = None  # the adapter's id and name
@@ -123,8 +127,14 @@ class EventTranslator:
         hashes_per_chunk: int,
         convert: Callable[[Any], Any],
         groups: KVGroups = ONE_GROUP,
+        shared_tiers: frozenset[str] = frozenset(),
     ) -> None:
         self.groups = groups
+        # Tiers kept in a node share: their chunks are announced by every engine
+        # attached to it from the share's feed (share_announcer.py), not here; a chunk
+        # this engine stored there goes to ``outbox`` as a record for the share.
+        self.shared_tiers = shared_tiers
+        self.outbox: dict[str, list[tuple[ChunkKey, bytes]]] = {}
         self.hash_block_size = hash_block_size
         self.hashes_per_chunk = hashes_per_chunk
         self._convert = convert  # vLLM's maybe_convert_block_hash
@@ -136,17 +146,16 @@ class EventTranslator:
     def __len__(self) -> int:
         return len(self._chunks)
 
-    def note_jobs(
-        self, jobs: Iterable[TransferJob], chains: dict[str, tuple[list[ChunkKey], object]]
-    ) -> None:
+    def note_jobs(self, jobs: Iterable[TransferJob], chains: dict[str, Chain]) -> None:
         """Remember what the chunks of ``jobs`` cover. ``chains`` maps a request id to
-        its chunk keys and its vLLM request (``block_hashes``, ``all_token_ids``, and
-        what vLLM's events say of it: LoRA, session, extra keys)."""
+        its chunk keys, its vLLM request (``block_hashes``, ``all_token_ids``, and
+        what vLLM's events say of it: LoRA, session, extra keys) and the key before
+        its first chunk."""
         for job in jobs:
             chain = None if job.request_id is None else chains.get(job.request_id)
             if chain is None:
                 continue
-            keys, request = chain
+            keys, request, seed = chain
             index = {
                 self.groups.key(k, g): (i, g)
                 for i, k in enumerate(keys)
@@ -167,6 +176,7 @@ class EventTranslator:
                     extra_keys=self._extra_keys(request, i * n, n, size),
                     lora=_lora(request),
                     session_id=getattr(request, "session_id", None),
+                    parent_key=keys[i - 1] if i else seed,
                 )
 
     def note_completed(self, jobs: Iterable[TransferJob]) -> None:
@@ -178,7 +188,6 @@ class EventTranslator:
 
     def translate(self, events: Iterable[CacheEvent]) -> list[KVCacheEvent]:
         out: list[KVCacheEvent] = []
-        convert = self._convert
         for event in events:
             tier = event.tier
             for key in event.keys:
@@ -186,43 +195,28 @@ class EventTranslator:
                 if chunk is None:
                     self.unknown += 1
                     continue
-                hashes = [convert(h) for h in chunk.hashes]
+                if tier in self.shared_tiers:
+                    if event.kind is EventKind.STORED:
+                        self.outbox.setdefault(tier, []).append((key, self._record(chunk)))
+                    continue
                 if event.kind is EventKind.STORED:
                     if tier in TRACKED_TIERS:
                         chunk.held.add(tier)
                     out.append(
-                        BlockStored(
-                            block_hashes=hashes,
-                            parent_block_hash=(
-                                None if chunk.parent is None else convert(chunk.parent)
-                            ),
-                            token_ids=chunk.tokens.tolist(),
-                            block_size=self.hash_block_size,
-                            lora_id=chunk.lora[0] if chunk.lora else None,
-                            medium=MEDIUM.get(tier, "STORAGE"),
-                            lora_name=chunk.lora[1] if chunk.lora else None,
-                            extra_keys=(
-                                list(chunk.extra_keys)
-                                if chunk.extra_keys is not None
-                                else [None] * len(hashes)
-                            ),
-                            locality=LOCALITY.get(tier),
-                            ownership=OWNERSHIP.get(tier, f"kvoffload:{tier}"),
+                        self.stored_event(
+                            tier,
+                            hashes=chunk.hashes,
+                            parent=chunk.parent,
+                            tokens=chunk.tokens.tolist(),
+                            group=chunk.group,
+                            extra_keys=chunk.extra_keys,
+                            lora=chunk.lora,
                             session_id=chunk.session_id,
-                            **self._group_fields(chunk.group, stored=True),
                         )
                     )
                 else:
                     chunk.held.discard(tier)
-                    out.append(
-                        BlockRemoved(
-                            block_hashes=hashes,
-                            medium=MEDIUM.get(tier, "STORAGE"),
-                            locality=LOCALITY.get(tier),
-                            ownership=OWNERSHIP.get(tier, f"kvoffload:{tier}"),
-                            **self._group_fields(chunk.group, stored=False),
-                        )
-                    )
+                    out.append(self.removed_event(chunk.hashes, chunk.group, tier))
                     if not chunk.held:
                         del self._chunks[key]
         for key in self._settled:
@@ -231,6 +225,82 @@ class EventTranslator:
                 del self._chunks[key]
         self._settled.clear()
         return out
+
+    def held_events(self) -> list[KVCacheEvent]:
+        """A ``BlockStored`` for every chunk held in a tier this translator announces
+        (a re-announcement, after vLLM's ``AllBlocksCleared``)."""
+        return [
+            self.stored_event(
+                tier,
+                hashes=chunk.hashes,
+                parent=chunk.parent,
+                tokens=chunk.tokens.tolist(),
+                group=chunk.group,
+                extra_keys=chunk.extra_keys,
+                lora=chunk.lora,
+                session_id=chunk.session_id,
+            )
+            for chunk in self._chunks.values()
+            for tier in sorted(chunk.held)
+        ]
+
+    def take_outbox(self) -> dict[str, list[tuple[ChunkKey, bytes]]]:
+        """The records of chunks this engine made readable in a shared tier since the
+        last call, by tier (for the share's feed)."""
+        outbox, self.outbox = self.outbox, {}
+        return outbox
+
+    def stored_event(
+        self,
+        tier: str,
+        *,
+        hashes: Sequence[bytes],
+        parent: bytes | None,
+        tokens: list[int],
+        group: int,
+        extra_keys: Sequence[Any] | None,
+        lora: tuple[int, str] | None,
+        session_id: str | None,
+    ) -> KVCacheEvent:
+        """vLLM's ``BlockStored`` for one chunk readable in ``tier``."""
+        convert = self._convert
+        converted = [convert(h) for h in hashes]
+        return BlockStored(
+            block_hashes=converted,
+            parent_block_hash=None if parent is None else convert(parent),
+            token_ids=tokens,
+            block_size=self.hash_block_size,
+            lora_id=lora[0] if lora else None,
+            medium=MEDIUM.get(tier, "STORAGE"),
+            lora_name=lora[1] if lora else None,
+            extra_keys=list(extra_keys) if extra_keys is not None else [None] * len(hashes),
+            locality=LOCALITY.get(tier),
+            ownership=OWNERSHIP.get(tier, f"kvoffload:{tier}"),
+            session_id=session_id,
+            **self._group_fields(group, stored=True),
+        )
+
+    def removed_event(self, hashes: Sequence[bytes], group: int, tier: str) -> KVCacheEvent:
+        """vLLM's ``BlockRemoved`` for one chunk that left ``tier``."""
+        return BlockRemoved(
+            block_hashes=[self._convert(h) for h in hashes],
+            medium=MEDIUM.get(tier, "STORAGE"),
+            locality=LOCALITY.get(tier),
+            ownership=OWNERSHIP.get(tier, f"kvoffload:{tier}"),
+            **self._group_fields(group, stored=False),
+        )
+
+    def _record(self, chunk: _Chunk) -> bytes:
+        return share_records.encode(
+            share_records.ChunkRecord(
+                share_records.FORMAT, chunk.parent_key, list(chunk.hashes), chunk.parent,
+                chunk.tokens.tobytes(), chunk.group,
+                None if chunk.extra_keys is None else [
+                    None if k is None else list(k) for k in chunk.extra_keys
+                ],
+                chunk.lora, chunk.session_id,
+            )
+        )  # fmt: skip
 
     def _extra_keys(self, request: object, first: int, count: int, size: int) -> ExtraKeys | None:
         try:

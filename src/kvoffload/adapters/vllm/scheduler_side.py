@@ -19,7 +19,8 @@ from kvoffload.adapters.vllm.compat import (
     VllmConfig,
     maybe_convert_block_hash,
 )
-from kvoffload.adapters.vllm.events import EventTranslator
+from kvoffload.adapters.vllm.event_sink import EventSink, find_scheduler
+from kvoffload.adapters.vllm.events import Chain, EventTranslator
 from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.hit_sources import hit_sources
@@ -27,12 +28,12 @@ from kvoffload.adapters.vllm.link_metrics import LinkCounters
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.paused_reset import paused_scheduler
 from kvoffload.adapters.vllm.scheduler_weights import SchedulerWeights
+from kvoffload.adapters.vllm.share_announcer import ShareAnnouncer
 from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.identity.weights import WeightsState
 from kvoffload.core.jobs import StepPlan, TransferJob
-from kvoffload.core.keys import ChunkKey
 from kvoffload.core.observe.anomalies import Anomaly
 from kvoffload.core.observe.metrics import Series
 from kvoffload.core.observe.metrics_view import MetricsReading, read_metrics
@@ -134,12 +135,22 @@ class SchedulerSide:
         )
         self.deltas = DeltaSource(self.read_metrics, self._take_observations)
         self.events: EventTranslator | None = None
+        self.announcer: ShareAnnouncer | None = None
+        self.sink = EventSink(find_scheduler())  # vLLM's scheduler is building us now
+        self._reannounce = False  # vLLM cleared its prefix cache: announce every tier again
         events = vllm_config.kv_events_config
         if events is not None and events.enable_kv_cache_events:
             sc = self.scheduler.config
+            shares = self.tiers.shares
             self.events = EventTranslator(
-                sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash, sc.kv_groups
-            )
+                sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash, sc.kv_groups,
+                shared_tiers=frozenset(shares),
+            )  # fmt: skip
+            if shares:
+                readers = {tier: opened.feed_reader() for tier, opened in shares.items()}
+                self.announcer = ShareAnnouncer(
+                    self.events, readers, self.sink, interval_s=config.share_announce_ms / 1000
+                )
         self.config = config
         self.guard = Guard(self.scheduler)
         self.endpoint: MetricsEndpoint | None = None
@@ -234,7 +245,8 @@ class SchedulerSide:
         with self.lock:
             if not self.guard.off:
                 try:
-                    self.weights.watch()
+                    if self.weights.watch():
+                        self._prefix_cache_cleared()
                     plan = self.scheduler.build_plan(step_input(output))
                     if self.events is not None:
                         self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
@@ -334,15 +346,35 @@ class SchedulerSide:
                     self.guard.trip("reset_cache", exc)
         return True
 
+    def _prefix_cache_cleared(self) -> None:
+        """vLLM reset its prefix cache and, with KV events on, told routers to forget
+        every block of this engine (``AllBlocksCleared``, published at the next step):
+        what kvoffload's tiers still hold is announced again after it."""
+        if self.events is None:
+            return
+        self._reannounce = True
+        if self.announcer is not None:
+            self.announcer.reannounce()
+
     def take_events(self) -> list[KVCacheEvent]:
         """vLLM KV events for what changed in any tier (empty when vLLM's KV events
-        are off; kvoffload's own events are drained either way)."""
+        are off; kvoffload's own events are drained either way), then the share
+        announcements that waited for a step (``event_sink.py``)."""
         with self.lock:
             if self.guard.off:
                 return []
             try:
                 events = self.scheduler.take_events()
-                return self.events.translate(events) if self.events is not None else []
+                if self.events is None:
+                    return []
+                out = self.events.translate(events)
+                if self._reannounce:
+                    self._reannounce = False
+                    out.extend(self.events.held_events())
+                if self.announcer is not None:
+                    self.announcer.queue_records(self.events.take_outbox())
+                out.extend(self.sink.take())
+                return out
             except Exception as exc:
                 self.guard.trip("take_events", exc)
                 return []
@@ -368,8 +400,8 @@ class SchedulerSide:
             return None
         return KVOffloadStats(data=data) if data else None
 
-    def _chains(self, plan: StepPlan) -> dict[str, tuple[list[ChunkKey], object]]:
-        chains: dict[str, tuple[list[ChunkKey], object]] = {}
+    def _chains(self, plan: StepPlan) -> dict[str, Chain]:
+        chains: dict[str, Chain] = {}
         jobs: tuple[TransferJob, ...] = (*plan.stores, *plan.promotions)
         for job in jobs:
             request_id = job.request_id
@@ -377,10 +409,13 @@ class SchedulerSide:
                 continue
             state = self.scheduler.state_of(request_id)
             if state is not None:
-                chains[request_id] = (state.keys.keys, state.request)
+                chains[request_id] = (state.keys.keys, state.request, state.keys.seed)
         return chains
 
     def shutdown(self) -> None:
+        if self.announcer is not None:
+            self.announcer.close()
+            self.announcer = None
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None

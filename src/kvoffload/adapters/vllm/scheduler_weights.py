@@ -35,11 +35,14 @@ class SchedulerWeights:
         """vLLM's block pool: a reset of its prefix cache starts a weights check."""
         self.prefix_watch = PrefixCacheWatch(pool)
 
-    def watch(self) -> None:
+    def watch(self) -> bool:
         """A prefix-cache reset since the last call: the weights may have been updated
-        in place; the workers fingerprint them again before the next plan's jobs."""
+        in place; the workers fingerprint them again before the next plan's jobs.
+        Whether a reset was seen."""
         if self.prefix_watch is not None and self.prefix_watch.reset_seen():
             self.scheduler.check_weights()
+            return True
+        return False
 
     def handshake(self, metadata: Iterable[object]) -> None:
         """vLLM's handshake, before the first step: the workers' fingerprints at start

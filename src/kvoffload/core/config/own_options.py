@@ -127,6 +127,16 @@ SHARE: tuple[Option, ...] = (
         positive_number,
     ),
     Option(
+        "share_announce_ms",
+        "number > 0",
+        250,
+        "With vLLM's KV events on and a tier in a node share: how often each engine "
+        "reads the share's announcement feed and publishes what the share made "
+        "readable or removed, whichever engine stored it (routers credit every engine "
+        "on the share; decision 0022).",
+        positive_number,
+    ),
+    Option(
         "host_share_root",
         "a directory path",
         "/dev/shm",

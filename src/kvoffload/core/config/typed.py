@@ -59,6 +59,7 @@ class OffloadConfig:
     tier_threads: int = default("tier_threads")
     host_share: str | None = default("host_share")
     host_share_timeout_ms: float = default("host_share_timeout_ms")
+    share_announce_ms: float = default("share_announce_ms")
     host_share_root: str = default("host_share_root")
     host_share_group: str | int | None = default("host_share_group")
     tier_io_timeout_ms: int = default("tier_io_timeout_ms")

@@ -1,0 +1,99 @@
+"""Where kvoffload's events go when they cannot wait for an engine step.
+
+vLLM publishes a connector's events only at the end of an engine step
+(``Scheduler.update_from_output`` drains ``take_events``). An engine with nothing to
+serve takes no step, yet a chunk another engine stored in a node share is loadable by
+it now, and a router should hear so within seconds (issue 34). So the share's
+announcer hands its events to the engine's own publisher directly: vLLM's
+``Scheduler.kv_event_publisher`` (a ZMQ publisher whose ``publish`` only enqueues
+for its own thread), the same stream, the same sequence numbers, the same replay
+buffer as vLLM's events.
+
+vLLM gives a connector no handle on its scheduler. The connector is built inside
+``Scheduler.__init__``, so :func:`find_scheduler` looks up the stack of that call
+for the scheduler being built and keeps a weak reference; its publisher, made just
+after the connector, is read at each publish. Where none is found (another
+scheduler class, a harness) or the publisher refuses, events wait in
+:class:`EventSink` until the next ``take_events`` (the step path), counted.
+
+Thread-safety: :meth:`EventSink.publish` may be called from any thread; pending
+events are guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from kvoffload.adapters.vllm.compat import KVCacheEvent, KVEventBatch
+
+logger = logging.getLogger("kvoffload")
+
+_SCHEDULER_MODULE = "vllm.v1.core.sched"
+_MAX_FRAMES = 40
+
+
+def find_scheduler() -> weakref.ref[Any] | None:
+    """A weak reference to the vLLM scheduler whose ``__init__`` is on the calling
+    thread's stack (the connector is being built by it); None when there is none."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if (
+            owner is not None
+            and frame.f_code.co_name == "__init__"
+            and type(owner).__module__.startswith(_SCHEDULER_MODULE)
+        ):
+            try:
+                return weakref.ref(owner)
+            except TypeError:
+                return None
+        frame = frame.f_back
+    return None
+
+
+class EventSink:
+    """Publishes batches of vLLM events on the engine's own publisher, or keeps them
+    for the next step (see the module docstring)."""
+
+    def __init__(self, scheduler: weakref.ref[Any] | None) -> None:
+        self._scheduler = scheduler
+        self._lock = threading.Lock()
+        self._pending: list[KVCacheEvent] = []
+        self.direct = 0  # events handed to the publisher
+        self.deferred = 0  # events kept for the next step
+
+    def _publisher(self) -> Any:
+        scheduler = self._scheduler() if self._scheduler is not None else None
+        return getattr(scheduler, "kv_event_publisher", None)
+
+    def publish(self, events: Sequence[KVCacheEvent], *, defer: bool = False) -> None:
+        """Publish ``events`` now (``defer``: at the next step, after what vLLM
+        publishes then: a re-announcement after vLLM's ``AllBlocksCleared``)."""
+        if not events:
+            return
+        publisher = None if defer else self._publisher()
+        if publisher is not None:
+            try:
+                publisher.publish(KVEventBatch(ts=time.time(), events=list(events)))  # type: ignore[arg-type]
+                self.direct += len(events)
+                return
+            except Exception as exc:  # a closed publisher (shutdown): the step path
+                logger.debug("kvoffload: the event publisher refused a batch: %s", exc)
+        with self._lock:
+            self._pending.extend(events)
+            self.deferred += len(events)
+
+    def take(self) -> list[KVCacheEvent]:
+        """The events kept for this step."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        return pending

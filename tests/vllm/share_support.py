@@ -62,13 +62,22 @@ def counts(extra: dict[str, Any]) -> Any:
 class Child:
     """One engine process; ``ask`` sends a command and returns its answer."""
 
-    def __init__(self, model: Path, extra: dict[str, Any] | None, log: Path) -> None:
+    def __init__(
+        self,
+        model: Path,
+        extra: dict[str, Any] | None,
+        log: Path,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        """``options``: the engine's own (``kv_blocks``, ``max_model_len``,
+        ``max_num_seqs``) and ``kv_events_port`` (vLLM's ZMQ publisher bound there)."""
         source = str(Path(kvoffload.__file__).resolve().parents[1])  # this kvoffload
         path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": path}
         self.log = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE), "child", str(model), json.dumps(extra)],
+            [sys.executable, str(HERE), "child", str(model), json.dumps(extra),
+             json.dumps(options or {})],  # fmt: skip
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -111,7 +120,7 @@ class Child:
         self.proc.wait()
 
 
-def child_main(model: str, extra_json: str) -> int:
+def child_main(model: str, extra_json: str, options_json: str = "{}") -> int:
     """Build the engine, answer commands from stdin until ``exit`` (see module doc)."""
     from llm_support import engine, generate, half, settle, tokens
 
@@ -126,12 +135,24 @@ def child_main(model: str, extra_json: str) -> int:
         answers.write(MARK + json.dumps(fields) + "\n")
         answers.flush()
 
-    with engine(Path(model), extra, disable_log_stats=True) as llm:
+    options = json.loads(options_json)
+    port = options.pop("kv_events_port", None)
+    if port is not None:
+        from vllm.config import KVEventsConfig
+
+        options["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{port}"
+        )
+    with engine(Path(model), extra, disable_log_stats=True, **options) as llm:
+        steps = count_steps(llm) if extra is not None else [0]
         answer(ready=True)
         for line in sys.stdin:
             command = json.loads(line)
             if command.get("exit"):
                 break
+            if command.get("report"):
+                answer(steps=steps[0], announcer=announcer_counts(llm))
+                continue
             batches = (
                 [[p] for p in command["prompts"]] if command.get("stream") else [command["prompts"]]
             )
@@ -160,5 +181,29 @@ def child_main(model: str, extra_json: str) -> int:
     return 0
 
 
+def count_steps(llm: Any) -> list[int]:
+    """A counter of the engine's steps (its scheduler half's plans), in a list."""
+    side = llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side
+    steps = [0]
+    build = side.build_connector_meta
+
+    def counted(output: Any) -> Any:
+        steps[0] += 1
+        return build(output)
+
+    side.build_connector_meta = counted
+    return steps
+
+
+def announcer_counts(llm: Any) -> dict[str, int]:
+    """The share announcer's counts and its event sink's (zeros without one)."""
+    side = llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side
+    counts = dict(side.announcer.stats) if side.announcer is not None else {}
+    counts.update(direct=side.sink.direct, deferred=side.sink.deferred)
+    for name in ("stored", "removed", "bad_records"):
+        counts.setdefault(name, 0)
+    return counts
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
-    sys.exit(child_main(sys.argv[2], sys.argv[3]))
+    sys.exit(child_main(*sys.argv[2:5]))

@@ -76,8 +76,14 @@ class Child:
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": path}
         self.log = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE), "child", str(model), json.dumps(extra),
-             json.dumps(options or {})],  # fmt: skip
+            [
+                sys.executable,
+                str(HERE),
+                "child",
+                str(model),
+                json.dumps(extra),
+                json.dumps(options or {}),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,

@@ -24,22 +24,18 @@ its pid, on failure too. Without ``.venv-dynamo`` the test is skipped, except un
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dynamo_support import credited as credited_answer
+from dynamo_support import indexer as new_indexer
+from dynamo_support import poll as poll_answer
 from llm_support import BLOCK, CHUNK_BYTES, engine, generate, settle
 
 from kvoffload.testing.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-DYNAMO_PYTHON = ROOT / ".venv-dynamo" / "bin" / "python"
 BLOCKS = 8  # prompt 0's blocks
 DEADLINE_S = 30.0
 
@@ -51,27 +47,11 @@ def prompt(p: int) -> list[int]:
     return [(7 * p + 3 * i) % 997 + 3 for i in range(BLOCKS * BLOCK)]
 
 
-def dynamo_python() -> Path:
-    if DYNAMO_PYTHON.exists():
-        return DYNAMO_PYTHON
-    why = f"{DYNAMO_PYTHON} is missing (./scripts/setup-dynamo makes it)"
-    if os.environ.get("CI"):
-        pytest.fail(why)
-    pytest.skip(why)
-
-
 def poll(
     query: Query, tokens: list[int], ok: Callable[[dict[str, int]], bool], within: float = 30.0
 ) -> dict[str, int] | None:
     """The indexer's answer for ``tokens`` once ``ok`` holds; None past ``within`` s."""
-    deadline = time.monotonic() + within
-    while True:
-        answer = query(tokens)
-        if ok(answer):
-            return answer
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.1)
+    return poll_answer(lambda: query(tokens), ok, within)
 
 
 def credited(
@@ -79,9 +59,7 @@ def credited(
 ) -> dict[str, int]:
     """The indexer's answer for ``tokens`` once ``ok`` holds (AssertionError with the
     last answer past the deadline)."""
-    answer = poll(query, tokens, ok, DEADLINE_S)
-    assert answer is not None, f"indexer still answers {query(tokens)} after {DEADLINE_S} s"
-    return answer
+    return credited_answer(lambda: query(tokens), ok, DEADLINE_S)
 
 
 @pytest.fixture
@@ -90,46 +68,16 @@ def indexer(tmp_path: Path) -> Iterator[Callable[[int], Query]]:
     ``zmq_port`` as its worker 1, waits until it answers, and returns its query: the
     instance's cumulative ``gpu``/``cpu``/``disk`` matched tokens (zeros when it credits
     nobody). Stopped by its pid at the end of the test, on failure too."""
-    python = dynamo_python()
-    procs: list[subprocess.Popen[bytes]] = []
-    http = free_port()
-
-    def query(tokens: list[int]) -> dict[str, int]:
-        body = json.dumps({"token_ids": tokens, "model_name": "default"}).encode()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{http}/query", body, {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            answer = json.loads(r.read())
-        mine = answer.get("instances", {}).get("1", {})
-        return {tier: int(mine.get(tier, 0)) for tier in ("gpu", "cpu", "disk")}
+    router = new_indexer(BLOCK, tmp_path / "indexer.log")
 
     def start(zmq_port: int) -> Query:
-        argv = [str(python), "-m", "dynamo.indexer", "--block-size", str(BLOCK)]
-        argv += ["--port", str(http), "--threads", "1"]
-        argv += ["--workers", f"1=tcp://127.0.0.1:{zmq_port}"]
-        with (tmp_path / "indexer.log").open("wb") as log:  # the child keeps its own copy
-            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            assert procs[0].poll() is None, (tmp_path / "indexer.log").read_text()[-2000:]
-            try:
-                query([1] * BLOCK)
-                return query
-            except OSError:
-                assert time.monotonic() < deadline, "the indexer did not answer"
-                time.sleep(0.1)
+        router.start({1: zmq_port})
+        return lambda tokens: router.query(tokens)[1]
 
     try:
         yield start
     finally:
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        router.stop()
 
 
 def test_dynamo_credits_a_prompt_in_host_memory_then_on_disk(

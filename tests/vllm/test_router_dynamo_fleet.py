@@ -4,14 +4,16 @@ done-when): every engine attached to the share is credited with what the share h
 Engines A and B are separate processes (``share_support.Child``: an in-process
 ``LLM`` each), each with vLLM's own ZMQ event publisher, on one ``host_share`` of 64
 chunks (one 32-token block each) and an engine KV cache of 20 blocks. The indexer
-(``dynamo_support.Indexer``) is started once both publishers are bound, with A as
+(``kvoffload.testing.dynamo_indexer``) is started once both publishers are bound, with A as
 worker 1 and B as worker 2.
 
 The run: A serves prompt 0 (8 blocks); A serves other prompts until the indexer no
 longer credits prompt 0 to A's engine memory (it left it); then the indexer must
 credit A **and B** (which served nothing but its probe) with at least 7 of the 8
-blocks in host memory. A then floods the share (more than 64 chunks of other
-prompts), and the indexer must credit B with at most one block of prompt 0.
+blocks in host memory. Engine C (worker 3, listed from the start) is started then: it
+attaches to a share that already holds prompt 0 and, serving nothing, must be
+credited with it too. A then floods the share (more than 64 chunks of other
+prompts), and the indexer must credit B and C with at most one block of prompt 0.
 
 B's announcements come from its share announcer's thread through vLLM's publisher
 (``adapters/vllm/event_sink.py``): B takes no engine step between its probe and the
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dynamo_support import Answer, Indexer, credited, poll
+from dynamo_support import Answer, credited, indexer, poll
 from llm_support import BLOCK, CHUNK_BYTES
 from share_support import Child, share_config, stop_node_process
 
@@ -35,7 +37,7 @@ from kvoffload.testing.ports import free_port
 pytestmark = pytest.mark.slow
 
 BLOCKS = 8
-A, B = 1, 2
+A, B, C = 1, 2, 3
 
 
 def prompt(p: int) -> list[int]:
@@ -57,48 +59,58 @@ def test_every_engine_on_the_share_is_credited_and_uncredited(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     extra = share_config(tmp_path / "shm", "fleet", 64 * CHUNK_BYTES)
-    ports = {A: free_port(), B: free_port()}
+    ports = {A: free_port(), B: free_port(), C: free_port()}
     options: dict[str, Any] = {"kv_blocks": 20, "max_num_seqs": 1, "max_model_len": 320}
     children: list[Child] = []
     try:
-        for worker in (A, B):
-            children.append(
-                Child(tiny_model, extra, tmp_path / f"engine-{worker}.log",
-                      {**options, "kv_events_port": ports[worker]})  # fmt: skip
-            )
-        a, b = children
-        with Indexer(BLOCK, tmp_path / "indexer.log").start(ports) as indexer:
-            # Subscribed: a fresh probe served now is credited (ZMQ drops what is
-            # published before a subscriber joins).
-            for worker, child in ((A, a), (B, b)):
-                for n in range(20):
-                    tokens = probe(100 * worker + n)
-                    child.ask(prompts=[tokens])
-                    if poll(lambda t=tokens: indexer.query(t[:BLOCK]),
-                            lambda ans, w=worker: ans[w]["gpu"] == BLOCK, within=2.0):  # fmt: skip
-                        break
-                else:
-                    raise AssertionError(f"the indexer never credited worker {worker}'s probe")
-            before_b = b.ask(report=True)
 
+        def start(worker: int) -> Child:
+            child = Child(tiny_model, extra, tmp_path / f"engine-{worker}.log",
+                          {**options, "kv_events_port": ports[worker]})  # fmt: skip
+            children.append(child)
+            return child
+
+        def subscribed(worker: int, child: Child) -> None:
+            """Serve fresh probes until the indexer credits one (ZMQ drops what is
+            published before a subscriber joins)."""
+            for n in range(20):
+                tokens = probe(100 * worker + n)
+                child.ask(prompts=[tokens])
+                if poll(lambda t=tokens: router.query(t[:BLOCK]),
+                        lambda ans, w=worker: ans[w]["gpu"] == BLOCK, within=2.0):  # fmt: skip
+                    return
+            raise AssertionError(f"the indexer never credited worker {worker}'s probe")
+
+        a, b = start(A), start(B)
+        with indexer(BLOCK, tmp_path / "indexer.log").start(ports) as router:
+            subscribed(A, a)
+            subscribed(B, b)
+            before_b = b.ask(report=True)
             p0 = prompt(0)
             a.ask(prompts=[p0])
-            credited(lambda: indexer.query(p0), lambda ans: ans[A]["gpu"] == BLOCKS * BLOCK)
+            credited(lambda: router.query(p0), lambda ans: ans[A]["gpu"] == BLOCKS * BLOCK)
             filler = 1
-            while indexer.query(p0)[A]["gpu"] > 0:  # until prompt 0 left A's engine memory
+            while router.query(p0)[A]["gpu"] > 0:  # until prompt 0 left A's engine memory
                 assert filler < 6, "prompt 0 never left A's engine memory"
                 a.ask(prompts=[prompt(filler)])
                 filler += 1
             both = credited(
-                lambda: indexer.query(p0),
+                lambda: router.query(p0),
                 lambda ans: host_blocks(ans, A) >= 7 and host_blocks(ans, B) >= 7,
             )
+            c = start(C)  # attaches to a share that holds prompt 0 already, serves nothing
+            late = poll(lambda: router.query(p0), lambda ans: host_blocks(ans, C) >= 7, 60)
+            assert late is not None, f"C not credited: {router.query(p0)}, {c.ask(report=True)}"
             for n in range(filler, filler + 9):  # 72 more chunks: more than the share holds
                 a.ask(prompts=[prompt(n)])
-            flooded = credited(lambda: indexer.query(p0), lambda ans: host_blocks(ans, B) <= 1)
+            flooded = credited(
+                lambda: router.query(p0),
+                lambda ans: host_blocks(ans, B) <= 1 and host_blocks(ans, C) <= 1,
+            )
             after_b = b.ask(report=True)
         print(f"fillers {filler - 1}; credited once out of A's engine: {both}; "
-              f"after the flood: {flooded}; B's announcer: {after_b['announcer']}")  # fmt: skip
+              f"C once started: {late}; after the flood: {flooded}; "
+              f"B's announcer: {after_b['announcer']}")  # fmt: skip
         assert both[B]["gpu"] == 0 and host_blocks(both, B) >= 7
         assert host_blocks(flooded, B) <= 1
         # B took no step since its probe: its announcements reached its publisher

@@ -37,6 +37,7 @@ logger = logging.getLogger("kvoffload")
 
 _SCHEDULER_MODULE = "vllm.v1.core.sched"
 _MAX_FRAMES = 40
+HOLD_S = 1.0
 
 
 def find_scheduler() -> weakref.ref[Any] | None:
@@ -62,38 +63,61 @@ def find_scheduler() -> weakref.ref[Any] | None:
 
 class EventSink:
     """Publishes batches of vLLM events on the engine's own publisher, or keeps them
-    for the next step (see the module docstring)."""
+    for the next step (see the module docstring).
 
-    def __init__(self, scheduler: weakref.ref[Any] | None) -> None:
+    A publisher is used only from ``hold_s`` after it was first seen: vLLM binds it
+    while the engine is being built, and a router's subscriber, which connects when
+    it can, would miss what is published at once (ZMQ's publishers drop what no
+    subscriber is connected for yet); what comes before waits, in order."""
+
+    def __init__(self, scheduler: weakref.ref[Any] | None, hold_s: float = HOLD_S) -> None:
         self._scheduler = scheduler
+        self.hold_s = hold_s
+        self._seen_at: float | None = None
         self._lock = threading.Lock()
-        self._pending: list[KVCacheEvent] = []
-        self.direct = 0  # events handed to the publisher
-        self.deferred = 0  # events kept for the next step
+        self._pending: list[KVCacheEvent] = []  # to publish as soon as a publisher can
+        self._after_step: list[KVCacheEvent] = []  # for the next step only
+        self.direct = 0  # events handed to the publisher from here
+        self.deferred = 0  # events handed to the next step instead
 
     def _publisher(self) -> Any:
         scheduler = self._scheduler() if self._scheduler is not None else None
-        return getattr(scheduler, "kv_event_publisher", None)
+        publisher = getattr(scheduler, "kv_event_publisher", None)
+        if publisher is None:
+            return None
+        now = time.monotonic()
+        if self._seen_at is None:
+            self._seen_at = now
+        return publisher if now - self._seen_at >= self.hold_s else None
 
     def publish(self, events: Sequence[KVCacheEvent], *, defer: bool = False) -> None:
-        """Publish ``events`` now (``defer``: at the next step, after what vLLM
-        publishes then: a re-announcement after vLLM's ``AllBlocksCleared``)."""
-        if not events:
-            return
-        publisher = None if defer else self._publisher()
-        if publisher is not None:
-            try:
-                publisher.publish(KVEventBatch(ts=time.time(), events=list(events)))  # type: ignore[arg-type]
-                self.direct += len(events)
-                return
-            except Exception as exc:  # a closed publisher (shutdown): the step path
-                logger.debug("kvoffload: the event publisher refused a batch: %s", exc)
+        """Publish ``events`` now, after any that wait (``defer``: at the next step,
+        after what vLLM publishes then: a re-announcement after ``AllBlocksCleared``)."""
         with self._lock:
-            self._pending.extend(events)
-            self.deferred += len(events)
+            (self._after_step if defer else self._pending).extend(events)
+        if not defer:
+            self.flush()
 
-    def take(self) -> list[KVCacheEvent]:
-        """The events kept for this step."""
+    def flush(self) -> None:
+        """Hand what waits to the publisher, if it can take it now."""
+        publisher = self._publisher()
+        if publisher is None:
+            return
         with self._lock:
             pending, self._pending = self._pending, []
-        return pending
+            if not pending:
+                return
+            try:
+                publisher.publish(KVEventBatch(ts=time.time(), events=pending))  # type: ignore[arg-type]
+                self.direct += len(pending)
+            except Exception as exc:  # a closed publisher (shutdown): the step path
+                logger.debug("kvoffload: the event publisher refused a batch: %s", exc)
+                self._pending = pending + self._pending
+
+    def take(self) -> list[KVCacheEvent]:
+        """What waits, for this step's events (in order: then the re-announcements)."""
+        with self._lock:
+            out = self._pending + self._after_step
+            self._pending, self._after_step = [], []
+        self.deferred += len(out)
+        return out

@@ -15,6 +15,8 @@ translator's event builders, and hands them to the engine's publisher
 engine announces too. An engine that attaches to a share that already holds chunks
 (started later, restarted) announces them all at its first poll (the feed's
 snapshot), and removes what it announced and the share no longer holds after any gap.
+It publishes the whole set again a few times in its first minute
+(:data:`REFRESH_AFTER_S`), for routers that subscribe to it late.
 
 State: per tier, the keys announced and what their removal needs (the chunk's block
 hashes and group): about 300 bytes per announced chunk. Owned by the announcer's
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -43,6 +46,11 @@ from kvoffload.core.keys import ChunkKey
 logger = logging.getLogger("kvoffload")
 
 INTERVAL_S = 0.25
+REFRESH_AFTER_S = (5.0, 15.0, 45.0)
+"""When, after the announcer starts, it publishes the whole set again: a router that
+was waiting for this engine's publisher connects to it some time after it binds
+(Dynamo's indexer, retrying a worker it was told of before the engine listened, took
+1 to 2 s after the bind, measured), and ZMQ drops what is published before it does."""
 
 
 class FeedPoll(Protocol):
@@ -90,6 +98,7 @@ class ShareAnnouncer:
         self._lock = threading.Lock()
         self._outbox: dict[str, list[tuple[ChunkKey, bytes]]] = {}
         self._reannounce = False
+        self._refresh_at = [time.monotonic() + s for s in REFRESH_AFTER_S]
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -147,9 +156,14 @@ class ShareAnnouncer:
         for tier, entries in outbox.items():
             self.readers[tier].send_records(entries)
         events: list[KVCacheEvent] = []
-        for tier, reader in self.readers.items():
-            events.extend(self._follow(tier, reader))
-        self.sink.publish(events)
+        if self._refresh_at and time.monotonic() >= self._refresh_at[0]:
+            del self._refresh_at[0]
+            events.extend(self._everything())
+            self.stats["refreshes"] += 1
+        else:
+            for tier, reader in self.readers.items():
+                events.extend(self._follow(tier, reader))
+        self.sink.publish(events)  # also what waited for the publisher
         if reannounce:
             self.sink.publish(self._everything(), defer=True)
 

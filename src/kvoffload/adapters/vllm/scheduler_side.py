@@ -141,7 +141,8 @@ class SchedulerSide:
         events = vllm_config.kv_events_config
         if events is not None and events.enable_kv_cache_events:
             sc = self.scheduler.config
-            shares = self.tiers.shares
+            # share_announce_ms 0: no feed; the shared tiers are announced as private ones.
+            shares = self.tiers.shares if config.share_announce_ms > 0 else {}
             self.events = EventTranslator(
                 sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash, sc.kv_groups,
                 shared_tiers=frozenset(shares),

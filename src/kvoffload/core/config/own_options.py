@@ -16,7 +16,12 @@ import grp
 import re
 from typing import Any
 
-from kvoffload.core.config.sections import Option, int_at_least, positive_number
+from kvoffload.core.config.sections import (
+    Option,
+    int_at_least,
+    non_negative_number,
+    positive_number,
+)
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.policies import policy_names
 
@@ -128,13 +133,15 @@ SHARE: tuple[Option, ...] = (
     ),
     Option(
         "share_announce_ms",
-        "number > 0",
+        "number >= 0",
         250,
         "With vLLM's KV events on and a tier in a node share: how often each engine "
         "reads the share's announcement feed and publishes what the share made "
         "readable or removed, whichever engine stored it (routers credit every engine "
-        "on the share; decision 0022).",
-        positive_number,
+        "on the share; decision 0022). 0: each engine announces only what it stored "
+        "itself, and removals its own calls caused (for comparison only: a router then "
+        "misses what the other engines can load, and keeps crediting what they evicted).",
+        non_negative_number,
     ),
     Option(
         "host_share_root",

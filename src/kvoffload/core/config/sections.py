@@ -53,6 +53,10 @@ def positive_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
+def non_negative_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
 def optional(check: Check) -> Check:
     """``check``, or unset (None)."""
     return lambda v: v is None or check(v)

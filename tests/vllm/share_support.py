@@ -204,7 +204,8 @@ def count_steps(llm: Any) -> list[int]:
 def announcer_counts(llm: Any) -> dict[str, int]:
     """The share announcer's counts and its event sink's (zeros without one)."""
     side = llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side
-    counts = dict(side.announcer.stats) if side.announcer is not None else {}
+    announcer = side.events.announcer if side.events is not None else None
+    counts = dict(announcer.stats) if announcer is not None else {}
     counts.update(direct=side.sink.direct, deferred=side.sink.deferred)
     for name in ("stored", "removed", "bad_records"):
         counts.setdefault(name, 0)

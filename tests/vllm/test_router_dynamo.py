@@ -178,3 +178,42 @@ def chain(published: list[Any], tokens: list[int]) -> set[bytes | int]:
         parent = event.block_hashes[-1]
         hashes.extend(event.block_hashes)
     return set(hashes)
+
+
+def test_a_restarted_engine_announces_its_warm_disk_chunks(
+    tiny_model: Path, tmp_path: Path, indexer: Callable[[int], Query]
+) -> None:
+    """Life 1 serves prompt 0 and pushes it to the disk tier; life 2, on the same
+    ``disk_path``, serves nothing: the indexer (started only for life 2, so nothing
+    of life 1 can be credited) credits prompt 0 to its disk tier, from the records
+    life 1 logged beside the slabs (``tiers/record_log.py``)."""
+    from vllm.config import KVEventsConfig
+
+    extra = {
+        "cpu_bytes": 16 * CHUNK_BYTES,
+        "disk_path": str(tmp_path / "disk"),
+        "disk_bytes": 256 * (CHUNK_BYTES + 4096),
+        "tier_io_timeout_ms": 60_000,
+    }
+
+    def events(port: int) -> Any:
+        return KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{port}"
+        )
+
+    opts: dict[str, Any] = {"kv_blocks": 20, "max_num_seqs": 1, "max_model_len": 320}
+    with engine(tiny_model, extra, kv_events_config=events(free_port()), **opts) as llm:
+        for p in range(6):  # 48 chunks: prompt 0 leaves host memory (16) for the disk
+            generate(llm, [prompt(p)], max_tokens=1)
+            settle(llm)
+        side = llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side
+        assert len(side.tiers.lower.index("disk").directory) >= 40  # every chunk spilled
+    zmq_port = free_port()
+    with engine(tiny_model, extra, kv_events_config=events(zmq_port), **opts) as llm:
+        side = llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side
+        restored = len(side.events.translator)
+        query = indexer(zmq_port)
+        warm = credited(query, prompt(0), lambda a: a["disk"] - a["cpu"] >= 7 * BLOCK)
+        refreshes = side.events.announcer.stats["refreshes"]
+    print(f"restored {restored} chunk records; credited {warm} after {refreshes} refreshes")
+    assert restored >= 40 and warm["cpu"] == 0

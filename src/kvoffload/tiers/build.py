@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kvoffload.core.scheduler_types import SchedulerConfig
     from kvoffload.core.tiering.lower import DirectoryTier, LowerTier
     from kvoffload.tiers.node_shares import OpenedShare
+    from kvoffload.tiers.record_log import RecordLog
     from kvoffload.tiers.slot_rows import SlotRows
 
 
@@ -125,6 +126,10 @@ class LowerTiers:
             if spec.name == name:
                 return opened.index
         return None
+
+    def record_logs(self) -> dict[str, RecordLog]:
+        """The announcement records of each tier that keeps them (``record_log.py``)."""
+        return {spec.name: o.records for spec, o in self.opened if o.records is not None}
 
     def replace(self, name: str, opened: OpenedIndex[LowerTier]) -> LowerTier:
         """Hold ``opened`` as tier ``name``'s index from now on (harnesses swap in a

@@ -128,9 +128,12 @@ def slots(config: OptionValues, chunk_bytes: int, world_size: int) -> int:
 def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[LowerTier]:
     """The disk's directory, rebuilt from the slabs, under the namespace's lock (a
     second engine on the namespace: ``ConfigError``); its namespace record written."""
+    from kvoffload.core.directory import Directory
+    from kvoffload.tiers.disk_files import disk_policy, private_namespace_dir
     from kvoffload.tiers.disk_index import open_disk_tier
     from kvoffload.tiers.disk_lock import DiskLock
     from kvoffload.tiers.namespace_records import record_namespace
+    from kvoffload.tiers.record_log import RecordLog
 
     root = Path(config.option("disk_path"))
     digest = ctx.namespace.digest()
@@ -147,7 +150,16 @@ def open_index(config: OptionValues, ctx: TierContext) -> OpenedIndex[LowerTier]
         root, recovery.adopted, recovery.ignored,
     )  # fmt: skip
     record_namespace(DISK_RECORDS, root, ctx.namespace)
-    return OpenedIndex(index, lock.release)
+    directory = index.directory
+    assert isinstance(directory, Directory)  # a private engine's own
+    records = RecordLog(private_namespace_dir(root, digest), disk_policy(root),
+                        directory.present_keys)  # fmt: skip
+
+    def close() -> None:
+        records.close()
+        lock.release()
+
+    return OpenedIndex(index, close, records)
 
 
 def open_store(config: OptionValues, ctx: TierContext) -> TierStore:

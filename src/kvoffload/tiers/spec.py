@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from kvoffload.core.directory import HostDirectory
     from kvoffload.tiers.node_shares import NodeShare
+    from kvoffload.tiers.record_log import RecordLog
 
 I = TypeVar("I")  # noqa: E741  (the scheduler half's index of the tier)
 S = TypeVar("S")  # one worker's store of the tier
@@ -131,6 +132,7 @@ class OpenedIndex(Generic[I]):
 
     index: I
     close: Callable[[], None] = _nothing
+    records: RecordLog | None = None  # a persistent tier's announcement records
 
 
 @dataclass(frozen=True)

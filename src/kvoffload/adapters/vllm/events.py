@@ -127,7 +127,9 @@ class EventTranslator:
         hashes_per_chunk: int,
         convert: Callable[[Any], Any],
         groups: KVGroups = ONE_GROUP,
+        *,
         shared_tiers: frozenset[str] = frozenset(),
+        persistent_tiers: frozenset[str] = frozenset(),
     ) -> None:
         self.groups = groups
         # Tiers kept in a node share: their chunks are announced by every engine
@@ -135,6 +137,10 @@ class EventTranslator:
         # this engine stored there goes to ``outbox`` as a record for the share.
         self.shared_tiers = shared_tiers
         self.outbox: dict[str, list[tuple[ChunkKey, bytes]]] = {}
+        # Private tiers that outlive the engine (disk): their chunks' records also go
+        # to ``persist`` (the tier's record log), so that a restart can announce them.
+        self.persistent_tiers = persistent_tiers - shared_tiers
+        self.persist: dict[str, list[tuple[ChunkKey, bytes]]] = {}
         self.hash_block_size = hash_block_size
         self.hashes_per_chunk = hashes_per_chunk
         self._convert = convert  # vLLM's maybe_convert_block_hash
@@ -142,6 +148,7 @@ class EventTranslator:
         self._settled: list[ChunkKey] = []  # keys of completed jobs, checked after events
         self.unknown = 0
         self.no_extra_keys = 0  # chunks whose request's extra keys could not be computed
+        self.bad_records = 0  # recovered records that did not decode for this engine
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -202,6 +209,8 @@ class EventTranslator:
                 if event.kind is EventKind.STORED:
                     if tier in TRACKED_TIERS:
                         chunk.held.add(tier)
+                    if tier in self.persistent_tiers:
+                        self.persist.setdefault(tier, []).append((key, self._record(chunk)))
                     out.append(
                         self.stored_event(
                             tier,
@@ -230,6 +239,43 @@ class EventTranslator:
         """A ``BlockStored`` for every chunk held in a tier this translator announces
         (a re-announcement, after vLLM's ``AllBlocksCleared``)."""
         return [
+            event
+            for chunk in self._chunks.values()
+            for tier in sorted(chunk.held)
+            for event in self._held_events(chunk, tier)
+        ]
+
+    def restore(self, tier: str, entries: Iterable[tuple[ChunkKey, bytes]]) -> list[KVCacheEvent]:
+        """Hold the chunks a persistent tier recovered at start-up, from their records
+        (those that do not decode for this engine are counted in ``bad_records`` and
+        left out); their ``BlockStored`` events."""
+        out: list[KVCacheEvent] = []
+        for key, data in entries:
+            record = share_records.decode(
+                data, key, self.groups, self.hashes_per_chunk, self.hash_block_size
+            )
+            if record is None:
+                self.bad_records += 1
+                continue
+            extra = record.extra_keys
+            chunk = self._chunks.setdefault(key, _Chunk(
+                tuple(record.hashes), record.parent_hash, array("q", record.tokens),
+                record.group, record.parent_key,
+                extra_keys=None if extra is None else tuple(
+                    None if k is None else tuple(k) for k in extra
+                ),
+                lora=record.lora, session_id=record.session_id,
+            ))  # fmt: skip
+            chunk.held.add(tier)
+            out.extend(self._held_events(chunk, tier))
+        return out
+
+    def held_records(self, tier: str) -> list[tuple[ChunkKey, bytes]]:
+        """The records of the chunks held in ``tier`` (a record log's compaction)."""
+        return [(k, self._record(c)) for k, c in self._chunks.items() if tier in c.held]
+
+    def _held_events(self, chunk: _Chunk, tier: str) -> list[KVCacheEvent]:
+        return [
             self.stored_event(
                 tier,
                 hashes=chunk.hashes,
@@ -240,8 +286,6 @@ class EventTranslator:
                 lora=chunk.lora,
                 session_id=chunk.session_id,
             )
-            for chunk in self._chunks.values()
-            for tier in sorted(chunk.held)
         ]
 
     def take_outbox(self) -> dict[str, list[tuple[ChunkKey, bytes]]]:

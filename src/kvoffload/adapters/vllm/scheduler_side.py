@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterable
 
 from kvoffload.adapters.prometheus import MetricsEndpoint
+from kvoffload.adapters.vllm.announcements import Announcements
 from kvoffload.adapters.vllm.compat import (
     CacheHitSource,
     KVCacheBlocks,
@@ -17,10 +18,9 @@ from kvoffload.adapters.vllm.compat import (
     Request,
     SchedulerOutput,
     VllmConfig,
-    maybe_convert_block_hash,
 )
 from kvoffload.adapters.vllm.event_sink import EventSink, find_scheduler
-from kvoffload.adapters.vllm.events import Chain, EventTranslator
+from kvoffload.adapters.vllm.events import Chain
 from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.hit_sources import hit_sources
@@ -28,7 +28,6 @@ from kvoffload.adapters.vllm.link_metrics import LinkCounters
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.paused_reset import paused_scheduler
 from kvoffload.adapters.vllm.scheduler_weights import SchedulerWeights
-from kvoffload.adapters.vllm.share_announcer import ShareAnnouncer
 from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config.typed import OffloadConfig
@@ -134,29 +133,30 @@ class SchedulerSide:
             LinkCounters(self.scheduler.metrics) if host_share is not None else None
         )
         self.deltas = DeltaSource(self.read_metrics, self._take_observations)
-        self.events: EventTranslator | None = None
-        self.announcer: ShareAnnouncer | None = None
         self.sink = EventSink(find_scheduler())  # vLLM's scheduler is building us now
-        self._reannounce = False  # vLLM cleared its prefix cache: announce every tier again
+        self.events: Announcements | None = None  # vLLM's KV events on: announcements.py
         events = vllm_config.kv_events_config
         if events is not None and events.enable_kv_cache_events:
-            sc = self.scheduler.config
-            # share_announce_ms 0: no feed; the shared tiers are announced as private ones.
             shares = self.tiers.shares if config.share_announce_ms > 0 else {}
-            self.events = EventTranslator(
-                sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash, sc.kv_groups,
-                shared_tiers=frozenset(shares),
-            )  # fmt: skip
-            if shares:
-                readers = {tier: opened.feed_reader() for tier, opened in shares.items()}
-                self.announcer = ShareAnnouncer(
-                    self.events, readers, self.sink, interval_s=config.share_announce_ms / 1000
-                )
+            logs = self.tiers.lower.record_logs()
+            self.events = Announcements(
+                self.scheduler.config,
+                self.sink,
+                {tier: opened.feed_reader() for tier, opened in shares.items()},
+                {tier: log for tier, log in logs.items() if tier not in shares},
+                held=self._held_events,
+                interval_s=max(config.share_announce_ms, 1) / 1000,
+            )
         self.config = config
         self.guard = Guard(self.scheduler)
         self.endpoint: MetricsEndpoint | None = None
         if config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.read_metrics, config.metrics_port)
+
+    def _held_events(self) -> list[KVCacheEvent]:
+        """What the private tiers hold (the announcer's refreshes; any thread)."""
+        with self.lock:
+            return self.events.held_events() if self.events is not None else []
 
     @property
     def share(self) -> OpenedShare | None:
@@ -246,8 +246,8 @@ class SchedulerSide:
         with self.lock:
             if not self.guard.off:
                 try:
-                    if self.weights.watch():
-                        self._prefix_cache_cleared()
+                    if self.weights.watch() and self.events is not None:
+                        self.events.prefix_cache_cleared()
                     plan = self.scheduler.build_plan(step_input(output))
                     if self.events is not None:
                         self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
@@ -347,16 +347,6 @@ class SchedulerSide:
                     self.guard.trip("reset_cache", exc)
         return True
 
-    def _prefix_cache_cleared(self) -> None:
-        """vLLM reset its prefix cache and, with KV events on, told routers to forget
-        every block of this engine (``AllBlocksCleared``, published at the next step):
-        what kvoffload's tiers still hold is announced again after it."""
-        if self.events is None:
-            return
-        self._reannounce = True
-        if self.announcer is not None:
-            self.announcer.reannounce()
-
     def take_events(self) -> list[KVCacheEvent]:
         """vLLM KV events for what changed in any tier (empty when vLLM's KV events
         are off; kvoffload's own events are drained either way), then the share
@@ -366,16 +356,7 @@ class SchedulerSide:
                 return []
             try:
                 events = self.scheduler.take_events()
-                if self.events is None:
-                    return []
-                out = self.events.translate(events)
-                if self._reannounce:
-                    self._reannounce = False
-                    out.extend(self.events.held_events())
-                if self.announcer is not None:
-                    self.announcer.queue_records(self.events.take_outbox())
-                out.extend(self.sink.take())
-                return out
+                return self.events.take(events) if self.events is not None else []
             except Exception as exc:
                 self.guard.trip("take_events", exc)
                 return []
@@ -414,9 +395,8 @@ class SchedulerSide:
         return chains
 
     def shutdown(self) -> None:
-        if self.announcer is not None:
-            self.announcer.close()
-            self.announcer = None
+        if self.events is not None:
+            self.events.close()
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None

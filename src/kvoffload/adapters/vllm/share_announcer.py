@@ -16,7 +16,9 @@ engine announces too. An engine that attaches to a share that already holds chun
 (started later, restarted) announces them all at its first poll (the feed's
 snapshot), and removes what it announced and the share no longer holds after any gap.
 It publishes the whole set again a few times in its first minute
-(:data:`REFRESH_AFTER_S`), for routers that subscribe to it late.
+(:data:`REFRESH_AFTER_S`), for routers that subscribe to it late, with what the
+engine's private tiers hold (``held``: a restart's warm disk chunks, announced from
+their record log at start-up).
 
 State: per tier, the keys announced and what their removal needs (the chunk's block
 hashes and group): about 300 bytes per announced chunk. Owned by the announcer's
@@ -34,7 +36,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from kvoffload.adapters.vllm import share_records
@@ -83,6 +85,7 @@ class ShareAnnouncer:
         readers: Mapping[str, FeedReader],
         sink: EventSink,
         *,
+        held: Callable[[], list[KVCacheEvent]] | None = None,
         interval_s: float = INTERVAL_S,
         start: bool = True,
     ) -> None:
@@ -90,6 +93,7 @@ class ShareAnnouncer:
         self.readers = dict(readers)
         self.sink = sink
         self.interval_s = interval_s
+        self.held = held  # what the engine's private tiers hold (refreshes)
         # tier -> key -> (block hashes, group): what each announced chunk's removal needs
         self.announced: dict[str, dict[ChunkKey, tuple[tuple[bytes, ...], int]]] = {
             tier: {} for tier in self.readers
@@ -159,6 +163,8 @@ class ShareAnnouncer:
         if self._refresh_at and time.monotonic() >= self._refresh_at[0]:
             del self._refresh_at[0]
             events.extend(self._everything())
+            if self.held is not None:
+                events.extend(self.held())
             self.stats["refreshes"] += 1
         else:
             for tier, reader in self.readers.items():

@@ -9,7 +9,8 @@ per rank, bytes, payload sizes and format versions. ``--verify`` also reads ever
 slot or value and checks it as the engine's readers do. ``kvoffload inspect metrics
 URL`` reads a running engine's kvoffload counters from its Prometheus endpoint and
 reports, per tier, chunks moved, failed, evicted and missing, hits, lookups and
-integrity errors, host evictions without a lower-tier copy and the deferrals. See
+integrity errors, host evictions without a lower-tier copy and the deferrals, the
+cost model's lanes and each tier's load time per chunk and hit weight for routers. See
 ``docs/inspect.md``.
 
 Read-only: inspect never creates, changes or deletes anything in a tier (the engine
@@ -108,7 +109,8 @@ def _add_metrics(sub: argparse._SubParsersAction[_Parser]) -> None:
         "endpoint (one HTTP GET) and show, per tier, chunks stored, spilled, promoted, "
         "loaded and failed, evictions, stores refused for want of room, hit tokens, "
         "lookups, integrity errors and missing chunks; host evictions without a "
-        "lower-tier copy; lookup deferrals by reason.",
+        "lower-tier copy; lookup deferrals by reason; the load-or-recompute cost model "
+        "and each tier's learned load time per chunk and hit weight for routers.",
     )
     metrics.add_argument(
         "url",

@@ -433,6 +433,10 @@ def test_the_cost_model_s_lanes_and_declines(capsys: pytest.CaptureFixture[str])
         ("cost_lane_seconds_per_chunk", labels(tier="disk")): 0.025,
         ("cost_lane_loads", labels(tier="redis")): 1.0,
         ("cost_lane_queued_chunks", labels(tier="redis")): 1.0,
+        ("tier_load_seconds_per_chunk", labels(tier="host")): 0.0006,
+        ("tier_hit_weight", labels(tier="host")): 0.96,
+        ("tier_load_seconds_per_chunk", labels(tier="disk")): 0.027,
+        ("tier_hit_weight", labels(tier="disk")): 0.0,
     }
 
     def read() -> MetricsReading:
@@ -446,9 +450,48 @@ def test_the_cost_model_s_lanes_and_declines(capsys: pytest.CaptureFixture[str])
         served.close()
     out = capsys.readouterr().out.splitlines()
     at = out.index("load or recompute: prefill 3200 tokens/s")
-    assert out[at + 1 : at + 4] == [
+    assert out[at + 1 : at + 8] == [
         "  host: loads (0.10 ms + 0.50 ms/chunk, 7.8 GiB/s; 0 chunks queued)",
         "  disk: recomputes (2.00 ms + 25.00 ms/chunk; 8 chunks queued); declined queue=2 "
         "transfer=5; probes 3",
         "  redis: loads (unmeasured; 1 chunks queued)",
+        "hit weights for routers (prefill time a hit token saves; one-chunk load):",
+        "  host: 0.60 ms/chunk, weight 0.96",
+        "  disk: 27.00 ms/chunk, weight 0.00",
+        "  redis: unmeasured",
+    ]
+
+
+def test_hit_weights_of_several_engines_are_their_mean(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On vLLM's /metrics each engine has its own figures: a tier's is their mean (a
+    weight summed over engines would pass 1); a tier only one engine measured shows
+    that one's."""
+    text = "\n".join(
+        [
+            'kvoffload_lookups_total{engine="0",tier="host"} 1.0',
+            'kvoffload_lookups_total{engine="0",tier="disk"} 1.0',
+            'kvoffload_tier_load_seconds_per_chunk{engine="0",tier="host"} 0.001',
+            'kvoffload_tier_load_seconds_per_chunk{engine="1",tier="host"} 0.003',
+            'kvoffload_tier_hit_weight{engine="0",tier="host"} 0.9',
+            'kvoffload_tier_hit_weight{engine="1",tier="host"} 0.7',
+            'kvoffload_tier_load_seconds_per_chunk{engine="1",tier="disk"} 0.012',
+            'kvoffload_tier_hit_weight{engine="1",tier="disk"} 0.25',
+            "",
+        ]
+    )
+    with http_server(text.encode()) as url:
+        assert main(["metrics", url, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert main(["metrics", url]) == 0
+        out = capsys.readouterr().out.splitlines()
+    host, disk = doc["tier_costs"]
+    assert host == {"tier": "host", "load_s_per_chunk": pytest.approx(0.002), "hit_weight": 0.8}
+    assert disk == {"tier": "disk", "load_s_per_chunk": 0.012, "hit_weight": 0.25}
+    at = out.index("load or recompute: prefill - tokens/s")
+    assert out[at + 1 : at + 4] == [
+        "hit weights for routers (prefill time a hit token saves; one-chunk load):",
+        "  host: 2.00 ms/chunk, weight 0.80",
+        "  disk: 12.00 ms/chunk, weight 0.25",
     ]

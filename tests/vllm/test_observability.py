@@ -10,6 +10,7 @@ numbers are checked against what that run did.
 
 from __future__ import annotations
 
+import math
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,6 +102,11 @@ def test_the_endpoint_reports_what_the_run_did(run: dict[str, Any]) -> None:
     assert get(m, "kvoffload_transfer_seconds_count", direction="load", tier="host") == 1
     assert get(m, "kvoffload_failed_chunks_total", direction="load", tier="host") == 0
     assert get(m, "kvoffload_lookups_total", tier="host") == run["lookups"]
+    # The load measured host memory's lane: its figures for routers are there.
+    load_s = get(m, "kvoffload_tier_load_seconds_per_chunk", tier="host")
+    assert math.isfinite(load_s) and load_s > 0
+    assert ("kvoffload_tier_hit_weight", (("tier", "host"),)) in m
+    assert 0 <= get(m, "kvoffload_tier_hit_weight", tier="host") <= 1
 
 
 def test_vllm_metrics_path_carries_the_same_numbers(run: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@ scrape does not have (``None``, or an empty by-direction / by-reason mapping). T
 ``failed`` and ``integrity errors`` rows are totals; their nonzero parts follow the
 table by direction and by reason. Then the host evictions without a lower-tier copy
 (when there is a lower tier), the deferrals by reason, the cost model (the prefill
-speed, each lane's estimate, verdict and declines) and the internal errors. The
+speed, each lane's estimate, verdict and declines, then each tier's load time per
+chunk and hit weight for routers, or ``unmeasured``) and the internal errors. The
 JSON document is ``dataclasses.asdict`` of the report. Both are deterministic for a
 given report.
 """
@@ -17,7 +18,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from kvoffload.inspection.render import human_bytes, table
-from kvoffload.inspection.tier_health import HOST, HealthReport, LaneHealth, TierHealth
+from kvoffload.inspection.tier_health import (
+    HOST,
+    HealthReport,
+    LaneHealth,
+    TierCostHealth,
+    TierHealth,
+)
 
 _ROWS: tuple[tuple[str, Callable[[TierHealth], int | None]], ...] = (
     ("lookups", lambda t: t.lookups),
@@ -98,13 +105,26 @@ def _without_copy(host: TierHealth) -> str:
 
 
 def _cost_lines(report: HealthReport) -> list[str]:
-    """``load or recompute: prefill 3200 tokens/s`` and one line per lane."""
-    if report.prefill_tokens_per_s is None and not report.lanes:
+    """``load or recompute: prefill 3200 tokens/s``, one line per lane, then the hit
+    weights for routers, one line per tier."""
+    measured = any(t.load_s_per_chunk is not None for t in report.tier_costs)
+    if report.prefill_tokens_per_s is None and not report.lanes and not measured:
         return []
     rate = report.prefill_tokens_per_s
     out = [f"load or recompute: prefill {'-' if rate is None else f'{rate:.0f}'} tokens/s"]
     out += [f"  {_lane(lane)}" for lane in report.lanes]
+    if report.tier_costs:
+        out.append("hit weights for routers (prefill time a hit token saves; one-chunk load):")
+        out += [f"  {_tier_cost(t)}" for t in report.tier_costs]
     return out
+
+
+def _tier_cost(t: TierCostHealth) -> str:
+    """``disk: 12.00 ms/chunk, weight 0.25``, or ``disk: unmeasured``."""
+    if t.load_s_per_chunk is None:
+        return f"{t.tier}: unmeasured"
+    weight = "-" if t.hit_weight is None else f"{t.hit_weight:.2f}"
+    return f"{t.tier}: {1e3 * t.load_s_per_chunk:.2f} ms/chunk, weight {weight}"
 
 
 def _lane(lane: LaneHealth) -> str:

@@ -79,11 +79,24 @@ class LaneHealth:
 
 
 @dataclass(frozen=True)
+class TierCostHealth:
+    """One tier's figures for routers (:mod:`kvoffload.core.cost.hit_weights`):
+    ``load_s_per_chunk``, the learned time to load one chunk from it, and
+    ``hit_weight``, the share of prefill time a token hit in it saves; None:
+    unmeasured. Several engines behind one ``/metrics``: their mean."""
+
+    tier: str
+    load_s_per_chunk: float | None
+    hit_weight: float | None
+
+
+@dataclass(frozen=True)
 class HealthReport:
     """``location``: the URL read. ``deferrals``: lookups answered retry-later, by
     reason; ``deferral_timeouts``: deferrals that gave up (the request recomputed);
     ``internal_errors``: errors caught at the engine boundary (after the first,
-    offloading is off); ``prefill_tokens_per_s`` and ``lanes``: the cost model."""
+    offloading is off); ``prefill_tokens_per_s`` and ``lanes``: the cost model;
+    ``tier_costs``: each tier's figures for routers, in ``tiers``' order."""
 
     location: str
     tiers: list[TierHealth]
@@ -92,6 +105,7 @@ class HealthReport:
     internal_errors: int | None
     prefill_tokens_per_s: float | None = None
     lanes: list[LaneHealth] = field(default_factory=list)
+    tier_costs: list[TierCostHealth] = field(default_factory=list)
 
 
 def has_kvoffload_metrics(exposition: Exposition) -> bool:
@@ -118,6 +132,14 @@ def tier_health(exposition: Exposition, location: str) -> HealthReport:
         internal_errors=series.total("internal_errors_total"),
         prefill_tokens_per_s=series.gauge("cost_prefill_tokens_per_second"),
         lanes=_lanes(series, names),
+        tier_costs=[
+            TierCostHealth(
+                tier=name,
+                load_s_per_chunk=series.mean("tier_load_seconds_per_chunk", tier=name),
+                hit_weight=series.mean("tier_hit_weight", tier=name),
+            )
+            for name in names
+        ],
     )
 
 
@@ -195,6 +217,12 @@ class _Series:
         none (gauges: any finite value)."""
         values = [s.value for s in self._matching(name, pairs) if math.isfinite(s.value)]
         return sum(values) if values else None
+
+    def mean(self, name: str, **pairs: str) -> float | None:
+        """The mean of those finite samples (a figure per engine, not a share of a
+        total); None if none."""
+        values = [s.value for s in self._matching(name, pairs) if math.isfinite(s.value)]
+        return sum(values) / len(values) if values else None
 
     def by(self, name: str, label: str, **pairs: str) -> dict[str, int]:
         """Those sums per value of ``label``, sorted by it (samples without it: not counted)."""

@@ -236,6 +236,24 @@ METRICS: tuple[MetricDef, ...] = (
         "The engine's prefill speed the cost model uses (measured from step timings; the "
         "prefill_tokens_per_s seed until then).",
     ),
+    MetricDef(
+        "tier_load_seconds_per_chunk",
+        "gauge",
+        "For routers: the cost model's learned time to load one chunk from a tier into the "
+        "engine (its lane's latency plus one chunk's transfer; with lower_tier_loads "
+        "promote, a lower tier's plus host memory's); absent while unmeasured.",
+        ("tier",),
+    ),
+    MetricDef(
+        "tier_hit_weight",
+        "gauge",
+        "For routers, in place of a fixed weight per tier: the fraction of prefill time a "
+        "token hit in a tier saves against recomputing it, 1 - load seconds per token / "
+        "prefill seconds per token, in [0, 1], from tier_load_seconds_per_chunk (a "
+        "one-chunk hit: longer ones save more) and cost_prefill_tokens_per_second; absent "
+        "while unmeasured.",
+        ("tier",),
+    ),
     MetricDef("preemptions_total", "counter", "Requests preempted while kvoffload tracked them."),
     MetricDef(
         "anomalies_total",

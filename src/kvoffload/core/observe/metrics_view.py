@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvoffload.core.cost import Verdict
+from kvoffload.core.cost import Verdict, tier_costs
 from kvoffload.core.observe.metrics import Series, labels
 from kvoffload.core.observe.recorder import Histogram
 from kvoffload.core.tiering.lower import DirectoryTier
@@ -68,8 +68,9 @@ def _gauges(scheduler: OffloadScheduler, chunk_bytes: int) -> dict[Series, float
 
 
 def _cost_gauges(scheduler: OffloadScheduler) -> dict[Series, float]:
-    """The cost model's lanes (those measured or decided on) and prefill speed."""
-    cost = scheduler.cost
+    """The cost model's lanes (those measured or decided on), prefill speed and each
+    measured tier's load cost and hit weight (:mod:`kvoffload.core.cost.hit_weights`)."""
+    cost, config = scheduler.cost, scheduler.config
     g: dict[Series, float] = {
         ("cost_prefill_tokens_per_second", ()): cost.prefill.tokens_per_s(),
     }
@@ -84,4 +85,13 @@ def _cost_gauges(scheduler: OffloadScheduler) -> dict[Series, float]:
         bandwidth = lane.bytes_per_second()
         if bandwidth is not None:
             g[("cost_lane_bytes_per_second", tier)] = bandwidth
+    for measured in tier_costs(
+        cost,
+        chunk_tokens=config.chunk_tokens,
+        groups=len(config.kv_groups),
+        through_host=not config.direct_tier_loads,
+    ):
+        tier = labels(tier=measured.tier)
+        g[("tier_load_seconds_per_chunk", tier)] = measured.load_s_per_chunk
+        g[("tier_hit_weight", tier)] = measured.hit_weight
     return g

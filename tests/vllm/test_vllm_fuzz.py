@@ -141,7 +141,8 @@ def test_the_shared_host_shape_shares_kills_and_recovers(tiny_model: Path) -> No
     killed, the share stopped (a remove refused) and its directory deleted under
     them: nothing breaks, and what the shape claims happened (cross-engine loads,
     kills, restarts, recoveries from a new node process, workers moved to new slab
-    files)."""
+    files), and, with vLLM's KV events on, every engine's announcements of what the
+    shares hold checked after every step while they held chunks."""
     totals: Counter[str] = Counter()
     for seed in range(SHARED_SEEDS):
         for is_async in (False, True):
@@ -155,6 +156,7 @@ def test_the_shared_host_shape_shares_kills_and_recovers(tiny_model: Path) -> No
     assert totals["node_kills"] > 0 and totals["recoveries"] > 0
     assert totals["share_stops"] > 0 and totals["share_wipes"] > 0 and totals["slab_remaps"] > 0
     assert totals["shared_requests_checked"] > 0
+    assert totals["shared_announcement_checks"] > 0
 
 
 def test_a_shared_host_seed_runs_the_same_twice(tiny_model: Path) -> None:

@@ -111,6 +111,11 @@ class FeedReader:
             self.link.drop()
             return FeedUpdate()
 
+    @property
+    def epoch(self) -> int:
+        """The epoch of the node process last read (0: none yet, or a gap)."""
+        return self._epoch
+
     def forget_cursor(self) -> None:
         """The next poll reads the whole set again (a re-announcement)."""
         self._epoch = 0

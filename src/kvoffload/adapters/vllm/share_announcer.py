@@ -73,6 +73,9 @@ class FeedReader(Protocol):
 
     def forget_cursor(self) -> None: ...
 
+    @property
+    def epoch(self) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -132,11 +135,17 @@ class ShareAnnouncer:
             self._reannounce = True
         self._wake.set()
 
-    def close(self) -> None:
+    def stop_thread(self) -> None:
+        """Stop the thread; rounds are then the caller's (:meth:`round`: a harness
+        drives them at its step boundaries)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop_thread()
         for reader in self.readers.values():
             reader.close()
 

@@ -8,7 +8,9 @@ engine kills (some restarted) and node-process kills; for about half the seeds, 
 disk tier below the share that the engines share too (through a node process of its
 own, decision 0017), small enough that chunks leave the host share and come back
 from disk, and whose node process may be killed (its chunks are recovered from the
-slabs); and, drawn apart too, share-lifecycle faults under the live engines:
+slabs); and, drawn apart too, share-lifecycle faults under the live engines, and vLLM's KV
+events on for half the seeds (every engine's announcements of what the shares hold
+checked after every step, ``vllm_harness/announce_watch.py``):
 ``kvoffload share stop`` then ``remove`` (which must refuse while engines are
 attached), and the share root's per-user directory deleted wholesale (systemd's
 ``RemoveIPC``) with its node processes alive or killed first. :func:`run_shared` runs it on a
@@ -71,6 +73,7 @@ class SharedScenario:
     disk_node_kills: tuple[int, ...] = ()  # steps its node process is SIGKILLed at
     share_stops: tuple[int, ...] = ()  # steps of `share stop` + a refused `share remove`
     share_wipes: tuple[tuple[int, bool], ...] = ()  # (step, node processes killed first)
+    kv_events: bool = False  # vLLM's KV events on: every engine's announcements checked
 
     def describe(self) -> str:
         return (
@@ -143,11 +146,13 @@ def shared_scenario(seed: int, async_scheduling: bool) -> SharedScenario:
             (life.randrange(1, horizon), life.random() < 0.5) for _ in range(life.choice(FAULTS))
         )
     )
+    events = random.Random(f"kvoffload-vllm-fuzz-share-events:{seed}:{async_scheduling}")
     return SharedScenario(
         seed, async_scheduling, engines, host_chunks, num_blocks,
         tuple(sorted(requests, key=lambda r: r.arrival)), order, kills, node_kills,
         world_size=rng.choice((1, 1, 2)), disk_chunks=disk_chunks,
         disk_node_kills=disk_node_kills, share_stops=share_stops, share_wipes=share_wipes,
+        kv_events=events.random() < 0.5,
     )  # fmt: skip
 
 
@@ -184,6 +189,7 @@ def shared_spec(scenario: SharedScenario) -> HarnessSpec:
         world_size=scenario.world_size,
         cpu_bytes=scenario.host_chunks * BLOCK_BYTES * scenario.world_size,
         extra=extra,
+        kv_events=scenario.kv_events,
     )
 
 
@@ -203,6 +209,7 @@ def run_shared(scenario: SharedScenario, model_path: Path) -> SharedOutcome:
             outcome.stats["shared_host_schedules"] += 1
             outcome.stats["shared_disk_schedules"] += bool(scenario.disk_chunks)
             outcome.stats["slab_remaps"] += fleet.slab_remaps
+            outcome.stats["shared_announcement_checks"] += fleet.announcements_checked
             fleet.close()
     return outcome
 

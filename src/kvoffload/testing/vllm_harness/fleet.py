@@ -23,7 +23,10 @@ What is checked, beyond each engine's own checks at every step:
   refused ``remove``; the share root's per-user directory deleted wholesale): engines
   go on, start a node process themselves, and their workers move to new slab files
   (or fail the jobs of plans that name another): never wrong KV;
-- :meth:`quiescent`: nothing is stored or pinned anywhere in the share.
+- :meth:`quiescent`: nothing is stored or pinned anywhere in the share;
+- with vLLM's KV events on (``spec.kv_events``), after every step: each engine
+  announces exactly what the shares hold, and its published events say so
+  (:mod:`.announce_watch`).
 
 Determinism: the share's call deadline is generous (:data:`CALL_TIMEOUT_MS`, so a
 loaded machine never turns a call into a miss), each engine's link retries on its
@@ -48,6 +51,7 @@ from kvoffload.core.keys import ChunkKey
 from kvoffload.share.client import ShareDirectory
 from kvoffload.share.paths import SharePaths
 from kvoffload.share.queries import ShareCounts
+from kvoffload.testing.vllm_harness.announce_watch import check_announcements
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.fleet_disk import DiskShareWatch, disk_directory
 from kvoffload.testing.vllm_harness.harness import VllmHarness
@@ -95,6 +99,7 @@ class SharedFleet:
         self.spilled: set[ChunkKey] = set()  # planned spills to a shared lower tier
         self.stored_by: dict[ChunkKey, str] = {}  # the engine incarnation that stored it
         self.stats: Counter[str] = Counter()
+        self.announcements_checked = 0  # engine-tier pairs (spec.kv_events)
         # the host share: its observer, the node processes seen (stopped at close)
         timeout_s = CALL_TIMEOUT_MS / 1000
         self.host = ShareWatch("shared host tier", "kvoffload.share.serve", timeout_s, self.paths)
@@ -174,6 +179,8 @@ class SharedFleet:
             spawned.wait_ready(WAIT_S)  # it started the disk share's node process
             self.disk.note_node()
         self._note_generation(index)
+        if self.spec.kv_events:
+            self.announcements_checked += check_announcements(self)
         return record
 
     def _note_generation(self, index: int) -> None:

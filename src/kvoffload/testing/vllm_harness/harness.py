@@ -131,6 +131,9 @@ class VllmHarness(WeightEvents):
         )
         self.connector = self.units[-1].connector  # kvoffload under test
         self.side: SchedulerSide = self.units[-1].side
+        self.published: list[object] = []  # vLLM KV events published (spec.kv_events)
+        if self.spec.kv_events:
+            self._capture_events()
         self.checks = self.units[-1].checks
         self.hangs = IoHangs()  # tier calls the test hangs inside their jobs
         self.ranks = [
@@ -158,6 +161,17 @@ class VllmHarness(WeightEvents):
         self._queue: deque[_Executed] = deque()
 
     # ------------------------------------------------------------ requests
+
+    def _capture_events(self) -> None:
+        """Keep what the engine publishes, and drive the share announcer's rounds
+        from the harness (deterministic: ``announce_watch.py``)."""
+        publisher = self.scheduler.kv_event_publisher
+        publisher.publish = lambda batch: self.published.extend(batch.events)  # type: ignore[method-assign,assignment]
+        events = self.side.events
+        if events is not None:
+            events.sink.hold_s = 0.0
+            if events.announcer is not None:
+                events.announcer.stop_thread()
 
     def add_request(
         self,

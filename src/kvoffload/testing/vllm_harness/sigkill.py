@@ -30,6 +30,8 @@ def sigkill(h: VllmHarness) -> list[ChunkKey]:
             child.copier.wait(open_ids)
     share = h.side.share
     assert share is not None
+    if h.side.events is not None:
+        h.side.events.close()  # its announcer's feed connections
     share.directory.close()  # its sockets and generation locks: nothing is sent
     h.side.tiers.shares.pop("host")
     for tier in half.tiers.directory_tiers():  # a disk tier shared by the node's engines

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from vllm.config import (
     CacheConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     ParallelConfig,
@@ -81,6 +82,9 @@ class HarnessSpec:
     after another loading connector (a second kvoffload with this
     ``kv_connector_extra_config``, standing in for a P/D connector): the first child
     with a hit loads, every child stores."""
+    kv_events: bool = False
+    """vLLM's KV events on (a null publisher; the harness captures what is published,
+    and drives the share announcer's rounds itself)."""
     lane_costs: dict[str, LaneCosts] = field(default_factory=dict)
     """The fixed cost of a load on each lane (``host``, ``disk``, ``redis``) the cost
     model learns from, instead of the worker threads' real timings (decision 0013):
@@ -175,6 +179,11 @@ def build_configs(spec: HarnessSpec, model_path: Path) -> tuple[VllmConfig, KVCa
             async_scheduling=spec.async_scheduling,
         ),
         kv_transfer_config=transfer_config(spec),
+        kv_events_config=(
+            KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+            if spec.kv_events
+            else None
+        ),
     )
     vllm_config.cache_config.num_gpu_blocks = spec.num_blocks
     want = 2 if spec.async_scheduling else 1

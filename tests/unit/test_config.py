@@ -22,6 +22,7 @@ BAD: dict[str, list[Any]] = {
     "host_share": ["", "a/b", "../x", ".hidden", 5, "x" * 65],
     "host_share_timeout_ms": [0, -1, float("nan"), "5", True],
     "share_announce_ms": [-1, float("nan"), "250", True],
+    "codec": ["lossless", "FP8", "", None, 8],
     "host_share_root": ["", 5, None],
     "host_share_group": ["", "no-such-group-kvoffload", -1, True, 3.5, 1 << 40],
     "disk_path": ["", 5],

@@ -176,8 +176,9 @@ class StagedLoads:
         for tier in stores:
             slab = HostSlab(chunk, per_tier - per_tier % chunk, pin_memory=worker.slab.pinned)
             staging = TransferWorker(
-                worker.layout, slab, worker.blocks_per_chunk, threads=threads, rank=worker.rank
-            )
+                worker.layout, slab, worker.blocks_per_chunk, threads=threads, rank=worker.rank,
+                codec=worker.codec,
+            )  # fmt: skip
             stages.append(_Stage(tier, staging))
         return cls(stages, stores, timeout_s=timeout_s, clock=clock, io_hook=io_hook)
 

@@ -42,11 +42,13 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
+from kvoffload.codecs.chunk_codec import Fp8Chunks, open_codec
 from kvoffload.core.config.options import default
-from kvoffload.core.errors import ContractViolation
+from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
 from kvoffload.tiers.host import HostSlab
 from kvoffload.tiers.slot_rows import SlotRows
+from kvoffload.transfer.codec_copy import CodecCopier
 from kvoffload.transfer.cpu_copy import CpuCopier
 from kvoffload.transfer.cuda_copy import CudaCopier, InFlight
 from kvoffload.transfer.lanes import Lane
@@ -69,12 +71,22 @@ class TransferWorker:
         threads: int = default("copy_threads"),
         rank: int = 0,
         hook: CopyHook | None = None,
+        codec: Fp8Chunks | None = None,
     ) -> None:
-        if slab.chunk_bytes != layout.chunk_bytes(blocks_per_chunk):
+        raw = layout.chunk_bytes(blocks_per_chunk)
+        stored = raw if codec is None else codec.stored_bytes
+        if slab.chunk_bytes != stored or (codec is not None and codec.raw_bytes != raw):
             raise ContractViolation(
                 f"slab chunks of {slab.chunk_bytes} B, but {blocks_per_chunk} blocks of "
-                f"this layout are {layout.chunk_bytes(blocks_per_chunk)} B"
+                f"this layout are {raw} B ({stored} B stored)"
             )
+        if codec is not None and layout.device.type == "cuda":
+            raise ConfigError(
+                "codec",
+                f"{codec.name} runs on the CPU copy path in this version; KV on "
+                f"{layout.device} takes codec none",
+            )
+        self.codec = codec
         self.layout = layout
         self.slab = slab
         self.blocks_per_chunk = blocks_per_chunk
@@ -87,13 +99,13 @@ class TransferWorker:
         self._refused: dict[int, str] = {}  # jobs that fail at once even after ``lift``
         self._threads = threads
         self._cuda: CudaCopier | None = None
-        self._cpu: CpuCopier | None = None
+        self._cpu: CpuCopier | CodecCopier | None = None
         self._inflight: dict[int, InFlight] = {}
         self._lanes: dict[JobKind, Lane[EngineJob]] = {}
         if layout.device.type == "cuda":
             self._cuda = CudaCopier(layout, slab, blocks_per_chunk)
         else:
-            self._cpu = CpuCopier(layout, slab, blocks_per_chunk, threads=threads)
+            self._cpu = self._cpu_copier(layout)
             self._lanes = {
                 kind: Lane(f"kvoffload-{kind.value}", functools.partial(self._run_batch, kind))
                 for kind in (JobKind.STORE, JobKind.LOAD)
@@ -111,18 +123,30 @@ class TransferWorker:
         rank: int = 0,
         hook: CopyHook | None = None,
         open_slab: Callable[[int], SlotRows] | None = None,
+        codec: str = "none",
     ) -> TransferWorker:
         """Register ``kv_caches`` and allocate a host slab of ``host_budget_bytes``, or
         take the one ``open_slab(chunk_bytes)`` opens (a node-shared host tier's
-        rank slab, :class:`~kvoffload.tiers.host_shared.SharedHostSlab`)."""
+        rank slab, :class:`~kvoffload.tiers.host_shared.SharedHostSlab`); with a
+        ``codec``, slots of its stored size (ConfigError: a codec this KV cannot take)."""
         layout = register_kv_caches(kv_caches, num_blocks)
-        chunk_bytes = layout.chunk_bytes(blocks_per_chunk)
+        raw = layout.chunk_bytes(blocks_per_chunk)
+        dtypes = {t.dtype for t in kv_caches.values()}
+        chunk_codec = open_codec(codec, dtypes.pop(), raw) if len(dtypes) == 1 else None
+        if codec != "none" and chunk_codec is None:
+            raise ConfigError(
+                "codec", f"{codec} needs KV of one dtype, not {sorted(map(str, dtypes))}"
+            )
+        chunk_bytes = raw if chunk_codec is None else chunk_codec.stored_bytes
         slab = (
             HostSlab(chunk_bytes, host_budget_bytes)
             if open_slab is None
             else open_slab(chunk_bytes)
         )
-        return cls(layout, slab, blocks_per_chunk, threads=threads, rank=rank, hook=hook)
+        return cls(
+            layout, slab, blocks_per_chunk, threads=threads, rank=rank, hook=hook,
+            codec=chunk_codec,
+        )  # fmt: skip
 
     def submit_store(self, job: EngineJob) -> None:
         """Start copying the job's engine blocks into its host slots."""
@@ -189,11 +213,15 @@ class TransferWorker:
         if self._cuda is not None:
             self._cuda = CudaCopier(layout, self.slab, self.blocks_per_chunk)
         if self._cpu is not None:
-            old, self._cpu = (
-                self._cpu,
-                CpuCopier(layout, self.slab, self.blocks_per_chunk, threads=self._threads),
-            )
+            old, self._cpu = self._cpu, self._cpu_copier(layout)
             old.close()
+
+    def _cpu_copier(self, layout: KVLayout) -> CpuCopier | CodecCopier:
+        if self.codec is None:
+            return CpuCopier(layout, self.slab, self.blocks_per_chunk, threads=self._threads)
+        return CodecCopier(
+            layout, self.slab, self.blocks_per_chunk, self.codec, threads=self._threads
+        )
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop: fail queued jobs, finish (or after ``timeout`` s, fail) running ones.

@@ -18,6 +18,7 @@ unequal size) is refused, naming the group and the model.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from kvoffload.adapters.vllm.compat import (
     SlidingWindowSpec,
     VllmConfig,
 )
+from kvoffload.codecs.chunk_codec import stored_bytes
 from kvoffload.core.config.capacity import slots_per_rank
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
@@ -38,6 +40,8 @@ from kvoffload.core.keys import Namespace
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroup, KVGroups
 from kvoffload.core.scheduler_types import SchedulerConfig
 from kvoffload.tiers.build import tier_slots
+
+logger = logging.getLogger("kvoffload")
 
 
 @dataclass(frozen=True)
@@ -53,10 +57,18 @@ class Geometry:
     # each enabled lower tier's capacity in chunks per rank (0: keyed by chunk)
     tier_slots: Mapping[str, int] = field(default_factory=dict)
     kv_groups: KVGroups = ONE_GROUP
+    codec: str = "none"  # how every tier keeps chunks (``codec``, decision 0023)
+    kv_dtype_bytes: int = 2
+
+    @property
+    def raw_chunk_bytes(self) -> int:
+        """One worker's share of one chunk as the engine's blocks hold it."""
+        return self.bytes_per_block * self.blocks_per_chunk
 
     @property
     def chunk_bytes(self) -> int:
-        return self.bytes_per_block * self.blocks_per_chunk
+        """One worker's share of one chunk as every tier keeps it (encoded)."""
+        return stored_bytes(self.codec, self.raw_chunk_bytes, self.kv_dtype_bytes)
 
     @property
     def host_bytes_per_worker(self) -> int:
@@ -157,7 +169,9 @@ def derive_geometry(
     parallel = vllm_config.parallel_config
     world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     blocks_per_chunk = chunk_tokens // block_size
-    chunk_bytes = bytes_per_block * blocks_per_chunk
+    dtype_bytes = int(getattr(spec.dtype, "itemsize", 2))
+    codec = chunk_codec_for(config.codec, dtype_bytes)
+    chunk_bytes = stored_bytes(codec, bytes_per_block * blocks_per_chunk, dtype_bytes)
     num_slots = slots_per_rank(config.cpu_bytes, chunk_bytes, world_size)
     if num_slots < 1:
         raise ConfigError(
@@ -187,7 +201,8 @@ def derive_geometry(
     namespace = Namespace(
         model=f"{model.model}@{model.revision or 'main'}",
         layout=layout,
-        dtype=str(spec.dtype),
+        # A codec is part of what a chunk's bytes are: chunks of another are never found.
+        dtype=str(spec.dtype) if codec == "none" else f"{spec.dtype}+{codec}",
         parallel=f"tp{parallel.tensor_parallel_size}-pp{parallel.pipeline_parallel_size}",
         config=identity.config_digest(vllm_config),
         weights=identity.weights_digest(vllm_config),
@@ -203,4 +218,18 @@ def derive_geometry(
         namespace=namespace,
         tier_slots=slots,
         kv_groups=kv_groups,
+        codec=codec,
+        kv_dtype_bytes=dtype_bytes,
     )
+
+
+def chunk_codec_for(codec: str, dtype_bytes: int) -> str:
+    """The codec an engine of ``dtype_bytes`` KV runs: ``codec``, or none for fp8 over
+    KV that is already 8-bit (logged)."""
+    if codec == "fp8" and dtype_bytes == 1:
+        logger.warning(
+            "kvoffload: codec fp8 asked for, but this engine's KV cache is already 8-bit: "
+            "chunks are kept as they are (codec none)"
+        )
+        return "none"
+    return codec

@@ -185,6 +185,8 @@ class SchedulerSide:
             host_chunks=self.scheduler.directory.num_slots,
             tier_chunks=g.tier_slots,
             load_failure_policy=load_failure_policy,
+            codec=g.codec,
+            raw_chunk_bytes=g.raw_chunk_bytes * g.world_size,
         )
         shares = [share.describe() for share in self.tiers.shares.values()]
         return ", ".join([line, *shares])

@@ -46,8 +46,11 @@ def scheduler_summary(
     host_chunks: int,
     tier_chunks: Mapping[str, int],
     load_failure_policy: str,
+    codec: str = "none",
+    raw_chunk_bytes: int | None = None,
 ) -> str:
-    """The scheduler role's one start-up line (``chunk_bytes``: all ranks together;
+    """The scheduler role's one start-up line (``chunk_bytes``: all ranks together,
+    as the tiers keep a chunk; ``raw_chunk_bytes``: as the engine's blocks hold it;
     ``tier_chunks``: each lower tier's capacity in chunks)."""
     tiers = [f"host {size(config.cpu_bytes)} = {host_chunks} chunks ({config.eviction})"]
     for spec in enabled_tiers(config):
@@ -56,7 +59,8 @@ def scheduler_summary(
     parts = [
         "kvoffload: on (scheduler)",
         f"chunk {chunk_tokens} tokens = {size(chunk_bytes)}"
-        + (f" over {world_size} ranks" if world_size > 1 else ""),
+        + (f" over {world_size} ranks" if world_size > 1 else "")
+        + _codec_note(codec, chunk_bytes, raw_chunk_bytes),
         "tiers: " + "; ".join(tiers),
         f"store after {config.store_threshold} lookup(s)",
     ]
@@ -70,6 +74,13 @@ def scheduler_summary(
     if config.metrics_port is not None:
         parts.append(f"metrics http://127.0.0.1:{config.metrics_port}/metrics")
     return ", ".join(parts)
+
+
+def _codec_note(codec: str, stored: int, raw: int | None) -> str:
+    """`` (codec fp8: 4.00x smaller than 128 KiB)`` for a codec that changes the bytes."""
+    if codec == "none" or raw is None:
+        return ""
+    return f" (codec {codec} in every tier: {raw / stored:.2f}x smaller than {size(raw)})"
 
 
 def worker_summary(

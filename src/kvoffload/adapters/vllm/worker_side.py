@@ -181,6 +181,7 @@ class WorkerSide:
             rank=self.rank,
             hook=self.copy_hook,
             open_slab=self._open_slab,
+            codec=g.codec,
         )
 
     def _summary(self, worker: TransferWorker, tiers: TierWorker | None) -> str:

@@ -186,6 +186,18 @@ TAIL: tuple[Option, ...] = (
         lambda v: v == "write_through" or int_at_least(1)(v),
     ),
     Option(
+        "codec",
+        "none | fp8",
+        "none",
+        "How chunks are kept in every tier (decision 0023). fp8: each value as a float8 "
+        "e4m3 with a float32 scale per 4,096 values; lossy (within 2^-4 of each value plus "
+        "2^-10 of its run's largest), opt-in; tiers hold 2x the chunks of 16-bit KV and "
+        "4x of 32-bit KV in the same bytes, and move that much less. 16- and 32-bit "
+        "float KV on the CPU copy path; an engine whose KV is already 8-bit keeps none "
+        "(logged at start).",
+        lambda v: v in ("none", "fp8"),
+    ),
+    Option(
         "lower_tier_loads",
         "direct | promote",
         "direct",

@@ -64,6 +64,7 @@ class OffloadConfig:
     host_share_group: str | int | None = default("host_share_group")
     tier_io_timeout_ms: int = default("tier_io_timeout_ms")
     lower_tier_admission: str | int = default("lower_tier_admission")
+    codec: str = default("codec")
     lower_tier_loads: str = default("lower_tier_loads")
     load_policy: str = default("load_policy")
     prefill_tokens_per_s: float = default("prefill_tokens_per_s")

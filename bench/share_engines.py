@@ -1,9 +1,9 @@
 """Data-parallel replicas on one node: one node-shared host tier vs private ones.
 
-N real vLLM engines (separate processes, in-process ``LLM`` each, CPU, float32, greedy)
-serve a chat workload round-robin: U users (U coprime to N, so a user's next turn
-lands on another replica), each turn's prompt = a shared system prompt + the user's
-messages so far. Runs with the same requests:
+N real vLLM engines (``engine_process.Engine``: separate processes, in-process ``LLM``
+each, CPU, float32, greedy) serve a chat workload round-robin: U users (U coprime to
+N, so a user's next turn lands on another replica), each turn's prompt = a shared
+system prompt + the user's messages so far. Runs with the same requests:
 
 - ``reference``: one engine, no offload (the outputs every other run must match);
   then ``--rounds`` rounds (default 3) of, in alternating order:
@@ -32,23 +32,17 @@ target: <= 0.7), and whether every run's tokens equal the reference's.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-MARK = "KVSHARE "
-BLOCK = 32
-HERE = Path(__file__).resolve()
-
+from engine_process import BLOCK, Engine
 
 # ---------------------------------------------------------------- the workload
 
@@ -67,48 +61,6 @@ def chat_requests(users: int, turns: int, system: int, message: int, vocab: int)
     return out
 
 
-# ---------------------------------------------------------------- engine processes
-
-
-class Engine:
-    """One engine process (this file run as ``child``)."""
-
-    def __init__(self, model: Path, extra: dict[str, Any] | None, kv_blocks: int, log: Path):
-        import kvoffload
-
-        source = str(Path(kvoffload.__file__).resolve().parents[1])
-        path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": path}
-        self.log = log.open("w")
-        args = [sys.executable, str(HERE), "child", str(model), json.dumps(extra), str(kv_blocks)]
-        self.proc = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
-        )
-
-    def read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(MARK):
-                answer: dict[str, Any] = json.loads(line[len(MARK) :])
-                return answer
-        raise RuntimeError(f"engine exited ({self.proc.wait()}); see {self.log.name}")
-
-    def ask(self, **command: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError, RuntimeError):
-                self.ask(exit=True)
-            if self.proc.poll() is None:
-                self.proc.kill()
-        self.proc.wait()
-        self.log.close()
-
-
 def serve(
     model: Path,
     extras: list[dict[str, Any] | None],
@@ -121,7 +73,8 @@ def serve(
     """Round-robin ``requests`` over one engine per entry of ``extras``: (TTFTs,
     tokens, hit tokens of all engines by tier)."""
     engines = [
-        Engine(model, extra, kv_blocks, logs / f"{label}-{i}.log") for i, extra in enumerate(extras)
+        Engine(model, extra, {"kv_blocks": kv_blocks}, logs / f"{label}-{i}.log")
+        for i, extra in enumerate(extras)
     ]
     try:
         for engine in engines:
@@ -277,82 +230,5 @@ def main() -> int:
     return 0 if same else 1
 
 
-# ---------------------------------------------------------------- the child process
-
-
-def child_main(model: str, extra_json: str, kv_blocks: int) -> int:
-    """One engine: answer {prompt} with its token and TTFT, {metrics}, {exit}."""
-    extra = json.loads(extra_json)
-    answers = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # vLLM's own output goes to the log
-    sys.stdout = sys.stderr
-
-    from vllm.inputs import TokensPrompt
-
-    from kvoffload.testing.vllm_cpu import cpu_llm_args, kvoffload_transfer
-    from vllm import LLM, SamplingParams
-
-    def answer(**fields: Any) -> None:
-        answers.write(MARK + json.dumps(fields) + "\n")
-        answers.flush()
-
-    # The KV cache sized in blocks: float32 K and V of every layer, per block.
-    shape = json.loads((Path(model) / "config.json").read_text())
-    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
-    layers, kv_heads = shape["num_hidden_layers"], shape["num_key_value_heads"]
-    block_bytes = 2 * layers * kv_heads * head_dim * BLOCK * 4
-    llm = LLM(
-        **{**cpu_llm_args(model, BLOCK, kv_blocks * block_bytes, "float32"), "max_model_len": 512},
-        max_num_seqs=1,
-        kv_transfer_config=kvoffload_transfer(extra),
-        disable_log_stats=True,
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    core = llm.llm_engine.engine_core.engine_core
-    connector = core.scheduler.connector if extra is not None else None
-    answer(ready=True)
-    for line in sys.stdin:
-        command = json.loads(line)
-        if command.get("exit"):
-            break
-        if command.get("metrics"):
-            hits, calls = {}, {}
-            if connector is not None:
-                reading = connector.scheduler_side.read_metrics(with_gauges=False)
-                hits = {t: int(reading.value("hit_tokens_total", tier=t)) for t in ("host", "disk")}
-                calls = {
-                    series[1][0][1]: int(n)
-                    for series, n in reading.counters.items()
-                    if series[0] == "host_share_calls_total" and n
-                }
-            answer(hit_tokens=hits, share_calls=calls)
-            continue
-        began = time.perf_counter()
-        (output,) = llm.generate(
-            [TokensPrompt(prompt_token_ids=command["prompt"])], params, use_tqdm=False
-        )
-        seconds = time.perf_counter() - began
-        if connector is not None:
-            drain(llm)
-        answer(tokens=list(output.outputs[0].token_ids), seconds=seconds)
-    llm.llm_engine.engine_core.shutdown()
-    return 0
-
-
-def drain(llm: Any) -> None:
-    """Step the engine until kvoffload's stores are reported (copies waited for)."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-    core = llm.llm_engine.engine_core.engine_core
-    worker = get_kv_transfer_group().worker_side
-    for _ in range(50):
-        if not core.scheduler.has_requests():
-            return
-        worker.worker.wait(worker.worker.running())
-        llm.llm_engine.step()
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["child"]:
-        sys.exit(child_main(sys.argv[2], sys.argv[3], int(sys.argv[4])))
     sys.exit(main())

@@ -171,7 +171,8 @@ def metrics(connector: Any) -> dict[str, Any]:
         for series, n in reading.counters.items()
         if series[0] == "host_share_calls_total" and n
     }
-    announcer = dict(side.announcer.stats) if side.announcer is not None else {}
+    events = side.events  # adapters/vllm/announcements.py (None: KV events off)
+    announcer = dict(events.announcer.stats) if events and events.announcer else {}
     return {
         "hit_tokens": hits,
         "stored_chunks": stored,

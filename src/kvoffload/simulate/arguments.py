@@ -17,6 +17,7 @@ from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import ONE_GROUP
 from kvoffload.core.policies import policy_names
 from kvoffload.simulate.chat import ChatTrace
+from kvoffload.simulate.codec_arguments import add_codec_arguments, codecs_of
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import parse_kv_groups
 from kvoffload.simulate.mooncake import DEFAULT_BLOCK_TOKENS, MOONCAKE
@@ -38,7 +39,8 @@ _EPILOG = f"""\
 Without --trace the built-in multi-turn chat workload runs. A trace is this
 simulator's JSONL or a Mooncake-style one (hash_ids), detected from its first line.
 Sizes accept units (8GiB, 512MiB, 1.5GB), chunks (9139chunks) or a share of the
-workload's distinct chunks (5%). Every report shows the hits against the workload's
+workload's distinct chunks (5%), both counted in raw chunks' bytes: a tier with a
+codec holds more chunks in them. Every report shows the hits against the workload's
 limits (an infinite cache, and the offline optimum at the host's capacity). See
 docs/simulate.md for the trace formats, the cost model and sizing advice.
 
@@ -47,6 +49,7 @@ examples:
   kvoffload simulate --cpu-bytes 16GiB --{_LOWER}-bytes 1TiB
   kvoffload simulate --trace my.jsonl --json results.json
   kvoffload simulate --trace mooncake.jsonl --cpu-bytes 5% --time-scale 2.5
+  kvoffload simulate --trace mooncake.jsonl --cpu-bytes 5% --codec fp8
   kvoffload simulate --trace mooncake.jsonl --head 2000 --sweep 5%,10%,25%,50%
   kvoffload simulate --sweep 8GiB,16GiB,32GiB,64GiB,128GiB --output sweep.png
   kvoffload simulate --users 20 --turns 3 --write-trace example.jsonl
@@ -189,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=_COST.bytes_per_token,
         help="KV bytes per token: 2 x layers x kv_heads x head_dim x dtype bytes",
     )
+    add_codec_arguments(k, c)
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep",
@@ -274,6 +278,7 @@ def config_of(args: argparse.Namespace, chunk_tokens: int) -> SimConfig:
         tier_gbps={spec.name: getattr(args, f"{spec.name}_gbps") for spec in LOWER_TIERS},
         bytes_per_token=args.bytes_per_token,
     )
+    codecs, codec = codecs_of(args)
     return SimConfig(
         cpu_bytes=0,
         eviction=args.eviction,
@@ -291,6 +296,8 @@ def config_of(args: argparse.Namespace, chunk_tokens: int) -> SimConfig:
         prefix_caching=not args.no_prefix_caching,
         cost=cost,
         kv_groups=parse_kv_groups(args.kv_groups) if args.kv_groups else ONE_GROUP,
+        codecs=codecs,
+        codec=codec,
     )
 
 

@@ -200,9 +200,10 @@ def _check_fits(summary: TraceSummary, config: SimConfig) -> None:
 
 
 def _check_host(config: SimConfig) -> None:
-    if 0 < config.cpu_bytes < config.chunk_bytes:
+    chunk = config.tier_codecs["host"].chunk_bytes  # as host memory holds it
+    if 0 < config.cpu_bytes < chunk:
         print(
             f"note: --cpu-bytes {format_bytes(config.cpu_bytes)} is less than one chunk "
-            f"({format_bytes(config.chunk_bytes)}): kvoffload is off",
+            f"({format_bytes(chunk)}): kvoffload is off",
             file=sys.stderr,
         )

@@ -59,7 +59,7 @@ class ReplicaRow:
 @dataclass
 class ReplicasResult:
     """A run of ``replicas`` engines (module docstring); sizes in chunks of
-    ``total.chunk_bytes``."""
+    :attr:`host_chunk_bytes` (encoded by the host's codec)."""
 
     replicas: int
     shared: bool
@@ -75,9 +75,16 @@ class ReplicasResult:
     spared_present: int = 0
     spared_storing: int = 0
 
+    @property
+    def host_chunk_bytes(self) -> int:
+        """Bytes one chunk takes in host memory (encoded by its codec; without a host
+        tier, the raw chunk's)."""
+        host = self.total.tier("host")
+        return host.codec.chunk_bytes if host is not None else self.total.chunk_bytes
+
     def as_json(self) -> dict[str, Any]:
         out = self.total.as_json()
-        cb = self.total.chunk_bytes
+        cb = self.host_chunk_bytes
         out["replicas"] = {
             "replicas": self.replicas,
             "host_share": self.shared,
@@ -143,13 +150,15 @@ def _host_total(parts: list[SimResult], shared: SharedHost | None) -> list[TierR
     if not hosts:
         return []
     written, read = sum(t.written for t in hosts), sum(t.read for t in hosts)
+    codec = hosts[0].codec
     if shared is not None:
         evictions = shared.metrics.value("evictions_total")
-        return [TierResult("host", shared.num_slots, written, read, evictions, len(shared))]
+        return [TierResult("host", shared.num_slots, codec, written, read, evictions, len(shared))]
     return [
         TierResult(
             "host",
             sum(t.capacity_chunks for t in hosts),
+            codec,
             written,
             read,
             sum(t.evictions for t in hosts),
@@ -192,9 +201,12 @@ def merge_results(
     total.deferrals = _sum_dicts([r.deferrals for r in parts])
     total.declined_tokens = _sum_dicts([r.declined_tokens for r in parts])
     busy: Counter[str] = Counter()
+    coding: Counter[str] = Counter()
     for r in parts:
         busy.update(r.lane_busy_s)
+        coding.update(r.lane_codec_s)
     total.lane_busy_s = dict(busy)
+    total.lane_codec_s = dict(coding)
     total.simulated_s = max(r.simulated_s for r in parts)
     total.tiers = _host_total(parts, shared)
     total.groups = _merge_groups([r.groups for r in parts])
@@ -245,7 +257,7 @@ def _pct(x: float) -> str:
 
 def format_replicas(r: ReplicasResult) -> str:
     """The one-engine report of the total, then the replicas and host memory."""
-    cb = r.total.chunk_bytes
+    cb = r.host_chunk_bytes
     host = "one shared host tier" if r.shared else f"{r.replicas} private host tiers"
     lines = [
         format_report(r.total),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvoffload.simulate.codecs import NONE, TierCodec
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.optimum import Bounds
 from kvoffload.simulate.report_limits import behind_warning, is_behind, limit_lines
@@ -17,7 +18,9 @@ from kvoffload.simulate.units import format_bytes
 
 @dataclass
 class TierResult:
-    """One tier's capacity and traffic in chunks (bytes = chunks * chunk bytes).
+    """One tier's capacity and traffic in chunks, and its ``codec``: bytes are chunks
+    times the tier's encoded chunk bytes (``codec.chunk_bytes``; the raw chunk's
+    without a codec).
 
     ``written``: chunks copied into the tier (host: stores from the engine; a lower
     tier: spills from host memory). ``read``: chunks copied out of it (host: loads
@@ -27,6 +30,7 @@ class TierResult:
 
     tier: str
     capacity_chunks: int
+    codec: TierCodec
     written: int = 0
     read: int = 0
     evictions: int = 0
@@ -85,6 +89,7 @@ class SimResult:
     ttft_p50_s: float = 0.0
     ttft_p95_s: float = 0.0
     lane_busy_s: dict[str, float] = field(default_factory=dict)
+    lane_codec_s: dict[str, float] = field(default_factory=dict)  # of lane_busy_s, coding
     late_ttft_p50_s: float = 0.0  # median TTFT of the last tenth of requests (arrival)
     trace_span_s: float = 0.0  # last arrival - first arrival
     wall_s: float = 0.0
@@ -132,11 +137,14 @@ class SimResult:
 
     @property
     def load_s(self) -> float:
-        """Copy time of what hits brought in: host loads and lower-tier promotions."""
+        """Copy time of what hits brought in (host loads, lower-tier promotions and
+        tier loads' reads, as each lane moves them), and the CPU's decoding of it."""
         total = 0.0
         for t in self.tiers:
             lane = t.tier  # host memory's lane, or the lower tier's own
-            total += self.cost.copy_seconds(t.read * self.chunk_bytes, lane)
+            each = t.codec.engine_link_bytes if lane == "host" else t.codec.chunk_bytes
+            total += self.cost.copy_seconds(t.read * each, lane)
+            total += t.codec.load_seconds(t.read)
         return total
 
     @property
@@ -152,7 +160,8 @@ class SimResult:
         most = max(self.groups.stored, default=0) if self.groups is not None else 0
         if host is None or not most:
             return 0.0
-        return host.written * self.chunk_bytes / (most * int(self.settings["chunk_tokens"]))
+        written = host.written * host.codec.chunk_bytes
+        return written / (most * int(self.settings["chunk_tokens"]))
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -170,10 +179,16 @@ class SimResult:
                 share_of_optimum=self.share_of_optimum,
             )
         out["cost"] = self.cost.as_dict()
-        for t in out["tiers"]:
+        for t, tier in zip(out["tiers"], self.tiers, strict=True):
+            t.update(
+                codec=tier.codec.name,
+                codec_ratio=tier.codec.ratio,
+                chunk_bytes=tier.codec.chunk_bytes,  # encoded, as the tier holds it
+            )
             for key in ("capacity", "written", "read"):
                 count = t["capacity_chunks"] if key == "capacity" else t[key]
-                t[f"{key}_bytes"] = count * self.chunk_bytes
+                t[f"{key}_bytes"] = count * tier.codec.chunk_bytes
+                t[f"{key}_raw_bytes"] = count * self.chunk_bytes
         out.update(
             hit_rate=self.hit_rate,
             engine_hit_rate=self.engine_hit_rate,
@@ -194,7 +209,6 @@ def _pct(x: float) -> str:
 def format_report(r: SimResult) -> str:
     """The human-readable report: assumptions, results, traffic per tier."""
     s, c = r.settings, r.cost
-    cb = r.chunk_bytes
     warning = behind_warning(r.late_ttft_p50_s, r.trace_span_s)
     lines = [
         *([warning, ""] if warning else []),
@@ -209,6 +223,7 @@ def format_report(r: SimResult) -> str:
         f"{s['lower_tier_admission']}, lower_tier_loads {s['lower_tier_loads']}, "
         f"load_policy {s['load_policy']}",
         *_chunk_lines(r),
+        *_codec_lines(r),
         f"  cost model   prefill {c.prefill_s_per_token * 1e6:.0f} us/token, decode "
         f"{c.decode_s_per_token * 1e6:.0f} us/token (one step per {s['decode_stride']} tokens); "
         f"host {c.host_gbps:g} GB/s, "
@@ -242,11 +257,18 @@ def format_report(r: SimResult) -> str:
         " evictions   held at end",
     ]
     for t in r.tiers:
+        cb = t.codec.chunk_bytes  # as the tier holds them: encoded
         lines.append(
             f"  {t.tier:<8} {format_bytes(t.capacity_chunks * cb):>11}  "
             f"{format_bytes(t.written * cb):>10} {t.written:>9} ch    "
             f"{format_bytes(t.read * cb):>10} {t.read:>9} ch  {t.evictions:>10}  "
             f"{t.held_at_end:>10}"
+        )
+    if any(t.codec.name != NONE for t in r.tiers):
+        coding = ", ".join(f"{lane} {sec:.1f} s" for lane, sec in sorted(r.lane_codec_s.items()))
+        lines.append(
+            "  bytes as the tiers hold them (encoded); lanes' time encoding and decoding: "
+            + (coding or "none")
         )
     if not r.tiers:
         lines.append("  (no tier: host memory below one chunk, kvoffload is off)")
@@ -279,6 +301,25 @@ def _chunk_lines(r: SimResult) -> list[str]:
         f"  chunks       one per group: {s['chunk_tokens']} tokens x {c.bytes_per_token} "
         f"B/token / {n} groups = {format_bytes(r.chunk_bytes)}",
     ]
+
+
+def _codec_lines(r: SimResult) -> list[str]:
+    """The assumptions about codecs (none without one)."""
+    if all(t.codec.name == NONE for t in r.tiers):
+        return []
+    parts = []
+    for t in r.tiers:
+        c = t.codec
+        if c.name == NONE:
+            parts.append(f"{t.tier} none")
+            continue
+        where = "GPU to the engine, CPU" if c.gpu else "CPU"
+        parts.append(
+            f"{t.tier} {c.name} ({format_bytes(c.chunk_bytes)} a chunk, {c.ratio:.3g}x; "
+            f"{where} encode {1e-9 / c.encode_s_per_byte:.3g} GB/s, decode "
+            f"{1e-9 / c.decode_s_per_byte:.3g} GB/s)"
+        )
+    return [f"  codecs       {', '.join(parts)}; CPU coding time on the copy lanes"]
 
 
 def _group_results(r: SimResult) -> list[str]:

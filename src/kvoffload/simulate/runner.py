@@ -108,7 +108,9 @@ class Simulation:
         self.meter = meter = StepMeter()
         if self.scheduler is not None:
             group_of = self.tables.group_of if self.tables is not None else None
-            self.worker = SimWorker(c.cost, c.chunk_bytes, self.clock, meter, group_of)
+            self.worker = SimWorker(
+                c.cost, c.chunk_bytes, self.clock, meter, group_of, codecs=c.tier_codecs
+            )
         self.admissions = Admissions()
         self.engine = sim_engine(
             engine_config,
@@ -233,10 +235,13 @@ class Simulation:
         r.declined_tokens = metrics.breakdown("declined_tokens_total", "tier")
         r.admission_refusals = self.host.metrics.value("admission_refusals_total")
         r.lane_busy_s = dict(self.worker.traffic.busy_s)
+        r.lane_codec_s = dict(self.worker.traffic.codec_s)
+        codecs = self.config.tier_codecs
         r.tiers.append(
             TierResult(
                 "host",
                 self.host.num_slots,
+                codecs["host"],
                 written=chunks[("store", "host")],
                 read=chunks[("load", "host")],
                 evictions=self.host.metrics.value("evictions_total"),
@@ -256,6 +261,7 @@ class Simulation:
                 TierResult(
                     tier.name,
                     tier.directory.num_slots,
+                    codecs[tier.name],
                     written=chunks[("spill", tier.name)],
                     read=chunks[("promote", tier.name)] + chunks[("load", tier.name)],
                     evictions=tier.directory.metrics.value("evictions_total"),

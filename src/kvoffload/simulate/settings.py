@@ -7,6 +7,11 @@ bytes_per_token`` bytes. With ``kv_groups`` (a hybrid model,
 :mod:`kvoffload.simulate.groups`) the same memory is that many blocks per group,
 shared (one is the null block), and each group's chunk is ``1/G`` of those bytes
 (a group holds ``1/G`` of the layers).
+
+Each tier has a chunk codec (``codecs``, :mod:`kvoffload.simulate.codecs`; ``none`` by
+default): a tier of ``B`` bytes holds ``floor(B / encoded chunk bytes)`` chunks, so
+sizes stay raw bytes (``--cpu-bytes 5%`` is the raw bytes of 5% of the distinct
+chunks) and a codec shows as more chunks in them.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from kvoffload.core.config.options import default
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import UsageError
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
+from kvoffload.simulate.codecs import LOSSLESS, NONE, CodecModel, TierCodec
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import describe, request_blocks, request_capacity
-from kvoffload.tiers.registry import lower_tier_names
+from kvoffload.tiers.registry import lower_tier_names, tier_names
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,9 @@ class SimConfig:
     max_deferral_seconds: float = default("max_deferral_seconds")
     cost: CostModel = field(default_factory=CostModel)
     kv_groups: KVGroups = ONE_GROUP
+    # each tier's chunk codec by name (``--<tier>-codec``; a tier not named: none)
+    codecs: Mapping[str, str] = field(default_factory=dict, hash=False)
+    codec: CodecModel = field(default_factory=CodecModel)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "token_budget", "max_running", "decode_stride", "max_queue"):
@@ -82,23 +91,51 @@ class SimConfig:
             max_deferral_steps=self.max_deferral_steps,
             max_deferral_seconds=self.max_deferral_seconds,
         ).resolve_chunk_tokens(self.block_size)
+        unknown = sorted(set(self.codecs) - set(tier_names()))
+        if unknown:
+            raise UsageError(f"--{unknown[0]}-codec: no such tier")
+        object.__setattr__(
+            self, "codecs", {name: self.codecs.get(name, NONE) for name in tier_names()}
+        )
+        _ = self.tier_codecs  # refuses a codec that does not apply (fp8 of 8-bit KV)
+        used = set(self.codecs.values())
+        if self.codec.ratio is not None and LOSSLESS not in used:
+            raise UsageError("--codec-ratio: only the lossless codec has a ratio; no tier uses it")
+        for name in ("encode_gbps", "decode_gbps"):
+            if getattr(self.codec, name) is not None and used == {NONE}:
+                raise UsageError(f"--codec-{name.replace('_', '-')}: no tier has a codec")
         if any(self.tier_slots.values()) and not self.host_slots:
             raise UsageError("lower tiers sit below host memory: --cpu-bytes must hold a chunk")
 
     @property
     def chunk_bytes(self) -> int:
-        """Bytes of one group's chunk (of the chunk with one group)."""
+        """Raw bytes of one group's chunk (of the chunk with one group), before any
+        codec: what sizes given in chunks or shares count in."""
         return self.chunk_tokens * self.cost.bytes_per_token // len(self.kv_groups)
 
     @property
+    def tier_codecs(self) -> dict[str, TierCodec]:
+        """Each tier's codec (host memory's first) applied to a chunk of
+        :attr:`chunk_bytes`: its encoded bytes and coding speeds. UsageError naming
+        ``--<tier>-codec`` for a codec that does not apply (fp8 of 8-bit KV)."""
+        return {
+            name: self.codec.tier_codec(
+                self.codecs.get(name, NONE), self.chunk_bytes, f"--{name}-codec"
+            )
+            for name in tier_names()
+        }
+
+    @property
     def host_slots(self) -> int:
-        """Host slots ``cpu_bytes`` holds (one engine, one rank; 0: off)."""
-        return slots_per_rank(self.cpu_bytes, self.chunk_bytes)
+        """Host slots ``cpu_bytes`` holds (one engine, one rank; 0: off): whole
+        chunks encoded by the host's codec."""
+        return slots_per_rank(self.cpu_bytes, self.tier_codecs["host"].chunk_bytes)
 
     @property
     def tier_slots(self) -> dict[str, int]:
-        """Each lower tier's capacity in chunks (0: off)."""
-        return {name: size // self.chunk_bytes for name, size in self.tier_bytes.items()}
+        """Each lower tier's capacity in chunks encoded by its codec (0: off)."""
+        codecs = self.tier_codecs
+        return {name: size // codecs[name].chunk_bytes for name, size in self.tier_bytes.items()}
 
     @property
     def has_lower_tier(self) -> bool:
@@ -156,6 +193,17 @@ class SimConfig:
                 out[key] = value
         del out["cost"]
         del out["kv_groups"]
+        del out["codecs"]
+        del out["codec"]
+        out.update({f"{name}_codec": codec for name, codec in self.codecs.items()})
+        c = self.codec
+        out.update(
+            kv_dtype_bytes=c.kv_dtype_bytes,
+            fp8_device=c.fp8_device,
+            codec_ratio=c.ratio,
+            codec_encode_gbps=c.encode_gbps,
+            codec_decode_gbps=c.decode_gbps,
+        )
         if self.hybrid:
             out["kv_groups"] = describe(self.kv_groups)
         return out

@@ -12,6 +12,15 @@ tier's previous tier load's copy. A job finishes when its last leg did; its resu
 merges its legs' (:func:`kvoffload.core.tiering.routes.merge`: bytes summed, the longest
 leg's seconds).
 
+Codecs (:mod:`kvoffload.simulate.codecs`): a lower tier's lane moves its chunks as the
+tier holds them (encoded by its codec); a link into or out of the engine (host memory's
+two lanes, a tier load's staging copy) moves them encoded where the GPU codes them
+(fp8 by default, its coding taken as free) and raw where the CPU does. The CPU's coding
+keeps the leg's last lane busy too, at the codec's speed in raw bytes: a store encodes
+(host memory's codec), a load from host memory or a tier decodes (that tier's codec),
+and a spill or promotion between tiers of different codecs decodes one and encodes the
+other (between tiers of one codec the encoded bytes move as they are).
+
 A job starts when it is planned (a store: after the forward pass of its step, whose
 KV it captures; a store the plan flushes: before the forward pass, which waits for
 it) and is reported at the end of the first step that ends after it finished. No
@@ -29,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvoffload.core.jobs import (
@@ -51,6 +60,7 @@ from kvoffload.core.tiering.routes import (
     legs,
     merge,
 )
+from kvoffload.simulate.codecs import TierCodec, transcode_seconds
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.request import StepMeter
 
@@ -84,6 +94,7 @@ class Traffic:
 
     chunks: Counter[tuple[str, str]] = field(default_factory=Counter)
     busy_s: dict[str, float] = field(default_factory=dict)  # per lane
+    codec_s: dict[str, float] = field(default_factory=dict)  # per lane: of busy_s, coding
     jobs: Counter[str] = field(default_factory=Counter)  # per kind
     groups: Counter[tuple[str, int]] = field(default_factory=Counter)  # (kind, KV group)
 
@@ -94,7 +105,8 @@ class SimWorker:
 
     Owns the lanes and the jobs in flight; reads the shared clock and meter, and
     sets the clock's flush stall and step end. ``group_of``: the KV cache group of
-    each engine block (the engine's, read only), None with one group."""
+    each engine block (the engine's, read only), None with one group. ``codecs``: each
+    tier's codec by name (a tier not named: none, chunks of ``chunk_bytes``)."""
 
     def __init__(
         self,
@@ -103,9 +115,12 @@ class SimWorker:
         clock: SimClock,
         meter: StepMeter,
         group_of: Sequence[int] | None = None,
+        *,
+        codecs: Mapping[str, TierCodec] | None = None,
     ) -> None:
         self.cost = cost
         self.chunk_bytes = chunk_bytes
+        self.codecs = dict(codecs or {})
         self.clock = clock
         self.meter = meter
         self.free_at: dict[str, float] = {}
@@ -128,22 +143,60 @@ class SimWorker:
         """Occupy ``leg``'s lanes one after the other, from when all are free; its end."""
         stages = _LANES[leg.route](leg)
         end = max(at, *(self.free_at.get(lane, 0.0) for lane, _ in stages))
-        for lane, seconds in self._stage_seconds(leg, stages):
+        timed = self._stage_seconds(leg, stages)
+        coding = self._coding_seconds(leg)
+        if coding:
+            last = timed[-1][0]
+            self.traffic.codec_s[last] = self.traffic.codec_s.get(last, 0.0) + coding
+        for lane, seconds in timed:
             end = self._occupy(lane, end, seconds)
         return end
+
+    def _codec(self, tier: str) -> TierCodec:
+        """The codec of ``tier`` (``"host"`` or a lower tier's name)."""
+        codec = self.codecs.get(tier)
+        return codec if codec is not None else TierCodec.raw(self.chunk_bytes)
+
+    def _coding_seconds(self, leg: Leg) -> float:
+        """CPU seconds ``leg`` spends encoding and decoding (module docstring)."""
+        n = len(leg.chunks)
+        source, destination = leg.source.name, leg.destination.name
+        if source == "engine":  # a store
+            return self._codec(destination).store_seconds(n)
+        if destination == "engine":  # a load from host memory or a tier
+            return self._codec(source).load_seconds(n)
+        return transcode_seconds(self._codec(source), self._codec(destination), n)
+
+    def _stage_bytes(self, leg: Leg, cost_lane: str) -> int:
+        """Bytes ``leg`` moves on a stage costed at ``cost_lane``: a lower tier's lane
+        moves its chunks encoded, an engine link (costed at host memory's bandwidth)
+        as the tier at the leg's other end codes them for the engine."""
+        n = len(leg.chunks)
+        if cost_lane != "host":
+            return n * self._codec(cost_lane).chunk_bytes
+        return n * self._codec(leg.tier or "host").engine_link_bytes
 
     def _stage_seconds(
         self, leg: Leg, stages: tuple[tuple[str, str], ...]
     ) -> list[tuple[str, float]]:
-        """(lane, seconds) of each stage of ``leg``: its bytes at the stage's cost lane."""
-        nbytes = len(leg.chunks) * self.chunk_bytes
-        return [(lane, self.cost.copy_seconds(nbytes, cost_lane)) for lane, cost_lane in stages]
+        """(lane, seconds) of each stage of ``leg``: its bytes at the stage's cost lane,
+        the last stage also coding them."""
+        timed = [
+            (lane, self.cost.copy_seconds(self._stage_bytes(leg, cost_lane), cost_lane))
+            for lane, cost_lane in stages
+        ]
+        coding = self._coding_seconds(leg)
+        if coding:
+            lane, seconds = timed[-1]
+            timed[-1] = (lane, seconds + coding)
+        return timed
 
     def _leg_result(self, job_id: int, leg: Leg) -> JobResult:
-        """A finished leg's result: its bytes and its stages' seconds."""
-        stages = self._stage_seconds(leg, _LANES[leg.route](leg))
-        seconds = sum(s for _, s in stages)
-        return JobResult(job_id, True, len(leg.chunks) * self.chunk_bytes, seconds)
+        """A finished leg's result: its bytes (its first stage's: what it read) and
+        its stages' seconds."""
+        stages = _LANES[leg.route](leg)
+        seconds = sum(s for _, s in self._stage_seconds(leg, stages))
+        return JobResult(job_id, True, self._stage_bytes(leg, stages[0][1]), seconds)
 
     def _occupy(self, lane: str, start: float, seconds: float) -> float:
         """``lane`` busy from ``start`` for ``seconds``; returns the end."""

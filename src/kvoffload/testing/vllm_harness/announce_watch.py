@@ -20,6 +20,7 @@ chunks (the coverage the fuzzer reports); raises :class:`HarnessViolation`.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.adapters.vllm.compat import BlockRemoved, BlockStored, maybe_convert_block_hash
@@ -31,14 +32,14 @@ from kvoffload.share.paths import SharePaths
 from kvoffload.testing.vllm_harness.checks import HarnessViolation
 
 if TYPE_CHECKING:
-    from kvoffload.testing.vllm_harness.fleet import SharedFleet
     from kvoffload.testing.vllm_harness.harness import VllmHarness
 
 Credit = tuple[tuple[Any, ...], int]  # a chunk's converted block hashes and its group
 
 
-def check_announcements(fleet: SharedFleet) -> int:
-    engines = [h for h in fleet.live() if h.side.events is not None]
+def check_announcements(live: Sequence[VllmHarness]) -> int:
+    """Check the ``live`` engines of a fleet (see the module docstring)."""
+    engines = [h for h in live if h.side.events is not None]
     announcers = [h.side.events.announcer for h in engines if h.side.events is not None]
     if not engines or any(a is None for a in announcers):
         return 0

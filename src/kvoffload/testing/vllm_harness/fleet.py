@@ -180,7 +180,7 @@ class SharedFleet:
             self.disk.note_node()
         self._note_generation(index)
         if self.spec.kv_events:
-            self.announcements_checked += check_announcements(self)
+            self.announcements_checked += check_announcements(self.live())
         return record
 
     def _note_generation(self, index: int) -> None:

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from kvoffload.demos.chat_demo import kvoffload_config, make_setup
 from kvoffload.demos.tiny_model import kv_bytes_per_token
-from kvoffload.demos.vllm_runner import RunResult, run
+from kvoffload.demos.vllm_runner import RunResult, run, turn_batches
 from kvoffload.workload.chat import ChatRequest
 
 
@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     setup = make_setup(args.quick, None, None)
     requests: list[ChatRequest] = setup.workload.requests()
-    batches = [list(b) for b in _turns(requests)]
+    batches = [list(b) for b in turn_batches(requests)]
     working = setup.workload.working_set_tokens() * kv_bytes_per_token(setup.preset)
     host = max(1, int(working * args.host_share))
     if args.dtype != "float32":  # kv_bytes_per_token is float32's: the same share of bf16 KV
@@ -71,12 +71,6 @@ def main() -> None:
 def _with_codec(config: dict[str, object], codec: str) -> dict[str, object]:
     extra = dict(config["kv_connector_extra_config"])  # type: ignore[call-overload]
     return {**config, "kv_connector_extra_config": {**extra, "codec": codec}}
-
-
-def _turns(requests: list[ChatRequest]) -> list[list[ChatRequest]]:
-    from kvoffload.demos.vllm_runner import turn_batches
-
-    return turn_batches(requests)
 
 
 if __name__ == "__main__":

@@ -42,26 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.core.errors import UsageError
-
-_UNITS = {"": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
-
-
-def parse_bytes(text: str, option: str) -> int:
-    """``256MiB``, ``4GiB``, ``1048576``: bytes (UsageError naming ``option``)."""
-    raw = text.strip().upper()
-    for unit in ("KIB", "MIB", "GIB"):
-        if raw.endswith(unit):
-            number, scale = raw[: -len(unit)], _UNITS[unit]
-            break
-    else:
-        number, scale = raw, 1
-    try:
-        value = int(float(number) * scale)
-    except ValueError:
-        raise UsageError(f"{option}: {text!r} is not a size (e.g. 256MiB, 4GiB)") from None
-    if value <= 0:
-        raise UsageError(f"{option}: {text!r} must be positive")
-    return value
+from kvoffload.simulate.units import parse_bytes
 
 
 @dataclass(frozen=True)

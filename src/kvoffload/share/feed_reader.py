@@ -91,10 +91,8 @@ class FeedReader:
                 if reply is None:
                     return update
                 cursor, epoch, resync, entries = unpack_feed(reply)
-                if resync:
-                    full = self._resync()
-                    full.removed = update.removed  # harmless: the caller diffs anyway
-                    return full
+                if resync:  # the whole set replaces what was read so far
+                    return self._resync()
                 for change, key, record in entries:
                     if change is Change.STORED:
                         if record:

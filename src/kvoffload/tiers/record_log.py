@@ -60,6 +60,7 @@ class RecordLog:
         self.damaged = 0  # entries that ended a read: torn or corrupt
         self.failures = 0  # reads or writes that failed
         self._entries = 0  # entries in the file now
+        self._next_check = 1024  # entries at which needs_compaction counts live ones
         self._fd = -1
 
     def recover(self) -> list[tuple[ChunkKey, bytes]]:
@@ -88,9 +89,17 @@ class RecordLog:
         except OSError:
             self.failures += 1
 
-    def needs_compaction(self, live: int) -> bool:
-        """Whether the file holds more than four times the ``live`` records (and 1,024)."""
-        return self._entries > max(4 * live, 1024)
+    def needs_compaction(self, live: Callable[[], int]) -> bool:
+        """Whether the file holds more than four times the live records (and 1,024).
+        ``live()`` counts them, and is called at most once per ``max(live, 1024)``
+        entries appended (so the answer may come that many entries late)."""
+        if self._entries < self._next_check:
+            return False
+        n = live()
+        if self._entries > max(4 * n, 1024):
+            return True
+        self._next_check = self._entries + max(n, 1024)
+        return False
 
     def rewrite(self, entries: Sequence[tuple[ChunkKey, bytes]]) -> None:
         """Make the file anew with exactly ``entries``."""
@@ -99,6 +108,7 @@ class RecordLog:
         try:
             replace_atomically(self.path, self.policy, lambda fd: _write_all(fd, data))
             self._entries = len(entries)
+            self._next_check = max(4 * len(entries), 1024) + 1
         except OSError:
             self.failures += 1
 

@@ -24,13 +24,15 @@ reads the private tiers' events through ``held`` (which takes that lock).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from kvoffload.adapters.vllm.compat import KVCacheEvent, maybe_convert_block_hash
 from kvoffload.adapters.vllm.event_sink import EventSink
 from kvoffload.adapters.vllm.events import Chain, EventTranslator
 from kvoffload.adapters.vllm.share_announcer import FeedReader, ShareAnnouncer
-from kvoffload.core.jobs import TransferJob
+from kvoffload.core.jobs import StepPlan, TransferJob
 from kvoffload.core.observe.events import CacheEvent
 from kvoffload.core.scheduler_types import SchedulerConfig
 from kvoffload.tiers.record_log import RecordLog
@@ -68,7 +70,18 @@ class Announcements:
             )
         sink.publish(recovered)  # once the publisher is up (event_sink.py)
 
-    def note_jobs(self, jobs: Iterable[TransferJob], chains: dict[str, Chain]) -> None:
+    def note_plan(self, plan: StepPlan, state_of: Callable[[str], Any]) -> None:
+        """Remember what the chunks the plan stores or promotes cover; ``state_of``:
+        the scheduler half's request state by id (its key chain and vLLM request)."""
+        jobs: tuple[TransferJob, ...] = (*plan.stores, *plan.promotions)
+        chains: dict[str, Chain] = {}
+        for job in jobs:
+            request_id = job.request_id
+            if request_id is None or request_id in chains:
+                continue
+            state = state_of(request_id)
+            if state is not None:
+                chains[request_id] = (state.keys.keys, state.request, state.keys.seed)
         self.translator.note_jobs(jobs, chains)
 
     def note_completed(self, jobs: Iterable[TransferJob]) -> None:
@@ -106,9 +119,8 @@ class Announcements:
         for tier, entries in persist.items():
             log = self.record_logs[tier]
             log.append(entries)
-            live = self.translator.held_records(tier)
-            if log.needs_compaction(len(live)):
-                log.rewrite(live)
+            if log.needs_compaction(functools.partial(self.translator.held_count, tier)):
+                log.rewrite(self.translator.held_records(tier))
 
     def close(self) -> None:
         if self.announcer is not None:

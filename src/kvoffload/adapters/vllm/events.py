@@ -211,18 +211,7 @@ class EventTranslator:
                         chunk.held.add(tier)
                     if tier in self.persistent_tiers:
                         self.persist.setdefault(tier, []).append((key, self._record(chunk)))
-                    out.append(
-                        self.stored_event(
-                            tier,
-                            hashes=chunk.hashes,
-                            parent=chunk.parent,
-                            tokens=chunk.tokens.tolist(),
-                            group=chunk.group,
-                            extra_keys=chunk.extra_keys,
-                            lora=chunk.lora,
-                            session_id=chunk.session_id,
-                        )
-                    )
+                    out.append(self._stored(chunk, tier))
                 else:
                     chunk.held.discard(tier)
                     out.append(self.removed_event(chunk.hashes, chunk.group, tier))
@@ -239,10 +228,9 @@ class EventTranslator:
         """A ``BlockStored`` for every chunk held in a tier this translator announces
         (a re-announcement, after vLLM's ``AllBlocksCleared``)."""
         return [
-            event
+            self._stored(chunk, tier)
             for chunk in self._chunks.values()
             for tier in sorted(chunk.held)
-            for event in self._held_events(chunk, tier)
         ]
 
     def restore(self, tier: str, entries: Iterable[tuple[ChunkKey, bytes]]) -> list[KVCacheEvent]:
@@ -267,26 +255,28 @@ class EventTranslator:
                 lora=record.lora, session_id=record.session_id,
             ))  # fmt: skip
             chunk.held.add(tier)
-            out.extend(self._held_events(chunk, tier))
+            out.append(self._stored(chunk, tier))
         return out
 
     def held_records(self, tier: str) -> list[tuple[ChunkKey, bytes]]:
         """The records of the chunks held in ``tier`` (a record log's compaction)."""
         return [(k, self._record(c)) for k, c in self._chunks.items() if tier in c.held]
 
-    def _held_events(self, chunk: _Chunk, tier: str) -> list[KVCacheEvent]:
-        return [
-            self.stored_event(
-                tier,
-                hashes=chunk.hashes,
-                parent=chunk.parent,
-                tokens=chunk.tokens.tolist(),
-                group=chunk.group,
-                extra_keys=chunk.extra_keys,
-                lora=chunk.lora,
-                session_id=chunk.session_id,
-            )
-        ]
+    def held_count(self, tier: str) -> int:
+        """How many chunks are held in ``tier``."""
+        return sum(tier in c.held for c in self._chunks.values())
+
+    def _stored(self, chunk: _Chunk, tier: str) -> KVCacheEvent:
+        return self.stored_event(
+            tier,
+            hashes=chunk.hashes,
+            parent=chunk.parent,
+            tokens=chunk.tokens.tolist(),
+            group=chunk.group,
+            extra_keys=chunk.extra_keys,
+            lora=chunk.lora,
+            session_id=chunk.session_id,
+        )
 
     def take_outbox(self) -> dict[str, list[tuple[ChunkKey, bytes]]]:
         """The records of chunks this engine made readable in a shared tier since the

@@ -20,7 +20,6 @@ from kvoffload.adapters.vllm.compat import (
     VllmConfig,
 )
 from kvoffload.adapters.vllm.event_sink import EventSink, find_scheduler
-from kvoffload.adapters.vllm.events import Chain
 from kvoffload.adapters.vllm.geometry import NULL_BLOCK, Geometry, derive_geometry
 from kvoffload.adapters.vllm.guard import Guard
 from kvoffload.adapters.vllm.hit_sources import hit_sources
@@ -32,7 +31,6 @@ from kvoffload.adapters.vllm.startup import scheduler_summary
 from kvoffload.adapters.vllm.stats import DeltaSource, KVOffloadStats
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.identity.weights import WeightsState
-from kvoffload.core.jobs import StepPlan, TransferJob
 from kvoffload.core.observe.anomalies import Anomaly
 from kvoffload.core.observe.metrics import Series
 from kvoffload.core.observe.metrics_view import MetricsReading, read_metrics
@@ -252,7 +250,7 @@ class SchedulerSide:
                         self.events.prefix_cache_cleared()
                     plan = self.scheduler.build_plan(step_input(output))
                     if self.events is not None:
-                        self.events.note_jobs((*plan.stores, *plan.promotions), self._chains(plan))
+                        self.events.note_plan(plan, self.scheduler.state_of)
                     return PlanMetadata(
                         plan,
                         self.session,
@@ -383,18 +381,6 @@ class SchedulerSide:
                 self.guard.trip("get_kv_connector_stats", exc)
             return None
         return KVOffloadStats(data=data) if data else None
-
-    def _chains(self, plan: StepPlan) -> dict[str, Chain]:
-        chains: dict[str, Chain] = {}
-        jobs: tuple[TransferJob, ...] = (*plan.stores, *plan.promotions)
-        for job in jobs:
-            request_id = job.request_id
-            if request_id is None or request_id in chains:
-                continue
-            state = self.scheduler.state_of(request_id)
-            if state is not None:
-                chains[request_id] = (state.keys.keys, state.request, state.keys.seed)
-        return chains
 
     def shutdown(self) -> None:
         if self.events is not None:

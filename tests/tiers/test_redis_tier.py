@@ -217,3 +217,36 @@ def test_a_read_cut_off_mid_value_raises_a_connection_error(redis_server: RedisS
     out = memoryview(bytearray(PAYLOAD))
     assert s.read_many([K(1)], (), [out]) == [None]  # a fresh connection, same answers
     assert bytes(out) == data(1)
+
+
+def test_variable_size_values_are_stored_at_their_size_and_checked(
+    redis_server: RedisServer,
+) -> None:
+    """A store for a variable-size codec (lossless, decision 0023) keeps each value at
+    its own length, reads it into the front of a full buffer, and still refuses a
+    value longer than the most a chunk holds or with a bad checksum."""
+    client = make_client(RedisSettings(redis_server.url, timeout_ms=1000))
+    s = RedisStore(client, DIGEST, 0, PAYLOAD, variable=True)
+    short = data(3)[:1000]
+    assert s.write_many([(K(1), memoryview(short)), (K(2), memoryview(data(2)))]) == [None] * 2
+    assert redis_server.client().strlen(key_name(DIGEST, K(1), 0)) == 64 + 1000
+    for zero_copy in (True, False):
+        s.zero_copy = zero_copy
+        outs = [bytearray(PAYLOAD), bytearray(PAYLOAD)]
+        assert s.read_many([K(1), K(2)], (), [memoryview(o) for o in outs]) == [None, None]
+        assert bytes(outs[0][:1000]) == short and bytes(outs[1]) == data(2)
+    fixed = store(redis_server)  # a fixed-size store refuses the short value
+    (failure,) = fixed.read_many([K(1)], (), [memoryview(bytearray(PAYLOAD))])
+    assert failure is not None and str(failure) == "integrity:size"
+    raw = redis_server.client()
+    name = key_name(DIGEST, K(2), 0)
+    value = bytearray(raw.get(name))
+    value[100] ^= 1
+    raw.set(name, bytes(value))
+    (failure,) = s.read_many([K(2)], (), [memoryview(bytearray(PAYLOAD))])
+    assert failure == integrity_failure("checksum")
+    for zero_copy in (True, False):  # longer than a chunk holds
+        s.zero_copy = zero_copy
+        s.write_many([(K(3), memoryview(data(3) + b"extra"))])
+        (failure,) = s.read_many([K(3)], (), [memoryview(bytearray(PAYLOAD))])
+        assert failure is not None and str(failure) in ("integrity:size", "integrity:length")

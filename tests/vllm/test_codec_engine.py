@@ -1,4 +1,4 @@
-"""The fp8 codec on a real engine (vLLM CPU, float32 KV, greedy; issue 33).
+"""Chunk codecs on a real engine (vLLM CPU, float32 KV, greedy; issue 33).
 
 A host tier of 16 raw chunks' bytes serves a cyclic pattern of 32 chunks (four
 8-block prompts, each sent again after the other three): with ``codec: none`` LRU
@@ -80,3 +80,69 @@ def test_fp8_chunks_come_back_from_disk(tiny_model: Path, tmp_path: Path) -> Non
     print(f"fp8 over host (8 raw chunks) and disk: cached {cached}, disk reads {read}")
     assert read.get("load", 0) + read.get("promote", 0) > 0
     assert cached > 0
+
+
+def side(llm: Any) -> Any:
+    return llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_side
+
+
+def tier_reads(llm: Any, name: str) -> int:
+    read = half(llm).tiers.tier(name).metrics.breakdown("transferred_chunks_total", "direction")
+    return int(read.get("load", 0) + read.get("promote", 0))
+
+
+def test_lossless_outputs_are_identical_to_no_offload(tiny_model: Path) -> None:
+    """Done-when: ``codec: lossless`` gives outputs identical to no offload (host
+    slots keep the raw size plus the frame: 40 raw chunks' bytes hold the cycle's 32
+    chunks, loaded back every cycle after the first)."""
+    cached, outs, (slots, namespace) = run(
+        tiny_model, {"cpu_bytes": 40 * CHUNK_BYTES, "codec": "lossless"}
+    )
+    _, reference, _ = run(tiny_model, None)
+    print(f"lossless: cached {cached}, host slots {slots}, namespace {namespace}")
+    assert namespace == "torch.float32+lossless" and slots == 39  # 40 x 32 KiB / (32 KiB + 64)
+    assert cached >= 2048  # every prompt of the last two cycles: 7 of its 8 blocks
+    assert outs == reference
+
+
+def test_per_tier_codecs_re_encode_between_tiers(
+    tiny_model: Path, tmp_path: Path, redis_server: Any
+) -> None:
+    """Host memory ``none`` over Redis ``lossless``, then over disk ``fp8``: Redis
+    values are the encoded frames, chunks come back from both, the disk tier holds
+    more chunks in its bytes, and over Redis lossless the outputs are identical to no
+    offload."""
+    _, reference, _ = run(tiny_model, None)
+    redis_server.client().flushall()
+    lossless_below = {
+        "cpu_bytes": 4 * CHUNK_BYTES, "redis_url": redis_server.url, "redis_codec": "lossless",
+        "tier_io_timeout_ms": 60_000,
+    }  # fmt: skip
+    with engine(tiny_model, lossless_below, kv_blocks=20, max_num_seqs=1, max_model_len=320) as llm:
+        cached, outs = serve_cycle(llm)
+        namespace, redis_reads = half(llm).namespace.dtype, tier_reads(llm, "redis")
+    client = redis_server.client()
+    names = [n for n in client.keys("kvoffload:v1:*") if not n.endswith(b":namespace")]
+    sizes = [client.strlen(n) for n in names]
+    print(f"host none / redis lossless: cached {cached}, redis reads {redis_reads}, "
+          f"{len(sizes)} values of {min(sizes)}-{max(sizes)} B, raw {CHUNK_BYTES}")  # fmt: skip
+    assert namespace == "torch.float32+host:none,redis:lossless"
+    assert sizes and max(sizes) < 64 + CHUNK_BYTES  # encoded, stored at their size
+    assert redis_reads > 0 and cached > 0
+    assert outs == reference
+    fp8_below = {
+        "cpu_bytes": 4 * CHUNK_BYTES, "disk_path": str(tmp_path / "disk"),
+        "disk_bytes": 32 * (CHUNK_BYTES + 4096), "disk_codec": "fp8",
+        "tier_io_timeout_ms": 60_000,
+    }  # fmt: skip
+    with engine(tiny_model, fp8_below, kv_blocks=20, max_num_seqs=1, max_model_len=320) as llm:
+        cached, _ = serve_cycle(llm)
+        g = side(llm).geometry
+        disk_reads = tier_reads(llm, "disk")
+    print(f"host none / disk fp8: cached {cached}, disk slots {g.tier_slots['disk']}, "
+          f"disk reads {disk_reads}")  # fmt: skip
+    assert g.codec == "none" and g.tier_codec("disk") == "fp8"
+    # fp8 chunks of float32 KV are 3.9x smaller; a disk slot pads its payload to 4 KiB
+    # pages behind a 4 KiB header, so these tiny chunks take 16 KiB instead of 36 KiB
+    assert g.tier_slots["disk"] == 32 * (CHUNK_BYTES + 4096) // (4096 + 12288) == 72
+    assert disk_reads > 0 and cached > 0

@@ -1,23 +1,57 @@
 """A chunk codec as the transfer worker uses it: one rank's chunk of ``raw_bytes``
-(its block records, as :mod:`kvoffload.transfer.layout` lays them out) kept in a host
-slot of ``stored_bytes``, and what every lower tier stores of it (issue 33).
+(its block records, as :mod:`kvoffload.transfer.layout` lays them out) kept in a tier
+slot of ``stored_bytes`` (issue 33).
 
-:func:`stored_bytes` is the pure size rule (the geometry sizes every tier with it);
-:func:`open_codec` builds the codec a worker runs. Only ``fp8`` changes the bytes
-today (``none``: no codec object, the slot holds the records). Encoding writes the
-whole stored slot; decoding fills the whole raw chunk.
+:func:`stored_bytes` is the pure size rule (the geometry sizes each tier with it);
+:func:`open_codec` builds the codec a worker runs (``none``: no codec object, a slot
+holds the records). Every codec has the same contract (:class:`ChunkCodec`):
+``encode`` writes the first :meth:`~ChunkCodec.used_bytes` of the stored slot
+(fp8: all of it) and raises ``ValueError`` for a chunk it cannot encode (nothing
+then counts as written); ``decode`` fills the whole raw chunk and raises
+``ValueError`` (:class:`~kvoffload.codecs.lossless.CorruptChunk`) for bytes it did
+not write.
+
+``lossless`` frames: a slot of ``raw_bytes`` + :data:`LOSSLESS_OVERHEAD` holds an
+8-byte little-endian frame length, then the blosc2 frame (blosc2 stores a chunk it
+cannot shrink as it is, with at most 32 bytes of its own header), then unused bytes.
+A tier keyed by chunk (Redis) stores only the used bytes.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from kvoffload.codecs import FP8_RUN, fp8
+from kvoffload.codecs import FP8_RUN, fp8, lossless
 from kvoffload.core.errors import ConfigError
 
 KV_DTYPES = {2: (torch.bfloat16, torch.float16), 4: (torch.float32,)}
+LOSSLESS_OVERHEAD = 64
+"""Bytes a lossless slot holds beyond the raw chunk: the 8-byte frame length and
+blosc2's own header (at most 32 bytes), rounded up."""
+_LENGTH = struct.Struct("<Q")
+
+
+class ChunkCodec(Protocol):
+    """What a worker runs of a codec (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def raw_bytes(self) -> int: ...
+
+    @property
+    def stored_bytes(self) -> int: ...
+
+    def encode(self, raw: torch.Tensor, out: torch.Tensor) -> None: ...
+
+    def decode(self, stored: torch.Tensor, out: torch.Tensor) -> None: ...
+
+    def used_bytes(self, stored: memoryview) -> int: ...
 
 
 def fp8_run(elements: int) -> int:
@@ -39,6 +73,8 @@ def stored_bytes(codec: str, raw_bytes: int, dtype_bytes: int) -> int:
             raise ConfigError("codec", f"fp8 encodes 16- and 32-bit KV, not {8 * dtype_bytes}-bit")
         elements = raw_bytes // dtype_bytes
         return fp8.encoded_bytes(elements, fp8_run(elements))
+    if codec == "lossless":
+        return raw_bytes + LOSSLESS_OVERHEAD
     raise ConfigError("codec", f"unknown codec {codec!r}")
 
 
@@ -71,14 +107,59 @@ class Fp8Chunks:
         """``stored`` decoded into ``out`` (uint8, ``raw_bytes``)."""
         fp8.decode(stored, self.dtype, self.run, out=out.view(self.dtype))
 
+    def used_bytes(self, stored: memoryview) -> int:
+        return self.stored_bytes
 
-def open_codec(codec: str, dtype: torch.dtype, raw_bytes: int) -> Fp8Chunks | None:
+
+@dataclass(frozen=True)
+class LosslessChunks:
+    """lossless (:mod:`.lossless`) over one rank's chunks of values of ``typesize``
+    bytes, framed as the module docstring says. Bit-exact."""
+
+    typesize: int
+    raw_bytes: int
+    name: str = "lossless"
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.raw_bytes + LOSSLESS_OVERHEAD
+
+    def encode(self, raw: torch.Tensor, out: torch.Tensor) -> None:
+        frame = lossless.encode(raw.numpy().data, self.typesize)
+        if _LENGTH.size + len(frame) > self.stored_bytes:  # blosc2 bounds its frames
+            raise ValueError(f"lossless: a frame of {len(frame)} B exceeds its slot")
+        view = out.numpy()
+        view[: _LENGTH.size] = memoryview(_LENGTH.pack(len(frame)))
+        view[_LENGTH.size : _LENGTH.size + len(frame)] = memoryview(frame)
+
+    def frame(self, stored: memoryview) -> memoryview:
+        """The frame a slot holds; ``CorruptChunk`` for a length that does not fit."""
+        (length,) = _LENGTH.unpack_from(stored)
+        if not 0 < length <= len(stored) - _LENGTH.size:
+            raise lossless.CorruptChunk(f"lossless: frame length {length} in a slot")
+        return stored[_LENGTH.size : _LENGTH.size + length]
+
+    def decode(self, stored: torch.Tensor, out: torch.Tensor) -> None:
+        data = lossless.decode(self.frame(stored.numpy().data), self.raw_bytes)
+        out.numpy()[:] = memoryview(data)
+
+    def used_bytes(self, stored: memoryview) -> int:
+        return _LENGTH.size + len(self.frame(stored))
+
+
+def open_codec(codec: str, dtype: torch.dtype, raw_bytes: int) -> ChunkCodec | None:
     """The codec a worker runs for KV of ``dtype`` (None: ``none``); ConfigError for a
-    codec this KV cannot take."""
+    codec this KV cannot take, or (lossless) whose library is not installed."""
     if codec == "none":
         return None
     if codec == "fp8":
         if dtype not in KV_DTYPES.get(dtype.itemsize, ()):
             raise ConfigError("codec", f"fp8 encodes 16- and 32-bit float KV, not {dtype}")
         return Fp8Chunks(dtype, raw_bytes)
+    if codec == "lossless":
+        if not lossless.available():
+            raise ConfigError(
+                "codec", "lossless needs blosc2: pip install 'kvoffload[codecs]' (or blosc2)"
+            )
+        return LosslessChunks(dtype.itemsize, raw_bytes)
     raise ConfigError("codec", f"unknown codec {codec!r}")

@@ -15,9 +15,8 @@ counts a miss; callers check the chunk's own checksum over the encoded bytes fir
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
-
-import blosc2
 
 CLEVEL = 1
 
@@ -26,7 +25,14 @@ class CorruptChunk(ValueError):
     """Encoded bytes that do not decode."""
 
 
+def available() -> bool:
+    """Whether blosc2 is installed (the ``codecs`` extra)."""
+    return importlib.util.find_spec("blosc2") is not None
+
+
 def _params(typesize: int, threads: int) -> dict[str, Any]:
+    import blosc2
+
     return {
         "codec": blosc2.Codec.ZSTD,
         "clevel": CLEVEL,
@@ -38,6 +44,8 @@ def _params(typesize: int, threads: int) -> dict[str, Any]:
 
 def encode(raw: bytes | bytearray | memoryview, typesize: int, threads: int = 1) -> bytes:
     """``raw`` (values of ``typesize`` bytes each) encoded."""
+    import blosc2
+
     out: bytes = blosc2.compress2(raw, **_params(typesize, threads))
     return out
 
@@ -45,6 +53,8 @@ def encode(raw: bytes | bytearray | memoryview, typesize: int, threads: int = 1)
 def decode(data: bytes | bytearray | memoryview, expected: int, threads: int = 1) -> bytes:
     """The bytes :func:`encode` encoded; :class:`CorruptChunk` unless they are
     ``expected`` bytes long and ``data`` is a frame that decodes."""
+    import blosc2
+
     try:
         out = blosc2.decompress2(data, nthreads=threads)
     except Exception as exc:  # blosc2 raises RuntimeError/ValueError for bad frames

@@ -129,8 +129,12 @@ def check_header(
     return int(check)
 
 
-def check_payload(payload: bytes | memoryview, payload_bytes: int, expected: int) -> None:
-    if len(payload) != payload_bytes:
+def check_payload(
+    payload: bytes | memoryview, payload_bytes: int, expected: int, *, at_most: bool = False
+) -> None:
+    """Check a payload's size (``payload_bytes``, or with ``at_most`` any size up to
+    it) and checksum."""
+    if len(payload) > payload_bytes or (len(payload) != payload_bytes and not at_most):
         raise IntegrityError(IntegrityReason.SIZE, f"{len(payload)} of {payload_bytes} bytes")
     if checksum(payload) != expected:
         raise IntegrityError(IntegrityReason.CHECKSUM)
@@ -143,12 +147,15 @@ def verify(
     payload_bytes: int,
     *,
     group: int | None = 0,
+    at_most: bool = False,
 ) -> memoryview:
     """The payload of ``stored`` (header + payload) if every field matches (``group``:
-    as :func:`check_header`); else :class:`IntegrityError`. Zero-copy: returns a view
-    into ``stored``."""
+    as :func:`check_header`; ``at_most``: a payload of any size up to
+    ``payload_bytes``, its header naming that size); else :class:`IntegrityError`.
+    Zero-copy: returns a view into ``stored``."""
     view = memoryview(stored)
-    expected = check_header(view[:HEADER_BYTES], format_digest, key, payload_bytes, group=group)
     payload = view[HEADER_BYTES:]
-    check_payload(payload, payload_bytes, expected)
+    size = len(payload) if at_most and len(payload) <= payload_bytes else payload_bytes
+    expected = check_header(view[:HEADER_BYTES], format_digest, key, size, group=group)
+    check_payload(payload, payload_bytes, expected, at_most=at_most)
     return payload

@@ -99,11 +99,25 @@ def open_store(spec: TierSpec[Any, S], config: OffloadConfig, ctx: TierContext) 
     return spec.open_shared_store(config, ctx, share)
 
 
-def tier_slots(config: OffloadConfig, chunk_bytes: int, world_size: int) -> dict[str, int]:
-    """Each enabled tier's capacity in chunks of ``chunk_bytes`` per rank (0: keyed
-    by chunk, unbounded here); ``ConfigError`` when a tier holds not even one."""
+ChunkSizes = int | Mapping[str, int]
+"""One rank's chunk bytes as the tiers keep them: one size for every tier, or each
+tier's by name (tiers of different codecs, decision 0023; a name missing: host
+memory's)."""
+
+
+def size_in(sizes: ChunkSizes, tier: str) -> int:
+    """Tier ``tier``'s chunk bytes in ``sizes``."""
+    if isinstance(sizes, int):
+        return sizes
+    return sizes.get(tier, sizes[HOST.name])
+
+
+def tier_slots(config: OffloadConfig, chunk_bytes: ChunkSizes, world_size: int) -> dict[str, int]:
+    """Each enabled tier's capacity in its chunks of ``chunk_bytes`` per rank (0:
+    keyed by chunk, unbounded here); ``ConfigError`` when a tier holds not even one."""
     return {
-        spec.name: spec.slots(config, chunk_bytes, world_size) for spec in enabled_tiers(config)
+        spec.name: spec.slots(config, size_in(chunk_bytes, spec.name), world_size)
+        for spec in enabled_tiers(config)
     }
 
 
@@ -176,12 +190,13 @@ class EngineTiers:
 
 
 def _contexts(
-    config: OffloadConfig, namespace: Namespace, *, world_size: int, chunk_bytes: int,
+    config: OffloadConfig, namespace: Namespace, *, world_size: int, chunk_bytes: ChunkSizes,
     slots: Mapping[str, int], groups: int, rank: int = 0, session: bytes | None = None,
 ) -> Callable[[TierSpec[Any, Any]], TierContext]:  # fmt: skip
     def ctx(spec: TierSpec[Any, Any]) -> TierContext:
         return TierContext(
-            namespace, world_size, chunk_bytes, slots.get(spec.name, 0), groups=groups,
+            namespace, world_size, size_in(chunk_bytes, spec.name), slots.get(spec.name, 0),
+            groups=groups,
             eviction=config.eviction, rank=rank, session=session,
         )  # fmt: skip
 
@@ -193,7 +208,7 @@ def open_engine_tiers(
     namespace: Namespace,
     *,
     world_size: int,
-    chunk_bytes: int,
+    chunk_bytes: ChunkSizes,
     slots: Mapping[str, int],
     groups: int = 1,
 ) -> EngineTiers:
@@ -251,7 +266,7 @@ def open_tier_stores(
     *,
     rank: int,
     world_size: int,
-    chunk_bytes: int,
+    chunk_bytes: ChunkSizes,
     slots: Mapping[str, int],
     groups: int = 1,
 ) -> dict[str, TierStore]:

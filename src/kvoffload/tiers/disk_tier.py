@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvoffload.codecs import tier_codec_option
 from kvoffload.core.config.sections import (
     ConfigSection,
     Option,
@@ -91,6 +92,7 @@ SECTION = ConfigSection(
             "Read and write chunk files with O_DIRECT (bypass the page cache).",
             is_bool,
         ),
+        tier_codec_option("disk"),
     ),
     _together,
 )

@@ -10,8 +10,10 @@ clients only (``redis.Redis`` with its connection pool; plain or TLS sockets); t
 cluster client keeps redis-py's path.
 
 Contract of :func:`get_into`: per name, ``"ok"`` (header in ``headers[i]``, payload
-in ``outs[i]``, both still to be verified), ``"missing"``, ``"size"`` (a value of
-another length: consumed and dropped, ``outs[i]`` untouched), ``"type"`` (not a
+in ``outs[i]``, both still to be verified), ``"short:N"`` (the same, a payload of
+``N`` bytes in ``outs[i][:N]``: a value shorter than the buffer, as a variable-size
+codec stores), ``"missing"``, ``"size"`` (a value longer than header and buffer, or
+shorter than a header: consumed and dropped, ``outs[i]`` untouched), ``"type"`` (not a
 string value). Any other error reply (e.g. a server still loading its data) raises
 ``redis.ResponseError`` once every reply is consumed, as redis-py's pipelines do.
 ``outs[i]`` may hold unverified bytes whatever the answer: the caller owns a slot
@@ -183,10 +185,10 @@ def _one(replies: _Replies, header: memoryview, out: memoryview) -> str:
     length = int(rest)
     if length < 0:
         return "missing"
-    if length != len(header) + len(out):
+    if not len(header) <= length <= len(header) + len(out):
         replies.skip(length + 2)
         return "size"
     replies.read_into(header)
-    replies.read_into(out)
+    replies.read_into(out[: length - len(header)])
     replies.skip(2)  # CRLF
-    return "ok"
+    return "ok" if length == len(header) + len(out) else f"short:{length - len(header)}"

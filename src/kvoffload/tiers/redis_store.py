@@ -34,13 +34,25 @@ from kvoffload.tiers.redis_reader import get_into, set_from
 
 
 class RedisStore:
+    """``payload_bytes``: each chunk's payload; with ``variable``, the most a payload
+    holds (a variable-size codec's chunks, decision 0023: a value's header names its
+    own length, at most that, and a read fills the front of its buffer)."""
+
     def __init__(
-        self, client: Any, namespace_digest: bytes, rank: int, payload_bytes: int, groups: int = 1
+        self,
+        client: Any,
+        namespace_digest: bytes,
+        rank: int,
+        payload_bytes: int,
+        groups: int = 1,
+        *,
+        variable: bool = False,
     ):
         self.client = client
         self.digest = namespace_digest
         self.rank = rank
         self.payload_bytes = payload_bytes
+        self.variable = variable
         self.groups = groups  # the layout's KV cache groups, recorded in every header
         # Straight from and into host slots where the client allows it (not the
         # cluster client); else redis-py's path with one copy each way.
@@ -116,14 +128,17 @@ class RedisStore:
                     if answer == "missing":
                         verdicts.append(MISSING)
                         continue
+                    size = int(answer[len("short:") :]) if answer.startswith("short:") else len(out)
+                    if size != len(out) and not self.variable:
+                        raise IntegrityError(IntegrityReason.SIZE)
                     expected = check_header(
                         header,
                         self.digest,
                         shard_key(key, self.rank),
-                        self.payload_bytes,
+                        size if self.variable else self.payload_bytes,
                         group=group,
                     )
-                    check_payload(out, self.payload_bytes, expected)
+                    check_payload(out[:size], self.payload_bytes, expected, at_most=self.variable)
                     verdicts.append(None)
                 except IntegrityError as exc:
                     verdicts.append(exc)
@@ -142,7 +157,11 @@ class RedisStore:
                         raise value
                     raise IntegrityError(IntegrityReason.MAGIC, "not a string value")
                 storage_key = shard_key(key, self.rank)
-                out[:] = verify(value, self.digest, storage_key, self.payload_bytes, group=group)
+                payload = verify(
+                    value, self.digest, storage_key, self.payload_bytes, group=group,
+                    at_most=self.variable,
+                )  # fmt: skip
+                out[: len(payload)] = payload
                 verdicts.append(None)
             except IntegrityError as exc:
                 verdicts.append(exc)

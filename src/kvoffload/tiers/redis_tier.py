@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from kvoffload.codecs import tier_codec_option
 from kvoffload.core.config.sections import (
     ConfigSection,
     Option,
@@ -119,6 +120,7 @@ SECTION = ConfigSection(
             lambda v: v is None or isinstance(v, str),
             secret=True,
         ),
+        tier_codec_option("redis"),
     ),
     _one_password,
 )
@@ -194,7 +196,11 @@ def open_store(config: OptionValues, ctx: TierContext) -> TierStore:
     from kvoffload.tiers.redis_store import RedisStore
 
     client = make_client(settings(config))
-    return RedisStore(client, ctx.namespace.digest(), ctx.rank, ctx.chunk_bytes, ctx.groups)
+    # lossless chunks are stored at their encoded size (decision 0023)
+    variable = (config.option("redis_codec") or config.option("codec")) == "lossless"
+    return RedisStore(
+        client, ctx.namespace.digest(), ctx.rank, ctx.chunk_bytes, ctx.groups, variable=variable
+    )
 
 
 def password_source(config: OptionValues) -> str:

@@ -15,8 +15,9 @@ plan touches, and encodes or decodes each whole chunk:
 
 Same interface and mutation contract as ``CpuCopier`` (a store writes only the host
 slots its plan names, a load only the engine blocks its plan names). A value the
-codec cannot encode (not finite) raises ``ValueError`` before any host slot of the
-plan is written: the job fails, nothing is stored. Each direction has its own
+codec cannot encode (fp8: not finite) raises ``ValueError`` before any host slot of
+the plan is written: the job fails, nothing is stored; a slot that does not decode
+(``ValueError``) fails its load, and the engine recomputes. Each direction has its own
 staging area, grown to the largest plan seen; the worker's lanes call each direction
 from one thread at a time.
 """
@@ -28,7 +29,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from kvoffload.codecs.chunk_codec import Fp8Chunks
+from kvoffload.codecs.chunk_codec import ChunkCodec
 from kvoffload.core.errors import ContractViolation
 from kvoffload.tiers.slot_rows import SlotRows
 from kvoffload.transfer.cpu_copy import CpuCopier
@@ -55,7 +56,7 @@ class CodecCopier:
         layout: KVLayout,
         slab: SlotRows,
         blocks_per_chunk: int,
-        codec: Fp8Chunks,
+        codec: ChunkCodec,
         *,
         threads: int,
     ) -> None:
@@ -88,7 +89,7 @@ class CodecCopier:
             raise ContractViolation("a store through a codec names every block of its chunks")
         staging, copier = self._stage("store", len(slots))
         copier.store(staged)
-        encoded = torch.empty((len(slots), self.codec.stored_bytes), dtype=torch.uint8)
+        encoded = torch.zeros((len(slots), self.codec.stored_bytes), dtype=torch.uint8)
         for i in range(len(slots)):
             self.codec.encode(staging.data[i], encoded[i])
         for i, slot in enumerate(slots):  # only once every chunk encoded

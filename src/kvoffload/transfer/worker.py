@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-from kvoffload.codecs.chunk_codec import Fp8Chunks, open_codec
+from kvoffload.codecs.chunk_codec import ChunkCodec, open_codec
 from kvoffload.core.config.options import default
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
@@ -71,7 +71,7 @@ class TransferWorker:
         threads: int = default("copy_threads"),
         rank: int = 0,
         hook: CopyHook | None = None,
-        codec: Fp8Chunks | None = None,
+        codec: ChunkCodec | None = None,
     ) -> None:
         raw = layout.chunk_bytes(blocks_per_chunk)
         stored = raw if codec is None else codec.stored_bytes

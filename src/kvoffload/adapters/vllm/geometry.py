@@ -39,7 +39,7 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroup, KVGroups
 from kvoffload.core.scheduler_types import SchedulerConfig
-from kvoffload.tiers.build import tier_slots
+from kvoffload.tiers.build import enabled_tiers, tier_slots
 
 logger = logging.getLogger("kvoffload")
 
@@ -57,8 +57,10 @@ class Geometry:
     # each enabled lower tier's capacity in chunks per rank (0: keyed by chunk)
     tier_slots: Mapping[str, int] = field(default_factory=dict)
     kv_groups: KVGroups = ONE_GROUP
-    codec: str = "none"  # how every tier keeps chunks (``codec``, decision 0023)
+    codec: str = "none"  # how host memory keeps chunks (``codec``, decision 0023)
     kv_dtype_bytes: int = 2
+    # each enabled lower tier's codec, where it differs from host memory's
+    tier_codecs: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def raw_chunk_bytes(self) -> int:
@@ -69,6 +71,19 @@ class Geometry:
     def chunk_bytes(self) -> int:
         """One worker's share of one chunk as every tier keeps it (encoded)."""
         return stored_bytes(self.codec, self.raw_chunk_bytes, self.kv_dtype_bytes)
+
+    def tier_codec(self, tier: str) -> str:
+        """How tier ``tier`` keeps chunks."""
+        return self.tier_codecs.get(tier, self.codec)
+
+    def tier_chunk_bytes(self, tier: str) -> int:
+        """One worker's share of one chunk as tier ``tier`` keeps it."""
+        return stored_bytes(self.tier_codec(tier), self.raw_chunk_bytes, self.kv_dtype_bytes)
+
+    @property
+    def chunk_sizes(self) -> dict[str, int]:
+        """:meth:`tier_chunk_bytes` of host memory and every enabled lower tier."""
+        return {t: self.tier_chunk_bytes(t) for t in ("host", *self.tier_slots)}
 
     @property
     def host_bytes_per_worker(self) -> int:
@@ -170,8 +185,15 @@ def derive_geometry(
     world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     blocks_per_chunk = chunk_tokens // block_size
     dtype_bytes = int(getattr(spec.dtype, "itemsize", 2))
-    codec = chunk_codec_for(config.codec, dtype_bytes)
-    chunk_bytes = stored_bytes(codec, bytes_per_block * blocks_per_chunk, dtype_bytes)
+    raw_bytes = bytes_per_block * blocks_per_chunk
+    codec = chunk_codec_for(config.tier_codec("host"), dtype_bytes)
+    chunk_bytes = stored_bytes(codec, raw_bytes, dtype_bytes)
+    tier_codecs = {
+        spec.name: chunk_codec_for(config.tier_codec(spec.name), dtype_bytes)
+        for spec in enabled_tiers(config)
+    }
+    sizes = {name: stored_bytes(c, raw_bytes, dtype_bytes) for name, c in tier_codecs.items()}
+    sizes["host"] = chunk_bytes
     num_slots = slots_per_rank(config.cpu_bytes, chunk_bytes, world_size)
     if num_slots < 1:
         raise ConfigError(
@@ -196,13 +218,13 @@ def derive_geometry(
         ).encode(),
         digest_size=12,
     ).hexdigest()
-    slots = tier_slots(config, chunk_bytes, world_size)
+    slots = tier_slots(config, sizes, world_size)
     model = vllm_config.model_config
     namespace = Namespace(
         model=f"{model.model}@{model.revision or 'main'}",
         layout=layout,
-        # A codec is part of what a chunk's bytes are: chunks of another are never found.
-        dtype=str(spec.dtype) if codec == "none" else f"{spec.dtype}+{codec}",
+        # Codecs are part of what a chunk's bytes are: chunks of others are never found.
+        dtype=codec_tag(str(spec.dtype), codec, tier_codecs),
         parallel=f"tp{parallel.tensor_parallel_size}-pp{parallel.pipeline_parallel_size}",
         config=identity.config_digest(vllm_config),
         weights=identity.weights_digest(vllm_config),
@@ -220,7 +242,17 @@ def derive_geometry(
         kv_groups=kv_groups,
         codec=codec,
         kv_dtype_bytes=dtype_bytes,
+        tier_codecs={name: c for name, c in tier_codecs.items() if c != codec},
     )
+
+
+def codec_tag(dtype: str, host: str, lower: Mapping[str, str]) -> str:
+    """The namespace's ``dtype``: the KV dtype, then the codecs its tiers keep chunks
+    in (``torch.bfloat16+fp8``: every tier; ``torch.bfloat16+host:none,disk:fp8``:
+    per tier, enabled tiers only). Engines share chunks only with the same tag."""
+    if all(c == host for c in lower.values()):
+        return dtype if host == "none" else f"{dtype}+{host}"
+    return f"{dtype}+" + ",".join(f"{t}:{c}" for t, c in {"host": host, **lower}.items())
 
 
 def chunk_codec_for(codec: str, dtype_bytes: int) -> str:

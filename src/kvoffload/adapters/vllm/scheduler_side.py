@@ -103,7 +103,7 @@ class SchedulerSide:
             config,
             g.namespace,
             world_size=g.world_size,
-            chunk_bytes=g.chunk_bytes,
+            chunk_bytes=g.chunk_sizes,
             slots={"host": g.num_slots, **g.tier_slots},
             groups=len(g.kv_groups),
         )

@@ -33,6 +33,7 @@ from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.sleep_state import WorkerSleep
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.adapters.vllm.worker_weights import WorkerWeights
+from kvoffload.codecs.chunk_codec import open_codec
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.identity.weights import FENCED
@@ -46,6 +47,7 @@ from kvoffload.transfer import CopyHook, TransferWorker
 from kvoffload.transfer.cpu_kernel import NATIVE
 from kvoffload.transfer.staged_loads import StagedLoadLane, StagedLoads
 from kvoffload.transfer.step_backend import TransferBackend
+from kvoffload.transfer.tier_codecs import through_codecs
 from kvoffload.transfer.tier_worker import TierLane, TierStore, TierWorker
 
 logger = logging.getLogger("kvoffload")
@@ -122,7 +124,7 @@ class WorkerSide:
         worker = self._open_worker(kv_caches)
         tiers: TierWorker | None = None
         try:
-            tiers = self._open_tiers(worker)
+            tiers = self._open_tiers(worker, {t.dtype for t in kv_caches.values()})
             staged = None
             if tiers is not None:
                 staged = StagedLoads.open(
@@ -211,18 +213,26 @@ class WorkerSide:
         )
         return line if self.share is None else f"{line}, {self.share.describe()}"
 
-    def _open_tiers(self, worker: TransferWorker) -> TierWorker | None:
+    def _open_tiers(self, worker: TransferWorker, dtypes: set[torch.dtype]) -> TierWorker | None:
         g, config = self.geometry, self.config
         stores: dict[str, TierStore] = open_tier_stores(
             config,
             g.namespace,
             rank=self.rank,
             world_size=g.world_size,
-            chunk_bytes=g.chunk_bytes,
+            chunk_bytes=g.chunk_sizes,
             slots=g.tier_slots,
             groups=len(g.kv_groups),
         )
         self._session_stores += [s for s in stores.values() if isinstance(s, SessionHolder)]
+        raw = g.raw_chunk_bytes
+        for name, store in stores.items():  # each tier's codec (decision 0023)
+            codec = g.tier_codec(name)
+            tier = open_codec(codec, next(iter(dtypes)), raw) if len(dtypes) == 1 else None
+            if codec != "none" and tier is None:
+                raise ConfigError(f"{name}_codec", f"{codec} needs KV of one dtype, not {dtypes}")
+            keyed = g.tier_slots.get(name, 0) == 0
+            stores[name] = through_codecs(store, worker.codec, tier, raw_bytes=raw, keyed=keyed)
         if not stores:
             return None
         return TierWorker(

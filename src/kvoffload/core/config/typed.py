@@ -65,6 +65,7 @@ class OffloadConfig:
     tier_io_timeout_ms: int = default("tier_io_timeout_ms")
     lower_tier_admission: str | int = default("lower_tier_admission")
     codec: str = default("codec")
+    host_codec: str | None = default("host_codec")
     lower_tier_loads: str = default("lower_tier_loads")
     load_policy: str = default("load_policy")
     prefill_tokens_per_s: float = default("prefill_tokens_per_s")
@@ -116,6 +117,12 @@ class OffloadConfig:
             if option.url and isinstance(value, str) and url_has_password(value):
                 return option.name
         return None
+
+    def tier_codec(self, tier: str) -> str:
+        """Tier ``tier``'s codec: its ``<tier>_codec`` option, else ``codec``."""
+        name = f"{tier}_codec"
+        value = self.option(name) if name in _BY_NAME or name in _TIER_OPTIONS else None
+        return str(value) if value is not None else self.codec
 
     @property
     def spill_after_hits(self) -> int:

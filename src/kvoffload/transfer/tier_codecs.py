@@ -1,0 +1,166 @@
+"""A lower tier's store seen through codecs (issue 33, decision 0023).
+
+Host slots hold chunks in host memory's codec; a lower tier may keep them in another
+(``<tier>_codec``: host memory ``none``, disk and Redis ``fp8``), and a tier keyed by
+chunk (Redis) stores only the bytes a variable-size codec (``lossless``) uses.
+:class:`CodecTierStore` wraps a tier's :class:`~kvoffload.tiers.spec.TierStore` so the
+tier lane and the staged loads keep reading and writing host-format chunks:
+
+- ``write_many``: each host slot is decoded (host codec) and encoded (tier codec)
+  into a buffer of the tier's chunk bytes, trimmed to its used bytes for a tier keyed
+  by chunk; the tier checksums what it stores. A chunk the tier codec cannot encode
+  (fp8: a value not finite) fails alone (``io:codec ...``), never written;
+- ``read_many``: the tier reads into buffers of its chunk bytes; each chunk read is
+  decoded (tier codec) and encoded (host codec) into its host slot. A chunk that
+  does not decode fails as ``integrity:codec`` (the scheduler half forgets the copy;
+  the engine recomputes); a host slot whose chunk failed may hold partial bytes, as
+  with any failed read.
+
+Everything else (``hold``, ``close``, ``delete_many``...) is the wrapped store's.
+Called from the tier lane's threads, one call per thread: each call has its own
+buffers. Contract of the wrapped store unchanged: failures per chunk, raises only
+when the tier failed as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvoffload.codecs.chunk_codec import ChunkCodec
+from kvoffload.core.failures import ChunkFailure, integrity_failure, io_failure
+from kvoffload.core.keys import ChunkKey
+from kvoffload.tiers.spec import TierStore
+
+__all__ = ["CodecTierStore", "through_codecs"]
+
+
+def _name(codec: ChunkCodec | None) -> str:
+    return "none" if codec is None else codec.name
+
+
+def _tensor(view: memoryview) -> torch.Tensor:
+    return torch.frombuffer(view, dtype=torch.uint8)
+
+
+class CodecTierStore:
+    """``inner`` (a tier keeping ``tier``-coded chunks) as host slots in ``host``'s
+    codec see it (see the module docstring). ``raw_bytes``: one rank's raw chunk;
+    ``keyed``: the tier is keyed by chunk, so it stores only the used bytes."""
+
+    def __init__(
+        self,
+        inner: TierStore,
+        host: ChunkCodec | None,
+        tier: ChunkCodec | None,
+        *,
+        raw_bytes: int,
+        keyed: bool,
+    ) -> None:
+        self.inner = inner
+        self.host = host
+        self.tier = tier
+        self.raw_bytes = raw_bytes
+        self.keyed = keyed
+        self.same = _name(host) == _name(tier)
+
+    @property
+    def tier_bytes(self) -> int:
+        return self.raw_bytes if self.tier is None else self.tier.stored_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _raw(self, view: memoryview) -> torch.Tensor:
+        if self.host is None:
+            return _tensor(view)
+        raw = torch.empty(self.raw_bytes, dtype=torch.uint8)
+        self.host.decode(_tensor(view), raw)
+        return raw
+
+    def _encoded(self, view: memoryview) -> memoryview:
+        """A host slot's chunk as the tier keeps it (``ValueError``: not encodable)."""
+        if self.same:
+            data = view
+        else:
+            raw = self._raw(view)
+            if self.tier is None:
+                return raw.numpy().data.cast("B")
+            out = torch.zeros(self.tier.stored_bytes, dtype=torch.uint8)
+            self.tier.encode(raw, out)
+            data = out.numpy().data.cast("B")
+        if self.keyed and self.tier is not None:
+            data = data[: self.tier.used_bytes(data)]
+        return data
+
+    def write_many(
+        self,
+        items: Sequence[tuple[ChunkKey, memoryview]],
+        slots: Sequence[int],
+        groups: Sequence[int] = (),
+    ) -> list[ChunkFailure | None]:
+        failures: list[ChunkFailure | None] = [None] * len(items)
+        kept: list[int] = []
+        encoded: list[tuple[ChunkKey, memoryview]] = []
+        for i, (key, view) in enumerate(items):
+            try:
+                encoded.append((key, self._encoded(view)))
+                kept.append(i)
+            except ValueError as exc:
+                failures[i] = io_failure(f"codec {_name(self.tier)}: {exc}")
+        if kept:
+            done = self.inner.write_many(
+                encoded,
+                [slots[i] for i in kept] if slots else (),
+                [groups[i] for i in kept] if groups else (),
+            )
+            for i, failure in zip(kept, done, strict=True):
+                failures[i] = failure
+        return failures
+
+    def read_many(
+        self,
+        keys: Sequence[ChunkKey],
+        slots: Sequence[int],
+        outs: Sequence[memoryview],
+        groups: Sequence[int] = (),
+    ) -> list[ChunkFailure | None]:
+        if self.same:
+            return self.inner.read_many(keys, slots, outs, groups)
+        buffers = [torch.empty(self.tier_bytes, dtype=torch.uint8) for _ in keys]
+        views = [b.numpy().data.cast("B") for b in buffers]
+        failures = self.inner.read_many(keys, slots, views, groups)
+        for i, failure in enumerate(failures):
+            if failure is not None:
+                continue
+            try:
+                raw = buffers[i]
+                if self.tier is not None:
+                    raw = torch.empty(self.raw_bytes, dtype=torch.uint8)
+                    self.tier.decode(buffers[i], raw)
+                out = _tensor(outs[i])
+                if self.host is None:
+                    out.copy_(raw)
+                else:
+                    self.host.encode(raw, out)
+            except ValueError as exc:
+                failures[i] = integrity_failure(f"codec {exc}")
+        return failures
+
+
+def through_codecs(
+    store: TierStore,
+    host: ChunkCodec | None,
+    tier: ChunkCodec | None,
+    *,
+    raw_bytes: int,
+    keyed: bool,
+) -> TierStore:
+    """``store`` as host slots see it: itself when the codecs agree and nothing is
+    trimmed, else a :class:`CodecTierStore`."""
+    variable = tier is not None and tier.name == "lossless"
+    if _name(host) == _name(tier) and not (keyed and variable):
+        return store
+    return CodecTierStore(store, host, tier, raw_bytes=raw_bytes, keyed=keyed)

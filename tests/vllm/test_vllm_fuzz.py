@@ -9,17 +9,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
+from kvoffload.codecs.chunk_codec import Fp8Chunks, LosslessChunks
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.kv_groups import KVGroups
 from kvoffload.core.scheduler import stores
 from kvoffload.share.client import ShareDirectory
 from kvoffload.testing.vllm_fuzz.__main__ import main, report
+from kvoffload.testing.vllm_fuzz.codecs import codec_options, draw_codecs
 from kvoffload.testing.vllm_fuzz.groups import draw_groups
-from kvoffload.testing.vllm_fuzz.runner import Environment, Outcome, run_scenario
-from kvoffload.testing.vllm_fuzz.scenario import random_scenario
+from kvoffload.testing.vllm_fuzz.runner import Environment, Outcome, harness_spec, run_scenario
+from kvoffload.testing.vllm_fuzz.scenario import Tiers, random_scenario
 from kvoffload.testing.vllm_fuzz.shared_host import draws_shared_host, run_shared, shared_scenario
 from kvoffload.testing.vllm_fuzz.shrink import shrink
 
@@ -201,3 +205,57 @@ def test_a_killed_engine_whose_stores_are_published_is_found(
         "a killed engine was spilling are readable",
     )
     assert any(text in failure.message for text in found), failure.message
+
+
+def codec_seeds(codecs: set[str], count: int) -> list[int]:
+    """The first ``count`` seeds whose engine runs one of ``codecs`` in some tier."""
+    found = []
+    for seed in range(2000):
+        scenario = random_scenario(seed, True)
+        tier = {Tiers.DISK: "disk", Tiers.REDIS: "redis"}.get(scenario.tiers)
+        if codecs & set(codec_options(scenario.codecs, tier).values()):
+            found.append(seed)
+        if len(found) == count:
+            break
+    return found
+
+
+def test_codec_seeds_load_their_chunks_back_through_the_codecs(env: Environment) -> None:
+    """A share of the seeds draw codecs (host memory's and the lower tier's, equal or
+    not); their loads pass the harness's KV checks: exact for lossless, within e4m3's
+    bound for fp8 (the CI seeds above include them; this asserts they really ran)."""
+    draws = [draw_codecs(s) for s in range(CI_SEEDS)]
+    assert 40 <= sum(d != ("none", "none") for d in draws) <= 100
+    assert any(d[0] != d[1] for d in draws) and any(d[0] == d[1] != "none" for d in draws)
+    checked = {"fp8": 0, "lossless": 0}
+    for codec in checked:
+        for seed in codec_seeds({codec}, 6):
+            scenario = random_scenario(seed, True)
+            spec = harness_spec(scenario, env, env.root)
+            drawn = [spec.extra.get(k) for k in ("codec", "disk_codec", "redis_codec")]
+            assert codec in drawn  # the engine really runs the codec
+            outcome = run_scenario(scenario, env)
+            assert not outcome.failed, outcome.message
+            checked[codec] += outcome.stats["loads_checked"]
+    assert checked["fp8"] > 0 and checked["lossless"] > 0
+
+
+@pytest.mark.parametrize("codec", ["fp8", "lossless"])
+def test_a_codec_that_returns_wrong_values_is_found(
+    env: Environment, monkeypatch: pytest.MonkeyPatch, codec: str
+) -> None:
+    """Planted: decoding puts back every value off by more than fp8's bound (fp8:
+    a quarter more; lossless: one more), so the checks, exact or within the bound,
+    fail."""
+    cls = Fp8Chunks if codec == "fp8" else LosslessChunks
+    real = cls.decode
+
+    def wrong(self: Any, stored: torch.Tensor, out: torch.Tensor) -> None:
+        real(self, stored, out)
+        values = out.view(torch.float32)
+        values.copy_(values * 1.25 if codec == "fp8" else values + 1)
+
+    monkeypatch.setattr(cls, "decode", wrong)
+    failure = first_failure(env, codec_seeds({codec}, 20))
+    assert failure is not None and "does not hold its own KV" in failure.message
+    assert codec in failure.scenario.codecs

@@ -22,6 +22,7 @@ from typing import Any
 from kvoffload.core.cost import LaneCosts
 from kvoffload.core.keys import ChunkKey
 from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.vllm_fuzz.codecs import codec_options
 from kvoffload.testing.vllm_fuzz.faults import FaultPolicy, chance
 from kvoffload.testing.vllm_fuzz.groups import BLOCK_SIZE, MAX_BATCHED_TOKENS
 from kvoffload.testing.vllm_fuzz.scenario import (
@@ -124,6 +125,7 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
             "store_threshold": scenario.beside.store_threshold,
         }
     tier = {Tiers.DISK: "disk", Tiers.REDIS: "redis"}.get(scenario.tiers)
+    extra.update(codec_options(scenario.codecs, tier))
     costs = {tier: LaneCosts(0.0, scenario.lane_cost)} if tier and scenario.lane_cost else {}
     if costs:
         extra["load_policy"] = "cost"  # the drawn lane cost decides load or recompute

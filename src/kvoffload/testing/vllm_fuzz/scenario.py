@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from kvoffload.core.policies import policy_names
+from kvoffload.testing.vllm_fuzz.codecs import NONE, describe_codecs, draw_codecs
 from kvoffload.testing.vllm_fuzz.engine_events import (
     SleepWake,
     WeightUpdate,
@@ -127,6 +128,7 @@ class Scenario:
     faults: tuple[Fault, ...] = field(default_factory=tuple)
     beside: Beside | None = None  # kvoffload beside another loading connector
     lane_cost: float = 0.0  # the lower tier's seconds per chunk loaded (decision 0013)
+    codecs: tuple[str, str] = NONE  # host memory's codec, the lower tier's (issue 33)
 
     def fault(self, kind: FaultKind) -> Fault | None:
         return next((f for f in self.faults if f.kind is kind), None)
@@ -149,6 +151,7 @@ class Scenario:
             f"deferral<={self.max_deferral_steps} steps/{self.max_deferral_seconds} s"
             + (f" groups={describe_groups(self.groups)}" if self.groups != (None,) else "")
             + (f" lane_cost={self.lane_cost:g} s/chunk" if self.lane_cost else "")
+            + describe_codecs(self.codecs)
             + (
                 f" beside=MultiConnector(other kvoffload: host={self.beside.host_chunks} "
                 f"chunks, store_threshold={self.beside.store_threshold})"
@@ -239,6 +242,7 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
         lane_cost=draw_lane_cost(seed),
         weight_updates=draw_weight_updates(seed, last + 30),
         sleeps=draw_sleeps(seed, last + 30),
+        codecs=draw_codecs(seed),
     )
 
 

@@ -60,7 +60,7 @@ from kvoffload.testing.vllm_harness.checks import HarnessViolation
 from kvoffload.testing.vllm_harness.completions import CompleteAll, Completions
 from kvoffload.testing.vllm_harness.deferred_outputs import DeferredOutputs
 from kvoffload.testing.vllm_harness.hangs import IoHangs, settle
-from kvoffload.testing.vllm_harness.kv_model import KVModel
+from kvoffload.testing.vllm_harness.kv_model import KVModel, codec_tolerance
 from kvoffload.testing.vllm_harness.model_runner import ModelRunner
 from kvoffload.testing.vllm_harness.ranks import Rank, make_rank, plans_of, run_step
 from kvoffload.testing.vllm_harness.records import StepRecord, plan_lines
@@ -121,6 +121,7 @@ class VllmHarness(WeightEvents):
         self.kv = [torch.zeros(shape, dtype=torch.float32) for _ in range(world)]
         null = self.scheduler.kv_cache_manager.block_pool.null_block.block_id
         self.model = KVModel(self.kv, self.block_size, null)
+        self.model.tolerance = codec_tolerance(self.spec.extra)
         self.units = make_units(
             self.scheduler,
             self.model,

@@ -83,6 +83,9 @@ GAUGES = {
     ("usage_bytes", labels(tier="disk")): float(3 * MIB),
     ("capacity_bytes", labels(tier="disk")): float(64 * MIB),
     ("usage_bytes", labels(tier="redis")): float(2 * MIB),
+    ("codec_ratio", labels(tier="host")): 1.0,
+    ("codec_ratio", labels(tier="disk")): 3.996,
+    ("codec_ratio", labels(tier="redis")): 1.4521,
     ("jobs_in_flight", ()): 0.0,
 }
 
@@ -137,6 +140,7 @@ def test_the_table_of_a_three_tier_engine(
     assert rows["missing chunks"] == ["-", "0", "3"]
     assert rows["used"] == ["1.0MiB", "3.0MiB", "2.0MiB"]
     assert rows["capacity"] == ["4.0MiB", "64.0MiB", "-"]
+    assert rows["codec ratio"] == ["1.00x", "4.00x", "1.45x"]
     notes = out.split("\n\n", 2)[2].splitlines()
     assert notes == [
         "failed chunks by direction: host store=1; disk spill=2; redis promote=1",
@@ -166,6 +170,7 @@ def test_the_json_document(endpoint: str, capsys: pytest.CaptureFixture[str]) ->
         "capacity_bytes": 4 * MIB,
         "evicted_without_copy": 3,
         "evicted_without_copy_share": 0.075,
+        "codec_ratio": 1.0,
     }
     assert disk["tier"] == "disk"
     assert disk["transferred"] == {"spill": 60, "promote": 10, "load": 4}
@@ -177,6 +182,7 @@ def test_the_json_document(endpoint: str, capsys: pytest.CaptureFixture[str]) ->
     assert (redis["lookups"], redis["hit_tokens"], redis["missing_chunks"]) == (12, 2048, 3)
     assert (redis["evictions"], redis["capacity_bytes"]) == (None, None)
     assert redis["failed"] == {"spill": 0, "promote": 1, "load": 0}
+    assert (disk["codec_ratio"], redis["codec_ratio"]) == (3.996, 1.4521)
     assert doc["deferrals"] == {"promotion": 3, "transfer_in_flight": 4}
     assert (doc["deferral_timeouts"], doc["internal_errors"]) == (1, 0)
 

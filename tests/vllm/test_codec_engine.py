@@ -121,6 +121,8 @@ def test_per_tier_codecs_re_encode_between_tiers(
     with engine(tiny_model, lossless_below, kv_blocks=20, max_num_seqs=1, max_model_len=320) as llm:
         cached, outs = serve_cycle(llm)
         namespace, redis_reads = half(llm).namespace.dtype, tier_reads(llm, "redis")
+        ratio = side(llm).read_metrics().value("codec_ratio", tier="redis")
+        line = side(llm).summary("recompute")
     client = redis_server.client()
     names = [n for n in client.keys("kvoffload:v1:*") if not n.endswith(b":namespace")]
     sizes = [client.strlen(n) for n in names]
@@ -128,6 +130,9 @@ def test_per_tier_codecs_re_encode_between_tiers(
           f"{len(sizes)} values of {min(sizes)}-{max(sizes)} B, raw {CHUNK_BYTES}")  # fmt: skip
     assert namespace == "torch.float32+host:none,redis:lossless"
     assert sizes and max(sizes) < 64 + CHUNK_BYTES  # encoded, stored at their size
+    # measured: raw bytes over the bytes the workers wrote to Redis (frames, no header)
+    assert CHUNK_BYTES / (max(sizes) - 64) * 0.99 <= ratio <= CHUNK_BYTES / (min(sizes) - 64)
+    assert "codecs: host none 1.00x, redis lossless <= 1.00x, measured on /metrics" in line
     assert redis_reads > 0 and cached > 0
     assert outs == reference
     fp8_below = {
@@ -139,6 +144,7 @@ def test_per_tier_codecs_re_encode_between_tiers(
         cached, _ = serve_cycle(llm)
         g = side(llm).geometry
         disk_reads = tier_reads(llm, "disk")
+        disk_ratio = side(llm).read_metrics().value("codec_ratio", tier="disk")
     print(f"host none / disk fp8: cached {cached}, disk slots {g.tier_slots['disk']}, "
           f"disk reads {disk_reads}")  # fmt: skip
     assert g.codec == "none" and g.tier_codec("disk") == "fp8"
@@ -146,3 +152,4 @@ def test_per_tier_codecs_re_encode_between_tiers(
     # pages behind a 4 KiB header, so these tiny chunks take 16 KiB instead of 36 KiB
     assert g.tier_slots["disk"] == 32 * (CHUNK_BYTES + 4096) // (4096 + 12288) == 72
     assert disk_reads > 0 and cached > 0
+    assert 3.99 < disk_ratio < 4.0  # float32 to e4m3 and a scale per 4,096 values

@@ -59,6 +59,8 @@ def to_text(report: HealthReport) -> str:
         rows.append([label, *(_cell(get(t), str) for t in report.tiers)])
     for label, get in _BYTES_ROWS:
         rows.append([label, *(_cell(get(t), human_bytes) for t in report.tiers)])
+    if any(t.codec_ratio is not None for t in report.tiers):
+        rows.append(["codec ratio", *(_ratio(t.codec_ratio) for t in report.tiers)])
     right = [False] + [True] * len(report.tiers)
     out = [f"kvoffload metrics at {report.location}", "", *table(rows, right), ""]
     failed = _parts({t.tier: t.failed for t in report.tiers})
@@ -81,6 +83,11 @@ def to_text(report: HealthReport) -> str:
         errors += " (offloading is off for the rest of the engine's life)"
     out.append(f"internal errors: {errors}")
     return "\n".join(out) + "\n"
+
+
+def _ratio(value: float | None) -> str:
+    """``2.00x``: raw bytes per byte a tier keeps (its codec)."""
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def _cell(value: int | None, show: Callable[[int], str]) -> str:

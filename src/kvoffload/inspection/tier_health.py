@@ -58,6 +58,7 @@ class TierHealth:
     capacity_bytes: int | None
     evicted_without_copy: int | None
     evicted_without_copy_share: float | None
+    codec_ratio: float | None = None  # raw bytes per byte the tier keeps (decision 0023)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ def _tier(series: _Series, tier: str, *, lower: bool) -> TierHealth:
         capacity_bytes=series.total("capacity_bytes", tier=tier),
         evicted_without_copy=without_copy,
         evicted_without_copy_share=share,
+        codec_ratio=series.mean("codec_ratio", tier=tier),
     )
 
 

@@ -18,12 +18,16 @@ tier lane and the staged loads keep reading and writing host-format chunks:
 
 Everything else (``hold``, ``close``, ``delete_many``...) is the wrapped store's.
 Called from the tier lane's threads, one call per thread: each call has its own
-buffers. Contract of the wrapped store unchanged: failures per chunk, raises only
-when the tier failed as a whole.
+buffers, and :meth:`CodecTierStore.last_moved` gives the calling thread the bytes its
+last call moved at the tier (the chunks that made it, as the tier keeps them: what
+crosses a remote tier's link), which the tier lane reports as its jobs' bytes.
+Contract of the wrapped store unchanged: failures per chunk, raises only when the
+tier failed as a whole.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +69,12 @@ class CodecTierStore:
         self.raw_bytes = raw_bytes
         self.keyed = keyed
         self.same = _name(host) == _name(tier)
+        self._local = threading.local()
+
+    def last_moved(self) -> int | None:
+        """The bytes the calling thread's last call moved at the tier (None: no call)."""
+        moved: int | None = getattr(self._local, "moved", None)
+        return moved
 
     @property
     def tier_bytes(self) -> int:
@@ -118,6 +128,9 @@ class CodecTierStore:
             )
             for i, failure in zip(kept, done, strict=True):
                 failures[i] = failure
+        self._local.moved = sum(
+            len(view) for i, (_, view) in zip(kept, encoded, strict=True) if failures[i] is None
+        )
         return failures
 
     def read_many(
@@ -128,7 +141,11 @@ class CodecTierStore:
         groups: Sequence[int] = (),
     ) -> list[ChunkFailure | None]:
         if self.same:
-            return self.inner.read_many(keys, slots, outs, groups)
+            failures = self.inner.read_many(keys, slots, outs, groups)
+            self._local.moved = sum(
+                self._used(out) for out, f in zip(outs, failures, strict=True) if f is None
+            )
+            return failures
         buffers = [torch.empty(self.tier_bytes, dtype=torch.uint8) for _ in keys]
         views = [b.numpy().data.cast("B") for b in buffers]
         failures = self.inner.read_many(keys, slots, views, groups)
@@ -147,7 +164,19 @@ class CodecTierStore:
                     self.host.encode(raw, out)
             except ValueError as exc:
                 failures[i] = integrity_failure(f"codec {exc}")
+        self._local.moved = sum(
+            self._used(view) for view, f in zip(views, failures, strict=True) if f is None
+        )
         return failures
+
+    def _used(self, view: memoryview) -> int:
+        """The bytes a chunk read in the tier's codec took at the tier."""
+        if self.tier is None or not self.keyed:
+            return len(view)
+        try:
+            return self.tier.used_bytes(view)
+        except ValueError:
+            return len(view)
 
 
 def through_codecs(

@@ -7,7 +7,9 @@ chunks from a tier, verified, into its host slots. Each job runs on a small thre
 blocks: disks, networks), so a slow tier delays only its own jobs; a large job is
 split into parts of about ``part_bytes`` that run in parallel.
 
-Results follow :class:`~kvoffload.core.jobs.JobResult`: a chunk that failed inside
+Results follow :class:`~kvoffload.core.jobs.JobResult` (``nbytes``: the bytes of the
+chunks that made it as the tier keeps them, where a store through codecs says so,
+``transfer/tier_codecs.py``; else as host slots hold them): a chunk that failed inside
 a job is listed in ``failed_chunks`` with its
 :class:`~kvoffload.core.failures.ChunkFailure` (a part of the job whose tier call
 raised fails each of its chunks with ``FailureKind.ERROR``); a job none of whose
@@ -83,6 +85,7 @@ class _Parts:
         self.left = count
         self.failures: dict[int, ChunkFailure] = {}
         self.error = ""
+        self.moved: int | None = None  # bytes at the tier (a store through codecs)
         self.lock = threading.Lock()
 
 
@@ -187,6 +190,7 @@ class TierWorker:
         store = self.stores[job.tier]
         failures: list[ChunkFailure | None] = []
         error = ""
+        moved: int | None = None
         try:
             if self._deadlines.phase(job.job_id) is IoPhase.TIMED_OUT:
                 raise TimeoutError("past its deadline before this part started")
@@ -199,6 +203,8 @@ class TierWorker:
                 failures = store.write_many(items, tier_slots, groups)
             else:
                 failures = store.read_many(keys, tier_slots, views, groups)
+            last_moved = getattr(store, "last_moved", None)  # a store through codecs
+            moved = last_moved() if last_moved is not None else None
         except Exception as exc:  # the tier failed as a whole: every chunk of the part
             error = f"{type(exc).__name__}: {exc}"
         with parts.lock:
@@ -210,6 +216,8 @@ class TierWorker:
                 parts.failures.update(
                     (lo + i, reason) for i, reason in enumerate(failures) if reason is not None
                 )
+                if moved is not None:
+                    parts.moved = (parts.moved or 0) + moved
             parts.left -= 1
             last = parts.left == 0
         if last:
@@ -225,7 +233,7 @@ class TierWorker:
             JobResult(
                 job.job_id,
                 success=done > 0 or not job.keys,
-                nbytes=done * self.slab.chunk_bytes,
+                nbytes=done * self.slab.chunk_bytes if parts.moved is None else parts.moved,
                 seconds=time.perf_counter() - parts.begin,
                 error=_job_error(parts.error, failed) if not done else "",
                 failed_chunks=failed if done else (),

@@ -126,6 +126,8 @@ class SchedulerSide:
         )
         self.weights = SchedulerWeights(self.scheduler)  # decision 0019
         self.chunk_bytes = g.chunk_bytes * g.world_size  # one chunk, all workers
+        self.chunk_sizes = {t: n * g.world_size for t, n in g.chunk_sizes.items()}
+        self.raw_chunk_bytes = g.raw_chunk_bytes * g.world_size
         host_share = self.tiers.host_share
         self.link_counters = (
             LinkCounters(self.scheduler.metrics) if host_share is not None else None
@@ -183,8 +185,9 @@ class SchedulerSide:
             host_chunks=self.scheduler.directory.num_slots,
             tier_chunks=g.tier_slots,
             load_failure_policy=load_failure_policy,
-            codec=g.codec,
-            raw_chunk_bytes=g.raw_chunk_bytes * g.world_size,
+            codecs={t: g.tier_codec(t) for t in self.chunk_sizes},
+            chunk_sizes=self.chunk_sizes,
+            raw_chunk_bytes=self.raw_chunk_bytes,
         )
         shares = [share.describe() for share in self.tiers.shares.values()]
         return ", ".join([line, *shares])
@@ -366,7 +369,10 @@ class SchedulerSide:
             share = self.tiers.host_share
             if share is not None and self.link_counters is not None:
                 self.link_counters.sync(share.link_stats())
-            return read_metrics(self.scheduler, self.chunk_bytes, with_gauges=with_gauges)
+            return read_metrics(
+                self.scheduler, self.chunk_sizes, raw_chunk_bytes=self.raw_chunk_bytes,
+                with_gauges=with_gauges,
+            )  # fmt: skip
 
     def _take_observations(self) -> dict[Series, list[float]]:
         with self.lock:

@@ -46,11 +46,13 @@ def scheduler_summary(
     host_chunks: int,
     tier_chunks: Mapping[str, int],
     load_failure_policy: str,
-    codec: str = "none",
+    codecs: Mapping[str, str] | None = None,
+    chunk_sizes: Mapping[str, int] | None = None,
     raw_chunk_bytes: int | None = None,
 ) -> str:
     """The scheduler role's one start-up line (``chunk_bytes``: all ranks together,
-    as the tiers keep a chunk; ``raw_chunk_bytes``: as the engine's blocks hold it;
+    as host memory keeps a chunk; ``codecs`` and ``chunk_sizes``: each tier's codec
+    and chunk bytes, by name; ``raw_chunk_bytes``: as the engine's blocks hold it;
     ``tier_chunks``: each lower tier's capacity in chunks)."""
     tiers = [f"host {size(config.cpu_bytes)} = {host_chunks} chunks ({config.eviction})"]
     for spec in enabled_tiers(config):
@@ -60,7 +62,7 @@ def scheduler_summary(
         "kvoffload: on (scheduler)",
         f"chunk {chunk_tokens} tokens = {size(chunk_bytes)}"
         + (f" over {world_size} ranks" if world_size > 1 else "")
-        + _codec_note(codec, chunk_bytes, raw_chunk_bytes),
+        + _codec_note(codecs or {}, chunk_sizes or {}, raw_chunk_bytes),
         "tiers: " + "; ".join(tiers),
         f"store after {config.store_threshold} lookup(s)",
     ]
@@ -76,11 +78,23 @@ def scheduler_summary(
     return ", ".join(parts)
 
 
-def _codec_note(codec: str, stored: int, raw: int | None) -> str:
-    """`` (codec fp8: 4.00x smaller than 128 KiB)`` for a codec that changes the bytes."""
-    if codec == "none" or raw is None:
+def _codec_note(codecs: Mapping[str, str], sizes: Mapping[str, int], raw: int | None) -> str:
+    """`` (codec fp8 in every tier: 4.00x smaller than 128 KiB)``, or per tier
+    `` (codecs: host none 1.00x, disk fp8 4.00x, redis lossless <= 1.00x, measured on
+    /metrics; raw 128 KiB)``; nothing without a codec. A slot's ratio for fixed-size
+    codecs; lossless shrinks each chunk by what it holds (``kvoffload_codec_ratio``)."""
+    if raw is None or set(codecs.values()) <= {"none"}:
         return ""
-    return f" (codec {codec} in every tier: {raw / stored:.2f}x smaller than {size(raw)})"
+
+    def ratio(tier: str) -> str:
+        shown = f"{raw / sizes.get(tier, raw):.2f}x"
+        return f"<= {shown}, measured on /metrics" if codecs[tier] == "lossless" else shown
+
+    if len(set(codecs.values())) == 1:
+        codec, tier = next(iter(codecs.values())), next(iter(codecs))
+        return f" (codec {codec} in every tier: {ratio(tier)} smaller than {size(raw)})"
+    each = ", ".join(f"{tier} {codec} {ratio(tier)}" for tier, codec in codecs.items())
+    return f" (codecs: {each}; raw {size(raw)})"
 
 
 def worker_summary(

@@ -314,6 +314,14 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("flushes_total", "counter", "Store jobs the workers were told to finish early."),
     MetricDef("usage_bytes", "gauge", "Bytes of chunks held, per tier.", ("tier",)),
     MetricDef(
+        "codec_ratio",
+        "gauge",
+        "How many times smaller a tier keeps chunks than the engine's KV (its codec, "
+        "decision 0023): a lower tier's as measured over the chunks it stored, else its "
+        "slots' (1 without a codec).",
+        ("tier",),
+    ),
+    MetricDef(
         "capacity_bytes",
         "gauge",
         "Capacity per tier (host and the bounded lower tiers; a shared server's is its "

@@ -11,6 +11,7 @@ O(series) plus one pass over the pin counts of each directory for the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,35 +37,60 @@ class MetricsReading:
 
 
 def read_metrics(
-    scheduler: OffloadScheduler, chunk_bytes: int, *, with_gauges: bool = True
+    scheduler: OffloadScheduler,
+    chunk_bytes: int | Mapping[str, int],
+    *,
+    raw_chunk_bytes: int | None = None,
+    with_gauges: bool = True,
 ) -> MetricsReading:
-    """``chunk_bytes``: one chunk's bytes, all workers together."""
+    """``chunk_bytes``: one chunk's bytes, all workers together, as every tier keeps
+    it, or each tier's by name (``"host"`` for a tier not named); ``raw_chunk_bytes``:
+    as the engine's KV holds it (None: as host memory keeps it)."""
     recorder = scheduler.metrics
     out = MetricsReading(
         counters={series: float(n) for series, n in recorder.counters.items()},
         histograms=dict(recorder.histograms),
     )
     if with_gauges:
-        out.gauges = _gauges(scheduler, chunk_bytes)
+        sizes = {"host": chunk_bytes} if isinstance(chunk_bytes, int) else dict(chunk_bytes)
+        out.gauges = _gauges(scheduler, sizes, raw_chunk_bytes or sizes["host"])
     return out
 
 
-def _gauges(scheduler: OffloadScheduler, chunk_bytes: int) -> dict[Series, float]:
-    host = scheduler.directory
+def _gauges(scheduler: OffloadScheduler, sizes: dict[str, int], raw: int) -> dict[Series, float]:
+    host, host_bytes = scheduler.directory, sizes["host"]
     g: dict[Series, float] = {("jobs_in_flight", ()): float(len(scheduler.jobs_in_flight()))}
-    g[("usage_bytes", labels(tier="host"))] = float(len(host) * chunk_bytes)
-    g[("capacity_bytes", labels(tier="host"))] = float(host.num_slots * chunk_bytes)
+    g[("usage_bytes", labels(tier="host"))] = float(len(host) * host_bytes)
+    g[("capacity_bytes", labels(tier="host"))] = float(host.num_slots * host_bytes)
     g[("pinned_chunks", labels(tier="host"))] = float(host.pinned_count)
+    g[("codec_ratio", labels(tier="host"))] = raw / host_bytes
     g.update(_cost_gauges(scheduler))
     for tier in scheduler.tiers.tiers.values():
+        chunk_bytes = sizes.get(tier.name, host_bytes)
         g[("usage_bytes", labels(tier=tier.name))] = float(tier.held_count() * chunk_bytes)
         quarantined = scheduler.moves.quarantine.chunks(tier.name)
         g[("quarantined_chunks", labels(tier=tier.name))] = float(quarantined)
+        g[("codec_ratio", labels(tier=tier.name))] = _stored_ratio(
+            scheduler, tier.name, raw, chunk_bytes
+        )
         if isinstance(tier, DirectoryTier):
             capacity = tier.directory.num_slots * chunk_bytes
             g[("capacity_bytes", labels(tier=tier.name))] = float(capacity)
             g[("pinned_chunks", labels(tier=tier.name))] = float(tier.directory.pinned_count)
     return g
+
+
+def _stored_ratio(scheduler: OffloadScheduler, tier: str, raw: int, chunk_bytes: int) -> float:
+    """Raw bytes over what tier ``tier`` wrote of the chunks it stored (its workers
+    report the bytes as the tier keeps them), or over its slots' bytes before any."""
+    metrics = scheduler.metrics
+    chunks = metrics.counters.get(
+        ("transferred_chunks_total", labels(direction="spill", tier=tier)), 0
+    )
+    written = metrics.histograms.get(("transfer_bytes", labels(direction="spill", tier=tier)))
+    if chunks and written is not None and written.total > 0:
+        return chunks * raw / written.total
+    return raw / chunk_bytes
 
 
 def _cost_gauges(scheduler: OffloadScheduler) -> dict[Series, float]:

@@ -22,6 +22,7 @@ CODEC_SHARE = 0.35
 
 NONE = ("none", "none")
 
+
 def draw_codecs(seed: int) -> tuple[str, str]:
     """``(host memory's codec, the lower tier's)`` for ``seed``."""
     rng = random.Random(f"kvoffload-vllm-fuzz-codecs:{seed}")

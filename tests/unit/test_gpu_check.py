@@ -1,6 +1,7 @@
 """``scripts/gpu-check``: its dry run needs nothing but torch and numpy, prints the JSON
-line it promises, and really runs the round trips on the CPU; its measuring code runs
-(on the CPU, tiny); a wrong copy fails it. The CUDA paths themselves need a GPU."""
+line it promises, and really runs the round trips (and the fp8 codec's) on the CPU;
+its measuring code runs (on the CPU, tiny); a wrong copy or decode fails it. The CUDA
+paths themselves need a GPU."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check"
 KEYS = {
     "ok", "device", "torch", "cuda", "dry_run", "correctness", "throughput", "overlap",
-    "skipped", "errors", "wall_s",
+    "codec", "skipped", "errors", "wall_s",
 }  # fmt: skip
 # kvoffload's own dependencies and extras, and what a GPU machine may lack: none may be
 # needed. (torch itself tries dill and tqdm, optionally.)
@@ -29,7 +31,7 @@ BLOCKED = {
     "xxhash", "redis", "hiredis", "msgpack", "vllm", "transformers", "tokenizers",
     "huggingface_hub", "safetensors", "matplotlib", "tqdm", "dill", "prometheus_client",
     "yaml", "pytest", "hypothesis", "requests", "aiohttp", "pydantic", "psutil",
-    "zstandard", "lz4", "triton", "cupy",
+    "zstandard", "lz4", "blosc2", "triton", "cupy",
 }  # fmt: skip
 # Runs the script (argv[1]) as __main__ with every BLOCKED import failing; reports
 # on stderr where kvoffload came from.
@@ -66,14 +68,36 @@ def test_the_dry_run_needs_only_torch_and_numpy_and_prints_its_json_line() -> No
     assert set(report) == KEYS
     assert report["ok"] is True and report["dry_run"] is True and report["errors"] == []
     assert report["throughput"] == [] and report["overlap"] is None
-    assert {s.split(":")[0] for s in report["skipped"]} == {"correctness", "throughput", "overlap"}
+    skipped = {s.split(":")[0] for s in report["skipped"]}
+    assert skipped == {"correctness", "codec", "throughput", "overlap"}
     assert any(s.startswith("correctness:cuda:") for s in report["skipped"])
+    assert any(s.startswith("codec:cuda:") for s in report["skipped"])
+    coded = report["codec"]  # fp8 on the CPU copy path: every dtype, within the bound
+    assert [e["dtype"] for e in coded] == ["bfloat16", "float16", "float32"]
+    assert all(e["ok"] and e["device"] == "cpu" for e in coded)
+    assert [round(e["slot_ratio"]) for e in coded] == [2, 2, 4]
     ran = report["correctness"]
     assert len(ran) >= 48
     assert all(e["ok"] and e["device"] == "cpu" and e["bytes"] > 0 for e in ran)
     assert {e["slab"] for e in ran} == {"host", "shared"}
     assert {e["dtype"] for e in ran} == {"bfloat16", "float16", "float32"}
     assert {e["layout"] for e in ran} == set(correctness.LAYOUTS)
+
+
+def test_an_fp8_decode_off_its_bound_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvoffload.codecs import fp8
+    from kvoffload.gpucheck import codec
+
+    real = fp8.decode_batch
+
+    def off(*args: Any, **kwargs: Any) -> torch.Tensor:
+        out = real(*args, **kwargs)
+        return out.mul_(1.2)
+
+    monkeypatch.setattr("kvoffload.transfer.cuda_codec_copy.decode_batch", off)
+    monkeypatch.setattr(fp8, "decode_batch", off)
+    entry = codec.run_case(torch.device("cpu"), torch.bfloat16, chunks=2, rounds=1)
+    assert not entry["ok"] and "bound" in entry["error"]
 
 
 def test_a_copy_that_drops_bytes_fails_the_check(

@@ -43,15 +43,34 @@ def encode(raw: torch.Tensor, run: int) -> torch.Tensor:
     """``raw`` (a 1-D tensor of a :data:`DTYPES` dtype, length a multiple of
     ``run``) encoded as a uint8 tensor of :func:`encoded_bytes` bytes. ``ValueError``
     for another dtype or length, or a value that is not finite."""
-    if raw.dtype not in DTYPES or raw.dim() != 1 or run <= 0 or raw.numel() % run:
-        raise ValueError(f"fp8: {raw.dtype} x {raw.numel()} is not runs of {run} of a 16/32-bit KV")
-    rows = raw.view(-1, run).float()
-    if not torch.isfinite(rows).all():
+    if raw.dim() != 1:
+        raise ValueError(f"fp8: a {raw.dim()}-D tensor is not one chunk")
+    encoded, finite = encode_batch(raw.view(1, -1), run)
+    if not bool(finite.all()):
         raise ValueError("fp8: a KV value is not finite")
-    scale = rows.abs().amax(dim=1) / E4M3_MAX
+    return encoded.view(-1)
+
+
+def encode_batch(raw: torch.Tensor, run: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of ``raw`` (``chunks x elements`` of a :data:`DTYPES` dtype, on any
+    device, ``elements`` a multiple of ``run``) encoded: a uint8 tensor of ``chunks x``
+    :func:`encoded_bytes`, and a bool tensor, per chunk, whether every value of it was
+    finite (a chunk that was not must not be stored). Nothing here waits for the
+    device: the caller reads the flags once the work is done (a GPU's store).
+    ``ValueError`` for another dtype or shape."""
+    if raw.dtype not in DTYPES or raw.dim() != 2 or run <= 0 or raw.shape[1] % run:
+        shape = tuple(raw.shape)
+        raise ValueError(f"fp8: {raw.dtype} x {shape} is not runs of {run} of a 16/32-bit KV")
+    chunks = raw.shape[0]
+    rows = raw.reshape(chunks, -1, run).float()
+    finite = torch.isfinite(rows).flatten(1).all(dim=1)
+    scale = rows.abs().amax(dim=2) / E4M3_MAX
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = (rows / safe[:, None]).to(torch.float8_e4m3fn)
-    return torch.cat([scale.view(torch.uint8), q.view(-1).view(torch.uint8)])
+    q = (rows / safe[:, :, None]).to(torch.float8_e4m3fn)
+    encoded = torch.cat(
+        [scale.contiguous().view(torch.uint8), q.reshape(chunks, -1).view(torch.uint8)], dim=1
+    )
+    return encoded, finite
 
 
 def decode(
@@ -59,14 +78,24 @@ def decode(
 ) -> torch.Tensor:
     """The values :func:`encode` encoded, as ``dtype`` (written into ``out`` if given).
     ``ValueError`` when ``data`` is not a whole number of runs."""
-    n = data.numel()
+    values = decode_batch(data.view(1, -1), dtype, run, None if out is None else out.view(1, -1))
+    return values.view(-1)
+
+
+def decode_batch(
+    data: torch.Tensor, dtype: torch.dtype, run: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Each row of ``data`` (``chunks x`` encoded bytes, uint8, any device) decoded
+    as ``dtype`` (``chunks x elements``; written into ``out`` if given). ``ValueError``
+    when a row is not a whole number of runs."""
+    chunks, n = data.shape
     elements = n * run // (run + 4)
     if n != encoded_bytes(elements, run):
         raise ValueError(f"fp8: {n} bytes are not runs of {run}")
     runs = elements // run
-    scale = data[: 4 * runs].view(torch.float32)
-    q = data[4 * runs :].view(torch.float8_e4m3fn).view(runs, run)
-    values = (q.float() * scale[:, None]).view(-1)
+    scale = data[:, : 4 * runs].contiguous().view(torch.float32)
+    q = data[:, 4 * runs :].contiguous().view(torch.float8_e4m3fn).view(chunks, runs, run)
+    values = (q.float() * scale[:, :, None]).view(chunks, elements)
     if out is None:
         return values.to(dtype)
     out.copy_(values)

@@ -57,6 +57,7 @@ class Report:
     correctness: list[Entry] = field(default_factory=list)
     throughput: list[Entry] = field(default_factory=list)
     overlap: Entry | None = None
+    codec: list[Entry] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -77,7 +78,7 @@ class Report:
 
     @property
     def failed_correctness(self) -> list[Entry]:
-        return [e for e in self.correctness if not e["ok"]]
+        return [e for e in [*self.correctness, *self.codec] if not e["ok"]]
 
     @property
     def ok(self) -> bool:
@@ -95,6 +96,7 @@ class Report:
                 "correctness": self.correctness,
                 "throughput": self.throughput,
                 "overlap": self.overlap,
+                "codec": self.codec,
                 "skipped": self.skipped,
                 "errors": self.errors,
                 "wall_s": round(time.monotonic() - self.started, 3),

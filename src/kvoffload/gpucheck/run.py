@@ -6,12 +6,15 @@ Parts, in order, each given a share of the time budget:
 
 1. ``correctness:cpu``: the round trips of :mod:`.correctness` on the CPU copy path,
    over a private slab and over a node-shared slab mapped without registration;
-2. ``correctness:cuda``: the same on the GPU (CUDA copier, page-locked slab, shared
-   slab registered with ``cudaHostRegister``), for more block sizes;
-3. ``throughput``: :mod:`.throughput`, every chunk size, both directions;
-4. ``overlap``: :mod:`.overlap`.
+2. ``codec:cpu``: :mod:`.codec`, the fp8 codec's round trips and speed against plain
+   copies, on the CPU copy path;
+3. ``correctness:cuda``: the round trips on the GPU (CUDA copier, page-locked slab,
+   shared slab registered with ``cudaHostRegister``), for more block sizes;
+4. ``codec:cuda``: :mod:`.codec` on the GPU (fp8 encoded and decoded on the device);
+5. ``throughput``: :mod:`.throughput`, every chunk size, both directions;
+6. ``overlap``: :mod:`.overlap`.
 
-``--dry-run`` (or no GPU) runs part 1 only; the others are listed in ``skipped``
+``--dry-run`` (or no GPU) runs parts 1 and 2 only; the others are listed in ``skipped``
 (without ``--dry-run`` and without a GPU that is also an error). ``--quick`` runs fewer
 cases, rounds and bytes. A part that raises is recorded in ``errors`` and the next
 part runs; SIGTERM or SIGINT stops the check at once, still printing the JSON line.
@@ -28,10 +31,10 @@ from types import FrameType
 
 import torch
 
-from kvoffload.gpucheck import correctness, overlap, throughput
+from kvoffload.gpucheck import codec, correctness, overlap, throughput
 from kvoffload.gpucheck.report import Budget, Report
 
-CUDA_PARTS = ("correctness:cuda", "throughput", "overlap")
+CUDA_PARTS = ("correctness:cuda", "codec:cuda", "throughput", "overlap")
 
 
 class Interrupted(BaseException):
@@ -93,6 +96,7 @@ def _cuda_parts(report: Report, quick: bool, total: Budget) -> list[tuple[str, C
 
     return [
         ("correctness:cuda", lambda: correctness.run_all(report, device, sizes, total.share(0.25))),
+        ("codec:cuda", lambda: codec.run_all(report, device, total.share(0.1), chunks=32)),
         ("throughput", lambda: throughput.run_all(report, device, tp_config, total.share(0.7, 60))),
         ("overlap", run_overlap),
     ]
@@ -116,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lambda: correctness.run_all(report, cpu, cpu_sizes, total.share(0.15)),
         )
         pending.pop(0)
+        _part(report, "codec:cpu", lambda: codec.run_all(report, cpu, total.share(0.05), chunks=4))
         if args.dry_run or not cuda:
             why = "dry run: needs a CUDA GPU" if args.dry_run else "no CUDA GPU"
             if not args.dry_run:

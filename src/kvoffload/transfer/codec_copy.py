@@ -37,6 +37,14 @@ from kvoffload.transfer.layout import KVLayout
 from kvoffload.transfer.plan import CopyPlan
 
 
+def staged_rows(plan: CopyPlan, blocks_per_chunk: int) -> tuple[list[int], np.ndarray]:
+    """The host slots ``plan`` touches, ascending, and each of its blocks' row in a
+    staging area of those slots' raw chunks, in that order."""
+    slots, index = np.unique(plan.rows // blocks_per_chunk, return_inverse=True)
+    rows = index.astype(np.int64) * blocks_per_chunk + plan.rows % blocks_per_chunk
+    return [int(s) for s in slots], rows
+
+
 class _Staging(SlotRows):
     """``num_slots`` raw chunks in ordinary memory."""
 
@@ -79,9 +87,8 @@ class CodecCopier:
 
     def _staged(self, plan: CopyPlan) -> tuple[list[int], CopyPlan]:
         """The plan's host slots in order, and the plan on staging rows."""
-        slots, index = np.unique(plan.rows // self.k, return_inverse=True)
-        rows = index.astype(np.int64) * self.k + plan.rows % self.k
-        return [int(s) for s in slots], replace(plan, rows=rows)
+        slots, rows = staged_rows(plan, self.k)
+        return slots, replace(plan, rows=rows)
 
     def store(self, plan: CopyPlan) -> None:
         slots, staged = self._staged(plan)

@@ -33,16 +33,25 @@ from kvoffload.transfer.plan import CopyPlan
 
 @dataclass(frozen=True, eq=False)
 class InFlight:
-    """An enqueued copy: done when ``end`` has completed."""
+    """An enqueued copy: done when ``end`` has completed. ``finite`` (a store through
+    the fp8 codec, ``cuda_codec_copy.py``): a host tensor the copy fills with, per
+    chunk, whether its values were finite; :meth:`verify` reads it once done."""
 
     plan: CopyPlan
     start: torch.cuda.Event
     end: torch.cuda.Event
     keepalive: tuple[torch.Tensor, ...]
+    finite: torch.Tensor | None = None
 
     def done(self) -> bool:
         """Whether the copy completed (raises if the device reported an error)."""
         return bool(self.end.query())  # type: ignore[no-untyped-call]
+
+    def verify(self) -> None:
+        """Once done: ``ValueError`` when a chunk it encoded held a value that is not
+        finite (its slot holds no chunk: the job fails)."""
+        if self.finite is not None and not bool(self.finite.all()):
+            raise ValueError("fp8: a KV value is not finite")
 
     def synchronize(self) -> None:
         self.end.synchronize()
@@ -57,28 +66,20 @@ class CudaCopier:
     def __init__(self, layout: KVLayout, slab: SlotRows, blocks_per_chunk: int) -> None:
         self._device = layout.device
         self._layout = layout
-        self._rows = slab.view(layout.word).view(slab.num_slots * blocks_per_chunk, -1)
+        self._rows = self._slab_rows(slab, blocks_per_chunk)
         self._store_stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
         self._load_stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
+
+    def _slab_rows(self, slab: SlotRows, blocks_per_chunk: int) -> torch.Tensor:
+        """The slab as rows of one block record each (what the copies address)."""
+        return slab.view(self._layout.word).view(slab.num_slots * blocks_per_chunk, -1)
 
     def store(self, plan: CopyPlan) -> InFlight:
         stream = self._store_stream
         stream.wait_stream(torch.cuda.current_stream(self._device))
         with torch.cuda.stream(stream):
             start = self._event(stream)
-            blocks = torch.from_numpy(plan.blocks).to(self._device, non_blocking=True)
-            stage = torch.empty(
-                (len(plan.blocks), self._layout.block_words),
-                dtype=self._layout.word,
-                device=self._device,
-            )
-            for g in self._layout.groups:
-                cols = stage[:, g.record_offset : g.record_offset + g.record_words]
-                out = cols.view(len(plan.blocks), g.views, g.page_words)
-                if out.is_contiguous():  # one group: gather straight into the stage
-                    torch.index_select(g.pages, 0, blocks, out=out)
-                else:
-                    out.copy_(torch.index_select(g.pages, 0, blocks))
+            blocks, stage = self._gather(plan)
             for a, b, row in _runs(plan):
                 self._rows[row : row + b - a].copy_(stage[a:b], non_blocking=True)
             end = self._event(stream)
@@ -90,18 +91,38 @@ class CudaCopier:
         with torch.cuda.stream(stream):
             start = self._event(stream)
             blocks = torch.from_numpy(plan.blocks).to(self._device, non_blocking=True)
-            stage = torch.empty(
-                (len(plan.blocks), self._layout.block_words),
-                dtype=self._layout.word,
-                device=self._device,
-            )
+            stage = self._stage(len(plan.blocks))
             for a, b, row in _runs(plan):
                 stage[a:b].copy_(self._rows[row : row + b - a], non_blocking=True)
-            for g in self._layout.groups:
-                cols = stage[:, g.record_offset : g.record_offset + g.record_words]
-                g.pages.index_copy_(0, blocks, cols.view(len(plan.blocks), g.views, g.page_words))
+            self._scatter(blocks, stage)
             end = self._event(stream)
         return InFlight(plan, start, end, (blocks, stage))
+
+    def _stage(self, rows: int) -> torch.Tensor:
+        """Device rows of block records (uninitialized), on the current stream."""
+        return torch.empty(
+            (rows, self._layout.block_words), dtype=self._layout.word, device=self._device
+        )
+
+    def _gather(self, plan: CopyPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plan's engine blocks (a device index) and their records gathered, in
+        the plan's order, on the current stream."""
+        blocks = torch.from_numpy(plan.blocks).to(self._device, non_blocking=True)
+        stage = self._stage(len(plan.blocks))
+        for g in self._layout.groups:
+            cols = stage[:, g.record_offset : g.record_offset + g.record_words]
+            out = cols.view(len(plan.blocks), g.views, g.page_words)
+            if out.is_contiguous():  # one group: gather straight into the stage
+                torch.index_select(g.pages, 0, blocks, out=out)
+            else:
+                out.copy_(torch.index_select(g.pages, 0, blocks))
+        return blocks, stage
+
+    def _scatter(self, blocks: torch.Tensor, stage: torch.Tensor) -> None:
+        """Write ``stage``'s records into the engine ``blocks``, on the current stream."""
+        for g in self._layout.groups:
+            cols = stage[:, g.record_offset : g.record_offset + g.record_words]
+            g.pages.index_copy_(0, blocks, cols.view(len(blocks), g.views, g.page_words))
 
     @staticmethod
     def _event(stream: torch.cuda.Stream) -> torch.cuda.Event:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-from kvoffload.codecs.chunk_codec import ChunkCodec, open_codec
+from kvoffload.codecs.chunk_codec import ChunkCodec, Fp8Chunks, open_codec
 from kvoffload.core.config.options import default
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
@@ -50,6 +50,7 @@ from kvoffload.tiers.host import HostSlab
 from kvoffload.tiers.slot_rows import SlotRows
 from kvoffload.transfer.codec_copy import CodecCopier
 from kvoffload.transfer.cpu_copy import CpuCopier
+from kvoffload.transfer.cuda_codec_copy import CudaCodecCopier
 from kvoffload.transfer.cuda_copy import CudaCopier, InFlight
 from kvoffload.transfer.lanes import Lane
 from kvoffload.transfer.layout import KVLayout, register_kv_caches
@@ -80,11 +81,12 @@ class TransferWorker:
                 f"slab chunks of {slab.chunk_bytes} B, but {blocks_per_chunk} blocks of "
                 f"this layout are {raw} B ({stored} B stored)"
             )
-        if codec is not None and layout.device.type == "cuda":
+        if codec is not None and layout.device.type == "cuda" and codec.name != "fp8":
             raise ConfigError(
-                "codec",
-                f"{codec.name} runs on the CPU copy path in this version; KV on "
-                f"{layout.device} takes codec none",
+                "host_codec",
+                f"{codec.name} in host memory runs on the CPU copy path; KV on "
+                f"{layout.device} keeps host memory in none or fp8 (lower tiers may take "
+                f"{codec.name}: disk_codec, redis_codec)",
             )
         self.codec = codec
         self.layout = layout
@@ -103,7 +105,7 @@ class TransferWorker:
         self._inflight: dict[int, InFlight] = {}
         self._lanes: dict[JobKind, Lane[EngineJob]] = {}
         if layout.device.type == "cuda":
-            self._cuda = CudaCopier(layout, slab, blocks_per_chunk)
+            self._cuda = self._cuda_copier(layout)
         else:
             self._cpu = self._cpu_copier(layout)
             self._lanes = {
@@ -211,10 +213,15 @@ class TransferWorker:
             raise ContractViolation("the KV caches' layout changed since register_kv_caches")
         self.layout = layout
         if self._cuda is not None:
-            self._cuda = CudaCopier(layout, self.slab, self.blocks_per_chunk)
+            self._cuda = self._cuda_copier(layout)
         if self._cpu is not None:
             old, self._cpu = self._cpu, self._cpu_copier(layout)
             old.close()
+
+    def _cuda_copier(self, layout: KVLayout) -> CudaCopier:
+        if isinstance(self.codec, Fp8Chunks):  # encoded on the GPU (decision 0023)
+            return CudaCodecCopier(layout, self.slab, self.blocks_per_chunk, self.codec)
+        return CudaCopier(layout, self.slab, self.blocks_per_chunk)
 
     def _cpu_copier(self, layout: KVLayout) -> CpuCopier | CodecCopier:
         if self.codec is None:
@@ -323,6 +330,7 @@ class TransferWorker:
             try:
                 if not entry.done():
                     continue
+                entry.verify()
                 result = JobResult(job_id, True, entry.plan.nbytes, entry.seconds())
             except Exception as exc:
                 result = JobResult(job_id, False, error=_describe(exc))

@@ -137,3 +137,25 @@ def test_cuda_round_trip() -> None:
     for name, t in caches.items():
         assert torch.equal(t[:, [9, 10, 11]], original[name][:, [1, 7, 2]])
     worker.shutdown()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_fp8_round_trip_is_within_the_bound() -> None:
+    """fp8 encoded on the GPU before the copy to host, decoded after it (issue 33)."""
+    from kvoffload.codecs import fp8
+
+    caches = {f"l{i}": torch.randn(2, 16, 4, 2, 8, device="cuda") for i in range(2)}
+    worker = TransferWorker.for_kv_caches(
+        caches, 16, blocks_per_chunk=2, host_budget_bytes=1 << 20, codec="fp8"
+    )
+    original = {name: t.clone() for name, t in caches.items()}
+    worker.submit_store(job(1, JobKind.STORE, [3, 0], [5, 1, 7, 2], 2))
+    worker.wait([1])
+    worker.submit_load(job(2, JobKind.LOAD, [3, 0], [9, 10, 11], 2, skip=1))
+    worker.wait([2])
+    assert all(r.success for r in worker.poll())
+    for name, t in caches.items():
+        got, want = t[:, [9, 10, 11]].cpu(), original[name][:, [1, 7, 2]].cpu()
+        assert fp8.within_bound(want.reshape(-1), got.reshape(-1), 64)
+        assert not torch.equal(got, want)  # really through fp8
+    worker.shutdown()

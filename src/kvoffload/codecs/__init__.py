@@ -40,7 +40,7 @@ def tier_codec_option(tier: str) -> Option:
         "none | lossless | fp8 (unset: codec)",
         None,
         f"How the {tier} tier keeps chunks, when it differs from codec (e.g. host memory "
-        "none, disk and Redis fp8). Chunks are re-encoded when they move between tiers "
-        "of different codecs (decision 0023).",
+        "none and the lower tiers fp8). Chunks are re-encoded when they move between "
+        "tiers of different codecs (decision 0023).",
         _codec_or_unset,
     )

@@ -85,8 +85,8 @@ class TransferWorker:
             raise ConfigError(
                 "host_codec",
                 f"{codec.name} in host memory runs on the CPU copy path; KV on "
-                f"{layout.device} keeps host memory in none or fp8 (lower tiers may take "
-                f"{codec.name}: disk_codec, redis_codec)",
+                f"{layout.device} keeps host memory in none or fp8 (a lower tier may take "
+                f"{codec.name}: its <tier>_codec option)",
             )
         self.codec = codec
         self.layout = layout

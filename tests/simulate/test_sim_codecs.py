@@ -30,7 +30,7 @@ from kvoffload.workload.chat import ChatWorkload
 HOST_BYTES = 100 * CHUNK_BYTES  # 100 raw chunks of 32 KiB (16,384 bf16 elements)
 FP8_BF16 = CHUNK_BYTES // 2 + 4 * (CHUNK_BYTES // 2 // FP8_RUN)  # 16,384 + 4 scales
 FP8_FP32 = CHUNK_BYTES // 4 + 4 * (CHUNK_BYTES // 4 // FP8_RUN)  # 8,192 + 2 scales
-LOSSLESS_BF16 = -(-CHUNK_BYTES * 4 // 5)  # ratio 1.25, rounded up: 26,215
+LOSSLESS_BF16 = -(-CHUNK_BYTES * 20 // 29) + 8  # ratio 1.45 rounded up, frame length
 
 
 def chat(users: int = 12, concurrent: int = 6, rate: float = 20.0) -> ChatTrace:
@@ -46,19 +46,43 @@ def test_the_simulators_codec_names_are_kvoffloads() -> None:
 
 
 @pytest.mark.parametrize(
+    ("model", "keyed", "slots"),
+    [
+        (CodecModel(), LOSSLESS_BF16, 144),  # 3,276,800 // 22,607
+        (CodecModel(ratio=2.0), CHUNK_BYTES // 2 + 8, 199),
+        (CodecModel(kv_dtype_bytes=4), -(-CHUNK_BYTES * 100 // 118) + 8, 117),
+    ],
+)
+def test_lossless_shrinks_chunks_only_in_a_tier_keyed_by_chunk(
+    model: CodecModel, keyed: int, slots: int
+) -> None:
+    """As the engine keeps them (decision 0023): a slotted tier (host memory, disk)
+    keeps a lossless chunk in a slot of the raw size and 64 bytes; Redis keeps the
+    frame and its length."""
+    settings = config(
+        cpu_bytes=HOST_BYTES,
+        tier_bytes={"disk": HOST_BYTES, "redis": HOST_BYTES},
+        codecs=dict.fromkeys(("host", "disk", "redis"), "lossless"),
+        codec=model,
+    )
+    sizes = {name: c.chunk_bytes for name, c in settings.tier_codecs.items()}
+    assert sizes == {"host": CHUNK_BYTES + 64, "disk": CHUNK_BYTES + 64, "redis": keyed}
+    assert settings.host_slots == 99  # 3,276,800 // 32,832
+    assert settings.tier_slots == {"disk": 99, "redis": slots}
+
+
+@pytest.mark.parametrize(
     ("codec", "model", "encoded", "slots"),
     [
         ("none", CodecModel(), CHUNK_BYTES, 100),
         ("fp8", CodecModel(), FP8_BF16, 199),  # 3,276,800 // 16,400
         ("fp8", CodecModel(kv_dtype_bytes=4), FP8_FP32, 399),  # // 8,200
-        ("lossless", CodecModel(), LOSSLESS_BF16, 124),  # // 26,215
-        ("lossless", CodecModel(ratio=2.0), CHUNK_BYTES // 2, 200),
     ],
 )
 def test_a_tier_holds_its_bytes_in_encoded_chunks(
     codec: str, model: CodecModel, encoded: int, slots: int
 ) -> None:
-    assert (FP8_BF16, FP8_FP32, LOSSLESS_BF16) == (16400, 8200, 26215)
+    assert (FP8_BF16, FP8_FP32) == (16400, 8200)
     settings = config(
         cpu_bytes=HOST_BYTES,
         tier_bytes={"disk": HOST_BYTES, "redis": HOST_BYTES},
@@ -76,13 +100,13 @@ def test_a_tier_holds_its_bytes_in_encoded_chunks(
 def test_each_tier_counts_its_own_codec() -> None:
     settings = config(
         cpu_bytes=HOST_BYTES,
-        tier_bytes={"disk": HOST_BYTES},
-        codecs={"host": "fp8", "disk": "lossless"},
+        tier_bytes={"disk": HOST_BYTES, "redis": HOST_BYTES},
+        codecs={"host": "fp8", "redis": "lossless"},
         codec=CodecModel(ratio=2.0),
     )
-    assert settings.codecs == {"host": "fp8", "disk": "lossless", "redis": "none"}
+    assert settings.codecs == {"host": "fp8", "disk": "none", "redis": "lossless"}
     assert settings.host_slots == 199
-    assert settings.tier_slots == {"disk": 200, "redis": 0}
+    assert settings.tier_slots == {"disk": 100, "redis": 199}  # // (16,384 + 8)
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -138,7 +162,7 @@ def test_fp8_is_refused_for_8_bit_kv_naming_the_flag(capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"codecs": {"host": "lossless"}, "codec": CodecModel(kv_dtype_bytes=4)}, "no typical"),
+        ({"codecs": {"host": "lossless"}, "codec": CodecModel(kv_dtype_bytes=1)}, "no typical"),
         ({"codecs": {"host": "zip"}}, "--host-codec: unknown codec 'zip'"),
         ({"codecs": {"tape": "fp8"}}, "--tape-codec: no such tier"),
         ({"codec": CodecModel(ratio=1.5)}, "--codec-ratio: only the lossless codec"),
@@ -282,7 +306,7 @@ def test_a_tier_load_reads_encoded_and_decodes_on_its_staging_lane(
 @pytest.mark.parametrize(
     ("codec", "model", "encoded"),
     [
-        ("lossless", CodecModel(ratio=2.0), CHUNK_BYTES // 2),
+        ("lossless", CodecModel(ratio=2.0), CHUNK_BYTES + 64),  # slotted: raw-size slots
         ("fp8", CodecModel(), FP8_BF16),
         ("none", CodecModel(), CHUNK_BYTES),
     ],
@@ -355,7 +379,7 @@ def test_per_tier_codecs_override_codec_in_the_json_and_report(
     raw = data["chunk_bytes"]
     assert [t["chunk_bytes"] for t in data["tiers"]] == [
         raw // 2 + 4 * (raw // 2 // FP8_RUN),
-        -(-raw * 4 // 5),
+        raw + 64,  # a disk slot of the raw size (decision 0023)
     ]
     for key in ("written", "read", "capacity"):
         assert all(f"{key}_bytes" in t and f"{key}_raw_bytes" in t for t in data["tiers"])

@@ -18,6 +18,9 @@ from kvoffload.core.config.sections import Option
 CODECS = ("none", "lossless", "fp8")
 FP8_RUN = 4096
 """Elements per fp8 scale (one float32 each): 0.1% of the encoded bytes."""
+LOSSLESS_OVERHEAD = 64
+"""Bytes a lossless slot holds beyond the raw chunk: the 8-byte frame length and
+blosc2's own header (at most 32 bytes), rounded up (``chunk_codec.py``)."""
 
 
 def fp8_ratio(dtype_bytes: int, run: int = FP8_RUN) -> float:

@@ -25,13 +25,10 @@ from typing import Protocol
 
 import torch
 
-from kvoffload.codecs import FP8_RUN, fp8, lossless
+from kvoffload.codecs import FP8_RUN, LOSSLESS_OVERHEAD, fp8, lossless
 from kvoffload.core.errors import ConfigError
 
 KV_DTYPES = {2: (torch.bfloat16, torch.float16), 4: (torch.float32,)}
-LOSSLESS_OVERHEAD = 64
-"""Bytes a lossless slot holds beyond the raw chunk: the 8-byte frame length and
-blosc2's own header (at most 32 bytes), rounded up."""
 _LENGTH = struct.Struct("<Q")
 
 

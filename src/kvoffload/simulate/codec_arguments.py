@@ -18,6 +18,7 @@ from kvoffload.simulate.codecs import (
     KV_DTYPE_BYTES,
     LOSSLESS,
     LOSSLESS_RATIO_16BIT,
+    LOSSLESS_RATIO_32BIT,
     NONE,
     CodecModel,
 )
@@ -66,9 +67,10 @@ def add_codec_arguments(kvoffload: argparse._ArgumentGroup, cost: argparse._Argu
         "--codec-ratio",
         type=float,
         metavar="R",
-        help="the lossless codec's mean ratio, raw / encoded bytes (default for 16-bit KV "
-        f"{LOSSLESS_RATIO_16BIT:g}: a typical measured value; replace it with kvoffload "
-        "codec-check's for your model; other widths: required)",
+        help="the lossless codec's mean ratio, raw / encoded bytes, in a tier keyed by "
+        f"chunk (defaults measured on the demo model's KV: 16-bit {LOSSLESS_RATIO_16BIT:g}, "
+        f"32-bit {LOSSLESS_RATIO_32BIT:g}; 8-bit: required); slotted tiers keep lossless "
+        "chunks in raw-size slots",
     )
     cost.add_argument(
         "--codec-encode-gbps",

@@ -7,10 +7,13 @@ Codecs, by name (:data:`kvoffload.codecs.CODECS`):
 - ``none``: a chunk is its raw bytes;
 - ``lossless``: byte planes shuffled, then an entropy coder; bit-exact. Its ratio
   varies from chunk to chunk; the simulator gives every chunk the mean ratio
-  (``--codec-ratio``, raw / encoded): ``ceil(raw / ratio)`` bytes. Default
-  :data:`LOSSLESS_RATIO_16BIT` for 16-bit KV (a typical measured value: replace it with
-  ``kvoffload codec-check``'s for your model); other KV widths have no default. It
-  runs on the CPU;
+  (``--codec-ratio``, raw / encoded): ``ceil(raw / ratio)`` bytes and the 8-byte frame
+  length, in a tier keyed by chunk (Redis); a slotted tier (host memory, disk) keeps
+  it in a slot of the raw size and :data:`LOSSLESS_OVERHEAD` bytes, as the engine does
+  (decision 0023): no capacity gained there, only coding time spent. Defaults
+  :data:`LOSSLESS_RATIO_16BIT` for 16-bit KV and :data:`LOSSLESS_RATIO_32BIT` for
+  32-bit (measured on the demo model's KV: replace them with your model's). It runs
+  on the CPU;
 - ``fp8``: e4m3 with one fp32 scale per run of :data:`~kvoffload.codecs.FP8_RUN`
   elements, as :mod:`kvoffload.codecs.fp8` encodes: ``elements + 4 x ceil(elements /
   FP8_RUN)`` bytes, ``elements = raw / kv_dtype_bytes``. Lossy, opt-in; for 16- and
@@ -32,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvoffload.codecs import CODECS, FP8_RUN
+from kvoffload.codecs import CODECS, FP8_RUN, LOSSLESS_OVERHEAD
 from kvoffload.core.errors import UsageError
 
 NONE, LOSSLESS, FP8 = "none", "lossless", "fp8"  # CODECS, by name
@@ -46,9 +49,14 @@ FP8_DEVICES = ("gpu", "cpu")
 SCALE_BYTES = 4
 """One fp8 scale: fp32."""
 
-LOSSLESS_RATIO_16BIT = 1.25
-"""The lossless codec's mean ratio (raw / encoded) for 16-bit KV by default: a typical
-measured value, to be replaced with ``kvoffload codec-check``'s."""
+LOSSLESS_RATIO_16BIT = 1.45
+"""The lossless codec's mean ratio (raw / encoded) for 16-bit KV by default: measured
+on the demo model's bfloat16 KV (``bench/codecs.py``, decision 0023: 1.454; its
+float16 KV: 1.18, give ``--codec-ratio`` for that)."""
+LOSSLESS_RATIO_32BIT = 1.18
+"""The same for 32-bit KV (the demo model's float32 KV: 1.185)."""
+LOSSLESS_FRAME = 8
+"""Bytes a lossless chunk takes beyond its frame: the frame's length."""
 
 DEFAULT_GBPS: dict[str, tuple[float, float]] = {
     # codec -> (encode, decode) on the CPU, GB/s of raw bytes, one engine.
@@ -56,10 +64,9 @@ DEFAULT_GBPS: dict[str, tuple[float, float]] = {
     # torch thread) on a 2-core host: 0.8 / 0.7 unloaded (0.5 / 0.5 beside another
     # benchmark); decision 0023 measured 0.66-0.74 / 0.61-0.64 at 1 MiB.
     FP8: (0.8, 0.7),
-    # lossless: zstandard was not installed where fp8 was measured; 1 GB/s each way is
-    # a placeholder (decision 0023 measured blosc2 shuffle + zstd 1 on bf16 at 0.59 /
-    # 1.78).
-    LOSSLESS: (1.0, 1.0),
+    # lossless: decision 0023's measure of blosc2 shuffle + zstd 1 on the demo model's
+    # bf16 KV, one core of the same host (bench/codecs.py, 1 MiB chunks).
+    LOSSLESS: (0.59, 1.78),
 }
 
 
@@ -176,6 +183,8 @@ class CodecModel:
             return self.ratio
         if self.kv_dtype_bytes == 2:
             return LOSSLESS_RATIO_16BIT
+        if self.kv_dtype_bytes == 4:
+            return LOSSLESS_RATIO_32BIT
         raise UsageError(
             f"{option} lossless: no typical ratio for {8 * self.kv_dtype_bytes}-bit KV; "
             "give --codec-ratio (raw / encoded, e.g. from kvoffload codec-check)"
@@ -203,9 +212,15 @@ class CodecModel:
         elements = raw_bytes // self.kv_dtype_bytes
         return elements + SCALE_BYTES * -(-elements // FP8_RUN)
 
-    def tier_codec(self, codec: str, raw_bytes: int, option: str) -> TierCodec:
-        """``codec`` applied to chunks of ``raw_bytes`` (see :meth:`encoded_bytes`)."""
+    def tier_codec(
+        self, codec: str, raw_bytes: int, option: str, *, slotted: bool = False
+    ) -> TierCodec:
+        """``codec`` applied to chunks of ``raw_bytes`` (see :meth:`encoded_bytes`) in a
+        tier keyed by chunk, or (``slotted``) in one of fixed-size slots, where a
+        lossless chunk takes a slot of the raw size and its overhead."""
         encoded = self.encoded_bytes(codec, raw_bytes, option)
+        if codec == LOSSLESS:
+            encoded = raw_bytes + LOSSLESS_OVERHEAD if slotted else encoded + LOSSLESS_FRAME
         if codec == NONE:
             return TierCodec.raw(raw_bytes)
         encode, decode = self.gbps(codec)

@@ -27,7 +27,7 @@ from kvoffload.core.kv_groups import ONE_GROUP, KVGroups
 from kvoffload.simulate.codecs import LOSSLESS, NONE, CodecModel, TierCodec
 from kvoffload.simulate.cost import CostModel
 from kvoffload.simulate.groups import describe, request_blocks, request_capacity
-from kvoffload.tiers.registry import lower_tier_names, tier_names
+from kvoffload.tiers.registry import TIERS, lower_tier_names, tier_names
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,13 @@ class SimConfig:
         :attr:`chunk_bytes`: its encoded bytes and coding speeds. UsageError naming
         ``--<tier>-codec`` for a codec that does not apply (fp8 of 8-bit KV)."""
         return {
-            name: self.codec.tier_codec(
-                self.codecs.get(name, NONE), self.chunk_bytes, f"--{name}-codec"
+            spec.name: self.codec.tier_codec(
+                self.codecs.get(spec.name, NONE),
+                self.chunk_bytes,
+                f"--{spec.name}-codec",
+                slotted=not spec.sim.keyed,
             )
-            for name in tier_names()
+            for spec in TIERS
         }
 
     @property

@@ -292,6 +292,7 @@ REDIS: TierSpec[LowerTier, TierStore] = TierSpec(
         gbps=1.25,  # 10 GbE
         bytes_help="redis tier capacity (default 0: none)",
         gbps_help="redis tier bandwidth, both directions",
+        keyed=True,
     ),
     inspect=InspectCommand(
         help="a Redis/Valkey server or cluster",

@@ -138,11 +138,14 @@ class OpenedIndex(Generic[I]):
 @dataclass(frozen=True)
 class SimLane:
     """The tier in ``kvoffload simulate``: its read/write bandwidth by default (GB/s,
-    ``--<name>-gbps``) and the help texts of its two arguments."""
+    ``--<name>-gbps``), the help texts of its two arguments, and whether it is keyed
+    by chunk (``keyed``: a variable-size chunk, lossless, takes its own size there;
+    else a slot of a fixed size, decision 0023)."""
 
     gbps: float
     bytes_help: str
     gbps_help: str
+    keyed: bool = False
 
 
 @dataclass(frozen=True)

@@ -197,9 +197,9 @@ TAIL: tuple[Option, ...] = (
         "slotted tiers keep a slot of the raw size. fp8: each value as a float8 e4m3 "
         "with a float32 scale per 4,096 values; lossy (within 2^-4 of each value plus "
         "2^-10 of its run's largest), opt-in; tiers hold 2x the chunks of 16-bit KV and "
-        "4x of 32-bit KV in the same bytes, and move that much less. 16- and 32-bit "
-        "float KV on the CPU copy path; an engine whose KV is already 8-bit keeps none "
-        "(logged at start).",
+        "4x of 32-bit KV in the same bytes, and move that much less; 16- and 32-bit "
+        "float KV, coded on the GPU for KV on a GPU. An engine whose KV is already "
+        "8-bit keeps none for fp8 (logged at start).",
         lambda v: v in CODECS,
     ),
     tier_codec_option("host"),

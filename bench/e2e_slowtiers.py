@@ -159,11 +159,13 @@ def throttled_disk(rate: float, latency_s: float) -> Iterator[None]:
         DiskTierStore.write_many = write_many  # type: ignore[method-assign]
 
 
-def with_policy(spec: EngineSpec, policy: str) -> EngineSpec:
+def with_policy(spec: EngineSpec, policy: str, **options: Any) -> EngineSpec:
+    """``spec`` with kvoffload's ``load_policy`` (and any other ``options``) set."""
     transfer = dict(spec.kv_transfer_config or {})
     transfer["kv_connector_extra_config"] = {
         **transfer["kv_connector_extra_config"],
         "load_policy": policy,
+        **options,
     }
     return replace(spec, kv_transfer_config=transfer)
 

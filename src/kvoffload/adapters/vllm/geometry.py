@@ -69,7 +69,8 @@ class Geometry:
 
     @property
     def chunk_bytes(self) -> int:
-        """One worker's share of one chunk as every tier keeps it (encoded)."""
+        """One worker's share of one chunk as host memory keeps it (encoded; a lower
+        tier's: :meth:`tier_chunk_bytes`)."""
         return stored_bytes(self.codec, self.raw_chunk_bytes, self.kv_dtype_bytes)
 
     def tier_codec(self, tier: str) -> str:

@@ -20,6 +20,7 @@ A tier keyed by chunk (Redis) stores only the used bytes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,11 +52,11 @@ class ChunkCodec(Protocol):
     def used_bytes(self, stored: memoryview) -> int: ...
 
 
-def fp8_run(elements: int) -> int:
+def fp8_run(elements: int, most: int = FP8_RUN) -> int:
     """The elements per scale for a chunk of ``elements`` values: the largest power of
-    two up to :data:`FP8_RUN` that divides it (a page's size is a power of two times
-    the head size in vLLM's layouts)."""
-    run = FP8_RUN
+    two up to ``most`` (:data:`FP8_RUN`) that divides it (a page's size is a power of
+    two times the head size in vLLM's layouts)."""
+    run = most
     while run > 1 and elements % run:
         run //= 2
     return run
@@ -142,6 +143,19 @@ class LosslessChunks:
 
     def used_bytes(self, stored: memoryview) -> int:
         return _LENGTH.size + len(self.frame(stored))
+
+
+def open_kv_codec(
+    codec: str, dtypes: Collection[torch.dtype], raw_bytes: int, option: str = "codec"
+) -> ChunkCodec | None:
+    """:func:`open_codec` for KV tensors of ``dtypes``: ConfigError naming ``option``
+    unless they share one dtype (a codec reads a chunk as values of one dtype)."""
+    if codec == "none":
+        return None
+    kinds = set(dtypes)
+    if len(kinds) != 1:
+        raise ConfigError(option, f"{codec} needs KV of one dtype, not {sorted(map(str, kinds))}")
+    return open_codec(codec, kinds.pop(), raw_bytes)
 
 
 def open_codec(codec: str, dtype: torch.dtype, raw_bytes: int) -> ChunkCodec | None:

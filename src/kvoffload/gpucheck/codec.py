@@ -26,7 +26,7 @@ import time
 import torch
 
 from kvoffload.codecs import fp8
-from kvoffload.codecs.chunk_codec import Fp8Chunks
+from kvoffload.codecs.chunk_codec import Fp8Chunks, fp8_run
 from kvoffload.core.jobs import JobKind
 from kvoffload.gpucheck.jobs import engine_job, finish, submit
 from kvoffload.gpucheck.report import Budget, Entry, Report
@@ -139,13 +139,5 @@ def _check(
         for c in range(len(targets) // k):
             a = want[:, c * k : (c + 1) * k].reshape(-1)
             b = got[:, c * k : (c + 1) * k].reshape(-1)
-            if not fp8.within_bound(a, b, _run(a.numel(), codec.run)):
+            if not fp8.within_bound(a, b, fp8_run(a.numel(), codec.run)):
                 raise AssertionError(f"fp8: {layer} chunk {c} is not within e4m3's bound")
-
-
-def _run(elements: int, run: int) -> int:
-    """The largest power of two up to ``run`` dividing ``elements`` (the bound's runs
-    here are a page's: never wider than the codec's)."""
-    while elements % run:
-        run //= 2
-    return run

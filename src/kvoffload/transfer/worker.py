@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-from kvoffload.codecs.chunk_codec import ChunkCodec, Fp8Chunks, open_codec
+from kvoffload.codecs.chunk_codec import ChunkCodec, Fp8Chunks, open_kv_codec
 from kvoffload.core.config.options import default
 from kvoffload.core.errors import ConfigError, ContractViolation
 from kvoffload.core.jobs import EngineJob, JobKind, JobResult, WorkerReport
@@ -133,12 +133,7 @@ class TransferWorker:
         ``codec``, slots of its stored size (ConfigError: a codec this KV cannot take)."""
         layout = register_kv_caches(kv_caches, num_blocks)
         raw = layout.chunk_bytes(blocks_per_chunk)
-        dtypes = {t.dtype for t in kv_caches.values()}
-        chunk_codec = open_codec(codec, dtypes.pop(), raw) if len(dtypes) == 1 else None
-        if codec != "none" and chunk_codec is None:
-            raise ConfigError(
-                "codec", f"{codec} needs KV of one dtype, not {sorted(map(str, dtypes))}"
-            )
+        chunk_codec = open_kv_codec(codec, [t.dtype for t in kv_caches.values()], raw)
         chunk_bytes = raw if chunk_codec is None else chunk_codec.stored_bytes
         slab = (
             HostSlab(chunk_bytes, host_budget_bytes)

@@ -33,7 +33,7 @@ from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.sleep_state import WorkerSleep
 from kvoffload.adapters.vllm.startup import worker_summary
 from kvoffload.adapters.vllm.worker_weights import WorkerWeights
-from kvoffload.codecs.chunk_codec import open_codec
+from kvoffload.codecs.chunk_codec import open_kv_codec
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.identity.weights import FENCED
@@ -227,10 +227,7 @@ class WorkerSide:
         self._session_stores += [s for s in stores.values() if isinstance(s, SessionHolder)]
         raw = g.raw_chunk_bytes
         for name, store in stores.items():  # each tier's codec (decision 0023)
-            codec = g.tier_codec(name)
-            tier = open_codec(codec, next(iter(dtypes)), raw) if len(dtypes) == 1 else None
-            if codec != "none" and tier is None:
-                raise ConfigError(f"{name}_codec", f"{codec} needs KV of one dtype, not {dtypes}")
+            tier = open_kv_codec(g.tier_codec(name), dtypes, raw, f"{name}_codec")
             keyed = g.tier_slots.get(name, 0) == 0
             stores[name] = through_codecs(store, worker.codec, tier, raw_bytes=raw, keyed=keyed)
         if not stores:

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
+from kvoffload.codecs.fp8 import E4M3_MAX
+
 VOCAB = 1000
 KV_MAX = float(1 << 23)
 """Every KV value is below this."""
-E4M3_MAX = 448.0
 
 
 def codec_tolerance(extra: dict[str, object]) -> tuple[float, float]:

@@ -15,6 +15,10 @@ others may list, not write, where ``others_may_read``). On top of that, every fi
   appear whole is written under a temporary name and renamed over its own
   (:func:`replace_atomically`).
 
+The root these directories are made in (:func:`check_root`) must not let another
+user rename them away: not writable by others unless sticky, and no sticky directory
+on the way to it owned by another user than this one and root.
+
 A file that fails a check is never used: the caller gets a :class:`ConfigError`
 naming the policy's option (``host_share_root``, ``disk_path``), what the files belong
 to, the path, what was found and what to do.
@@ -93,12 +97,19 @@ class FilePolicy:
 
 
 def check_root(root: Path, policy: FilePolicy) -> None:
-    """``root`` (``host_share_root``) is a directory where another user cannot remove
-    or rename this user's entries: not writable by others, or sticky (as /tmp and
-    /dev/shm are). Created (0700) when missing."""
+    """``root`` (``host_share_root``, ``disk_path``) is a directory where another user
+    cannot remove or rename this user's entries: not writable by others, or sticky
+    (as /tmp and /dev/shm are); and no sticky directory on the way to it, ``root``
+    included, belongs to another user than this one and root
+    (:func:`untrusted_sticky_dir`). Created (0700) when missing. Else a
+    :class:`ConfigError` naming the policy's option, the directory, its owner and
+    what to do; nothing is made in a root refused."""
     try:
         st = os.stat(root)
     except FileNotFoundError:
+        untrusted = untrusted_sticky_dir(root, policy.uid)  # before making anything
+        if untrusted is not None:
+            raise _sticky_refusal(root, policy, *untrusted) from None
         os.makedirs(root, mode=0o700, exist_ok=True)
         st = os.stat(root)
     if not stat.S_ISDIR(st.st_mode):
@@ -111,6 +122,56 @@ def check_root(root: Path, policy: FilePolicy) -> None:
             "kvoffload makes in it; use a sticky directory (like /dev/shm or /tmp, mode "
             "1777) or a private one",
         )
+    untrusted = untrusted_sticky_dir(root, policy.uid)
+    if untrusted is not None:
+        raise _sticky_refusal(root, policy, *untrusted)
+
+
+def untrusted_sticky_dir(path: Path, uid: int | None = None) -> tuple[Path, int] | None:
+    """The first sticky directory among ``path`` and the directories holding it (as
+    written and with links resolved) that belongs to another user than ``uid`` (default:
+    this process's effective one) and root, with its owner's uid; None when there is
+    none. The
+    owner of a sticky directory may rename or remove every entry in it, whoever made
+    the entry: trusting such a directory is trusting its owner. Directories that
+    cannot be examined are skipped (what cannot be statted is not used either)."""
+    trusted = {0, os.geteuid() if uid is None else uid}
+    seen: set[str] = set()
+    for start in (os.path.abspath(path), os.path.realpath(path)):
+        for directory in (Path(start), *Path(start).parents):
+            if str(directory) in seen:
+                continue
+            seen.add(str(directory))
+            try:
+                st = os.stat(directory)
+            except OSError:
+                continue
+            if st.st_mode & stat.S_ISVTX and st.st_uid not in trusted:
+                return directory, st.st_uid
+    return None
+
+
+def _sticky_refusal(root: Path, policy: FilePolicy, directory: Path, uid: int) -> ConfigError:
+    itself = directory in (Path(os.path.abspath(root)), Path(os.path.realpath(root)))
+    where = "is a sticky directory" if itself else f"is in sticky directory {directory}, which is"
+    return ConfigError(
+        policy.key,
+        f"{policy.subject}: {root} {where} owned by {_user_name(uid)}, another user: the "
+        "owner of a sticky directory may rename or remove anything in it, so that user "
+        "could take the directories kvoffload makes there away (or put their own in "
+        f"their place); choose another {policy.key}: a directory of this user's own "
+        "(mode 0700), or one in a sticky directory owned by root (like /tmp or /dev/shm)",
+    )
+
+
+def _user_name(uid: int) -> str:
+    """``uid N (name)``, or ``uid N`` when the user has no name here."""
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def make_private_dir(

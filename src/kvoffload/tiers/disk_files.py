@@ -7,7 +7,10 @@ link or a slab of their own there, to read the chunks an engine writes or to pla
 chunks it would serve. So:
 
 - ``disk_path`` itself, when every user can write it, must be sticky (as ``/tmp``
-  is): else another user could rename this user's directory in it away;
+  is): else another user could rename this user's directory in it away; and neither
+  it nor a directory holding it may be a sticky directory of another user's (not
+  root's, not this user's): its owner may rename anything in it
+  (:func:`~kvoffload.core.private_files.check_root`, the check of a share's root);
 - ``disk_path/kvoffload-v1`` and each namespace directory are created 0700, and
   checked with ``lstat`` whether created now or found: a real directory owned by this
   user that no one else can write (one made by hand with mode 0755 is accepted: its

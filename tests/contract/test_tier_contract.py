@@ -10,8 +10,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from tests.contract.tier_envs import PAYLOAD, SETUPS, TierEnv, open_env
+from tests.contract.tier_envs import PAYLOAD, SEAL_OPTIONS, SETUPS, TierEnv, open_env
 
+from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.failures import ChunkFailure, FailureKind
 from kvoffload.core.keys import ChunkKey
 from kvoffload.core.observe.events import EventKind
@@ -27,14 +28,26 @@ def data(i: int) -> bytes:
     return bytes((i * 31 + j) % 251 for j in range(PAYLOAD))
 
 
-@pytest.fixture(params=LOWER_TIERS, ids=lower_tier_names())
+VARIANTS = [(spec, False) for spec in LOWER_TIERS] + [
+    (spec, True) for spec in LOWER_TIERS if spec.name in SEAL_OPTIONS
+]
+
+
+@pytest.fixture(
+    params=VARIANTS, ids=[s.name + ("-sealed" if sealed else "") for s, sealed in VARIANTS]
+)
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TierEnv]:
-    with open_env(request.param, tmp_path) as opened:
+    spec, sealed = request.param
+    with open_env(spec, tmp_path, sealed=sealed) as opened:
         yield opened
 
 
 def test_every_registered_tier_has_a_contract_setup() -> None:
     assert sorted(SETUPS) == sorted(lower_tier_names())
+    # every tier a seal key may seal has its sealed variant here
+    sealable = [s.name for s in LOWER_TIERS if s.seals(OffloadConfig.from_dict(
+        {"cpu_bytes": 1, "disk_seal": True}))]  # fmt: skip
+    assert sorted(SEAL_OPTIONS) == sorted(sealable)
 
 
 def run(tier: LowerTier, keys: Sequence[ChunkKey]) -> int:

@@ -45,6 +45,9 @@ BAD: dict[str, list[Any]] = {
     "load_policy": ["Cost", "never", True, None],
     "prefill_tokens_per_s": [0, -1, float("nan"), "1e4", True],
     "metrics_port": [0, 70000, "9400", True],
+    "seal_key_file": ["", 5, True],
+    "seal_required": ["yes", 1, None],
+    "disk_seal": ["true", 0],
     "max_deferral_steps": [0, 1.5],
     "max_deferral_seconds": [0, -1, float("nan"), float("inf"), "5"],
 }

@@ -56,6 +56,7 @@ class IntegrityReason(enum.Enum):
     LENGTH = "length"
     GROUP = "group"  # another KV cache group than the reader expects, or no valid group
     CHECKSUM = "checksum"
+    SEAL = "seal"  # a sealed chunk that does not open (kvoffload.sealing, decision 0024)
 
 
 class IntegrityError(KvOffloadError):

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from kvoffload.core.scheduler import OffloadScheduler
     from kvoffload.core.scheduler_types import SchedulerConfig
     from kvoffload.core.tiering.lower import DirectoryTier, LowerTier
+    from kvoffload.sealing.keyfile import SealKeys
     from kvoffload.tiers.node_shares import OpenedShare
     from kvoffload.tiers.record_log import RecordLog
     from kvoffload.tiers.slot_rows import SlotRows
@@ -112,11 +113,21 @@ def size_in(sizes: ChunkSizes, tier: str) -> int:
     return sizes.get(tier, sizes[HOST.name])
 
 
+def kept_size(config: OffloadConfig, spec: TierSpec[Any, Any], chunk_bytes: ChunkSizes) -> int:
+    """The bytes tier ``spec`` keeps per chunk: its chunk in ``chunk_bytes``, plus the
+    seal where the configuration seals the tier (decision 0024); both halves size the
+    tier with it."""
+    from kvoffload.sealing.policy import stored_bytes
+
+    return stored_bytes(config, spec, size_in(chunk_bytes, spec.name))
+
+
 def tier_slots(config: OffloadConfig, chunk_bytes: ChunkSizes, world_size: int) -> dict[str, int]:
-    """Each enabled tier's capacity in its chunks of ``chunk_bytes`` per rank (0:
-    keyed by chunk, unbounded here); ``ConfigError`` when a tier holds not even one."""
+    """Each enabled tier's capacity in its chunks of ``chunk_bytes`` per rank, sealed
+    where sealed (0: keyed by chunk, unbounded here); ``ConfigError`` when a tier holds
+    not even one."""
     return {
-        spec.name: spec.slots(config, size_in(chunk_bytes, spec.name), world_size)
+        spec.name: spec.slots(config, kept_size(config, spec, chunk_bytes), world_size)
         for spec in enabled_tiers(config)
     }
 
@@ -195,7 +206,7 @@ def _contexts(
 ) -> Callable[[TierSpec[Any, Any]], TierContext]:  # fmt: skip
     def ctx(spec: TierSpec[Any, Any]) -> TierContext:
         return TierContext(
-            namespace, world_size, size_in(chunk_bytes, spec.name), slots.get(spec.name, 0),
+            namespace, world_size, kept_size(config, spec, chunk_bytes), slots.get(spec.name, 0),
             groups=groups,
             eviction=config.eviction, rank=rank, session=session,
         )  # fmt: skip
@@ -273,12 +284,18 @@ def open_tier_stores(
     """Rank ``rank``'s store of every enabled lower tier, by name (empty: no lower
     tier). A store booked at a node process (:class:`~kvoffload.tiers.spec.SessionHolder`)
     must be given each plan's session before its jobs run."""
+    from kvoffload.sealing.policy import load_keys, sealed
+
     ctx = _contexts(config, namespace, world_size=world_size, chunk_bytes=chunk_bytes,
                     slots=slots, groups=groups, rank=rank)  # fmt: skip
+    keys = load_keys(config)
     stores: dict[str, TierStore] = {}
     try:
         for spec in enabled_tiers(config):
             stores[spec.name] = open_store(spec, config, ctx(spec))
+            if keys is not None and sealed(config, spec):
+                stores[spec.name] = _sealed(stores[spec.name], keys, ctx(spec),
+                                            size_in(chunk_bytes, spec.name))  # fmt: skip
     except BaseException:
         for store in stores.values():
             close = getattr(store, "close", None)
@@ -286,6 +303,17 @@ def open_tier_stores(
                 close()
         raise
     return stores
+
+
+def _sealed(store: TierStore, keys: SealKeys, ctx: TierContext, chunk_bytes: int) -> TierStore:
+    """``store`` (opened for sealed chunks) as a store of plain chunks of ``chunk_bytes``."""
+    from kvoffload.sealing.sealer import Sealer
+    from kvoffload.sealing.store import SealedStore
+
+    return SealedStore(
+        store, Sealer(keys), chunk_bytes=chunk_bytes, namespace=ctx.namespace.digest(),
+        rank=ctx.rank, groups=ctx.groups,
+    )  # fmt: skip
 
 
 def directory_tiers(slots: Mapping[str, int], policy: str) -> list[DirectoryTier]:

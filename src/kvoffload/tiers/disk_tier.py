@@ -93,6 +93,15 @@ SECTION = ConfigSection(
             is_bool,
         ),
         tier_codec_option("disk"),
+        Option(
+            "disk_seal",
+            "true | false",
+            False,
+            "With seal_key_file: seal the disk tier's chunks too (a disk_path on storage "
+            "other machines or users can reach, e.g. a network file system; decision "
+            "0024). A local disk of this user's own needs no seal.",
+            is_bool,
+        ),
     ),
     _together,
 )
@@ -272,4 +281,5 @@ DISK: TierSpec[LowerTier, TierStore] = TierSpec(
         run=_inspect,
     ),
     records=DISK_RECORDS,
+    seals=lambda config: bool(config.option("disk_seal")),  # a disk on shared storage
 )

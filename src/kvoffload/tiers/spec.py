@@ -168,6 +168,10 @@ def _no_warning(config: OptionValues) -> None:
     return None
 
 
+def _never(config: OptionValues) -> bool:
+    return False
+
+
 def _no_note(config: OptionValues, store: Any) -> None:
     return None
 
@@ -206,7 +210,11 @@ class TierSpec(Generic[I, S]):
     start-up warnings (never raises); ``settle`` checks, when the engine starts,
     what needs the environment (files, variables) without connecting; ``records``
     where the tier keeps a namespace's record (written as its index opens, with
-    :func:`~kvoffload.tiers.namespace_records.record_namespace`; None: none)."""
+    :func:`~kvoffload.tiers.namespace_records.record_namespace`; None: none);
+    ``seals`` whether, with ``seal_key_file`` set, the configuration seals the tier's
+    chunks (a store other processes or machines reach; decision 0024: the build then
+    opens the tier for sealed chunks and wraps its store in a
+    :class:`~kvoffload.sealing.store.SealedStore`)."""
 
     name: str
     medium: str
@@ -226,6 +234,7 @@ class TierSpec(Generic[I, S]):
     open_shared_store: Callable[[OptionValues, TierContext, NodeShare], S] = _not_shareable
     over_directory: Callable[[HostDirectory], I] = _over_directory
     records: NamespaceRecords | None = None
+    seals: Callable[[OptionValues], bool] = _never
 
     @property
     def announces_removals(self) -> bool:

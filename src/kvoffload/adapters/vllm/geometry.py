@@ -39,6 +39,7 @@ from kvoffload.core.errors import ConfigError
 from kvoffload.core.keys import Namespace
 from kvoffload.core.kv_groups import ONE_GROUP, KVGroup, KVGroups
 from kvoffload.core.scheduler_types import SchedulerConfig
+from kvoffload.sealing import policy as seal_policy
 from kvoffload.tiers.build import enabled_tiers, tier_slots
 
 logger = logging.getLogger("kvoffload")
@@ -225,7 +226,7 @@ def derive_geometry(
         model=f"{model.model}@{model.revision or 'main'}",
         layout=layout,
         # Codecs are part of what a chunk's bytes are: chunks of others are never found.
-        dtype=codec_tag(str(spec.dtype), codec, tier_codecs),
+        dtype=codec_tag(str(spec.dtype), codec, tier_codecs) + sealed_tag(config),
         parallel=f"tp{parallel.tensor_parallel_size}-pp{parallel.pipeline_parallel_size}",
         config=identity.config_digest(vllm_config),
         weights=identity.weights_digest(vllm_config),
@@ -254,6 +255,15 @@ def codec_tag(dtype: str, host: str, lower: Mapping[str, str]) -> str:
     if all(c == host for c in lower.values()):
         return dtype if host == "none" else f"{dtype}+{host}"
     return f"{dtype}+" + ",".join(f"{t}:{c}" for t, c in {"host": host, **lower}.items())
+
+
+def sealed_tag(config: OffloadConfig) -> str:
+    """What the namespace's ``dtype`` adds for sealed tiers (``+sealed:redis``; "" for
+    none): sealed and unsealed engines never share keys, so neither reads the other's
+    values as corrupt and deletes them (decision 0024). The key is not in it: a
+    rotated key still opens what the old one sealed."""
+    names = [spec.name for spec in enabled_tiers(config) if seal_policy.sealed(config, spec)]
+    return f"+sealed:{','.join(names)}" if names else ""
 
 
 def chunk_codec_for(codec: str, dtype_bytes: int) -> str:

@@ -42,6 +42,7 @@ from kvoffload.adapters.vllm.logs import attach_to_vllm_logging
 from kvoffload.adapters.vllm.versions import check_vllm_version
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.core.errors import ConfigError
+from kvoffload.sealing import policy as seal_policy
 from kvoffload.tiers.registry import LOWER_TIERS
 
 logger = logging.getLogger("kvoffload")
@@ -129,6 +130,7 @@ def check_transfer_config(transfer: Any) -> OffloadConfig | None:
             config = OffloadConfig.from_dict({} if extra is None else extra)
             for spec in LOWER_TIERS:
                 spec.settle(config)  # e.g. a password file that cannot be read
+            seal_policy.settle(config, LOWER_TIERS)  # the seal key file, seal_required
         except ConfigError as exc:
             _refuse("invalid kv_connector_extra_config", exc)
     return config

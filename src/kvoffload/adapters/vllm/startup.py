@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 from kvoffload.core.config.typed import OffloadConfig
 from kvoffload.inspection.render import human_bytes as size
+from kvoffload.sealing import policy as seal_policy
 from kvoffload.tiers.build import enabled_tiers
 from kvoffload.tiers.namespace_records import record_namespace
 from kvoffload.tiers.registry import LOWER_TIERS
@@ -32,9 +33,17 @@ logger = logging.getLogger("kvoffload")
 
 
 def warn_tiers(config: OffloadConfig) -> None:
-    """Each tier's start-up warnings about ``config``."""
+    """Each tier's start-up warnings about ``config``; sealing checked (the key file
+    read, ``seal_required`` enforced: ``ConfigError`` naming the option)."""
     for spec in LOWER_TIERS:
         spec.warn(config)
+    seal_policy.settle(config, LOWER_TIERS)
+
+
+def sealing_note(config: OffloadConfig) -> str:
+    """The start-up line's part on sealing: the sealed tiers and the key, and every
+    store others reach that is left unsealed (decision 0024)."""
+    return seal_policy.describe(config, LOWER_TIERS, seal_policy.load_keys(config))
 
 
 def scheduler_summary(
@@ -72,6 +81,9 @@ def scheduler_summary(
             if admission == "write_through"
             else f"lower tiers: after {admission} host hits"
         )
+    sealing = sealing_note(config)
+    if sealing:
+        parts.append(sealing)
     parts.append(f"kv_load_failure_policy={load_failure_policy}")
     if config.metrics_port is not None:
         parts.append(f"metrics http://127.0.0.1:{config.metrics_port}/metrics")

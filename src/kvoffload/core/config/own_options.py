@@ -20,6 +20,7 @@ from kvoffload.codecs import CODECS, tier_codec_option
 from kvoffload.core.config.sections import (
     Option,
     int_at_least,
+    is_bool,
     non_negative_number,
     positive_number,
 )
@@ -234,6 +235,28 @@ TAIL: tuple[Option, ...] = (
         "step timings measure it. A tier is loaded until its own jobs were timed (its first "
         "load measures it).",
         positive_number,
+    ),
+    Option(
+        "seal_key_file",
+        "a file path, or unset",
+        None,
+        "Seal every chunk written to a store other processes or machines can reach "
+        "(Redis; the disk tier with disk_seal) with AES-256-GCM under the keys in this "
+        "file (decision 0024): other clients of the store can neither read a chunk nor "
+        "make an engine serve one they wrote. The file: at least 32 random bytes, or "
+        "one key per line (hex or base64; the first seals, every key opens: "
+        "``kvoffload seal-key new|rotate``), owned by this user, mode 0600. Needs the "
+        "seal extra (cryptography). Unset: every client of such a store is trusted "
+        "with every chunk (said at start).",
+        lambda v: v is None or (isinstance(v, str) and bool(v)),
+    ),
+    Option(
+        "seal_required",
+        "true | false",
+        False,
+        "Refuse to start without seal_key_file when a store other processes or "
+        "machines can reach is configured.",
+        is_bool,
     ),
     Option(
         "metrics_port",

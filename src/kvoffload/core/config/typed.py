@@ -69,6 +69,8 @@ class OffloadConfig:
     lower_tier_loads: str = default("lower_tier_loads")
     load_policy: str = default("load_policy")
     prefill_tokens_per_s: float = default("prefill_tokens_per_s")
+    seal_key_file: str | None = default("seal_key_file")
+    seal_required: bool = default("seal_required")
     metrics_port: int | None = default("metrics_port")
     max_deferral_steps: int = default("max_deferral_steps")
     max_deferral_seconds: float = default("max_deferral_seconds")

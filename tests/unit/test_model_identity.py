@@ -187,12 +187,14 @@ def test_a_remembered_entry_that_is_a_symlink_is_not_read(model_dir: Path, tmp_p
     assert weights_digest(model_dir, cache) == truth
 
 
-def test_other_weight_files_are_digested_by_content(model_dir: Path) -> None:
-    pt = model_dir / "pytorch_model.bin"
+def test_other_weight_files_are_digested_by_content(tmp_path: Path) -> None:
+    """A checkpoint of ``*.bin`` files only (vLLM loads them when there is no
+    safetensors file)."""
+    pt = tmp_path / "pytorch_model.bin"
     pt.write_bytes(b"x" * 100)
-    before = weights_digest(model_dir)
+    before = weights_digest(tmp_path)
     pt.write_bytes(b"y" * 100)  # replaced by a file of the same size
-    assert weights_digest(model_dir) != before
+    assert weights_digest(tmp_path) != before
 
 
 def test_a_single_weight_file_is_its_own_identity(tmp_path: Path) -> None:

@@ -12,10 +12,16 @@ module reads from a ``VllmConfig`` what reaches the forward pass and digests it
   revision, model implementation, sliding window disabled, load format, non-causal
   attention). Left out: ``_name_or_path`` (the model name is in the namespace already)
   and ``transformers_version`` (the writer's library version).
-- :func:`weights_digest`: a local model directory's (or file's) weight files
-  (:func:`kvoffload.core.identity.model.weights_digest`: names, sizes, safetensors
-  headers and data samples); for a hub model the commit its revision resolves to in
-  the local Hugging Face cache, else the revision string.
+- :func:`weights_digest`: a local model directory's (or file's) weight files by
+  content, only those vLLM's loader reads for the configured load format, and the
+  quantization method's own config file
+  (:func:`kvoffload.core.identity.model.weights_digest`); for a hub model the commit
+  its revision resolves to in the local Hugging Face cache, else the revision string.
+
+The configuration files that reach the forward pass are in :func:`config_digest`
+already, as vLLM read them: ``config.json`` (as ``hf_config``, after
+``hf_overrides``) with its ``quantization_config``; a quantization method's own file
+(read by vLLM when the config has none) is digested with the weights.
 
 Both halves call this from ``derive_geometry`` with the same configuration and get
 the same digests. Nothing here raises for an unusual configuration: a value that
@@ -73,20 +79,60 @@ def config_document(vllm_config: Any) -> dict[str, object]:
 
 
 def weights_digest(vllm_config: Any) -> str:
-    """The digest of the weights' identity (module docstring). Reads file headers
-    and small samples only; never raises."""
+    """The digest of the weights' identity (module docstring). Never raises.
+
+    Cost: each file's bytes are read once per node, not once per process: the
+    scheduler half and every worker call this at start, and the first to reach a file
+    reads it while the others wait on that file's lock in the shared digest cache and
+    then take its entry (:mod:`kvoffload.core.identity.content_digest`; the user's
+    cache folder, else a private folder in the temporary directory, named once by a
+    warning). A second call in one process reads nothing.
+
+    Why a worker uses the same digest as its scheduler half: both select the same files
+    from the same configuration (load format, paths, quantization method), a digest is
+    a pure function of the files' bytes, and a remembered digest is reused only while
+    the file's stat signature (device, inode, size, modification and change times) is
+    the one it was computed under, so a process either takes the digest another
+    process computed from the very same, unchanged file, or reads the file itself. A
+    file rewritten between the two derivations gives two digests: each worker sends
+    the namespace it derived with its first report, and the scheduler half counts the
+    mismatch (``namespace_mismatch``, decision 0010); chunks then never verify across
+    the two (a miss, never wrong KV)."""
     model = getattr(vllm_config, "model_config", None)
+    load = getattr(vllm_config, "load_config", None)
     name = str(getattr(model, "model", "") or "")
     separate = str(getattr(model, "model_weights", "") or "")  # a loader's own weights path
     local = [p for p in (name, separate) if p and os.path.exists(p)]
     if local:
+        load_format = getattr(load, "load_format", None)
+        fmt = load_format if isinstance(load_format, str) else None
+        config = quant_config_files(vllm_config)
         return model_identity.digest_of(
-            ["files", *(model_identity.weights_digest(p) for p in local)]
+            [
+                "files",
+                *(model_identity.weights_digest(p, load_format=fmt, config=config) for p in local),
+            ]
         )
     revision = getattr(model, "revision", None) or "main"
-    download_dir = getattr(getattr(vllm_config, "load_config", None), "download_dir", None)
+    download_dir = getattr(load, "download_dir", None)
     commit = resolved_revision(name, revision, download_dir)
     return model_identity.digest_of(["hub", name, commit])
+
+
+def quant_config_files(vllm_config: Any) -> tuple[str, ...]:
+    """The name endings of the config files the quantization method vLLM built reads
+    beside the weights (its ``get_config_filenames()``); none without quantization or
+    when it names none. Never raises."""
+    quant = getattr(vllm_config, "quant_config", None)
+    if quant is None:
+        return ()
+    try:
+        names = type(quant).get_config_filenames()
+    except Exception:  # a method that names none (NotImplementedError) or fails
+        return ()
+    if not isinstance(names, (list, tuple)):
+        return ()
+    return tuple(n for n in names if isinstance(n, str))
 
 
 def resolved_revision(repo_id: str, revision: str, cache_dir: str | None = None) -> str:

@@ -15,10 +15,23 @@ The cache is a directory (``$KVOFFLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvoff
 else ``~/.cache/kvoffload``, then ``digests/``) of one JSON file per path, made and
 read as :mod:`.private_files` says: the directory created 0700 and checked to be the
 user's own, entries written to a new file (``O_EXCL``) and renamed into place, read
-with ``O_NOFOLLOW`` and checked. Processes computing
-the same file at once (the workers of one engine start together) serialise on a lock
-file per entry, so each file is read once. A cache that cannot be used (read-only
-home, another owner) is skipped: digests are computed each time, never wrong.
+with ``O_NOFOLLOW`` and checked. Processes computing the same file at once (the
+scheduler half and the workers of one engine) serialise on a lock file per entry, so
+each file is read once per node: the first process reads it, the others find its
+entry.
+
+A cache folder that cannot be used (a read-only home in a container, another owner)
+is named once per process by a WARNING with the reason and the fix (set
+``KVOFFLOAD_CACHE_DIR`` to a writable folder of this user's), and the digests are
+remembered instead in a private folder of the temporary directory,
+``$TMPDIR/kvoffload-u<UID>/digests`` (0700, checked the same way, in a temporary
+directory that another user cannot rename it out of: :func:`.private_files.check_root`),
+so the processes of an engine still read each file once. Where that cannot be used
+either, each process reads every file once per start, and the warning says so. Within
+one process, :meth:`DigestCache.default` is one shared object that also remembers
+every digest it computed or read (under the same stat signature), so a second call (the
+scheduler half and a worker in one process, a second derivation) reads nothing.
+Remembered digests are never wrong: a file whose signature changed is read again.
 
 Pure Python over ``os`` and ``xxhash``; never raises for an unreadable file: its
 digest names the error, so both halves of the connector still agree.
@@ -30,7 +43,10 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
+import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +56,7 @@ import xxhash
 from kvoffload.core.errors import ConfigError
 from kvoffload.core.private_files import (
     FilePolicy,
+    check_root,
     make_private_dir,
     open_or_create,
     read_checked,
@@ -50,16 +67,30 @@ READ_BYTES = 16 << 20
 """Bytes read at a time."""
 
 MAX_THREADS = 8
+MAX_REMEMBERED = 4096
+"""Digests a :class:`DigestCache` keeps in memory (all are forgotten past it)."""
 _VERSION = 1
+OPTION = "KVOFFLOAD_CACHE_DIR"
+"""The environment variable that names the cache folder (module docstring)."""
+
+logger = logging.getLogger("kvoffload")
+_shared: dict[Path, DigestCache] = {}
+_shared_lock = threading.Lock()
 
 
 def cache_dir() -> Path:
     """Where the digests are remembered (module docstring)."""
-    explicit = os.environ.get("KVOFFLOAD_CACHE_DIR")
+    explicit = os.environ.get(OPTION)
     if explicit:
         return Path(explicit) / "digests"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "kvoffload" / "digests"
+
+
+def fallback_dir() -> Path:
+    """Where the digests are remembered when :func:`cache_dir` cannot be used: a folder
+    of this user's in the temporary directory (module docstring)."""
+    return Path(tempfile.gettempdir()) / f"kvoffload-u{os.geteuid()}" / "digests"
 
 
 def signature(st: os.stat_result) -> list[int]:
@@ -85,26 +116,86 @@ def hash_file(path: Path) -> str:
 
 
 class DigestCache:
-    """The remembered digests (module docstring). ``root`` None: remember nothing."""
+    """The remembered digests (module docstring): in the folder ``root`` when it can be
+    used (``root`` None, or a folder that cannot be used: in memory only, and
+    :attr:`problem` says why), and in memory. Thread-safe."""
 
     def __init__(self, root: Path | None) -> None:
-        self._policy = FilePolicy("digest cache", key="KVOFFLOAD_CACHE_DIR")
-        self.root = root if root is not None and _private_dir(root, self._policy) else None
+        self._policy = FilePolicy("digest cache", key=OPTION)
+        self.problem = None if root is None else _private_dir(root, self._policy)
+        self.root = root if root is not None and self.problem is None else None
+        self._known: dict[tuple[str, tuple[int, ...]], str] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def default(cls) -> DigestCache:
-        return cls(cache_dir())
+        """This process's cache for :func:`cache_dir` (one object per folder, shared by
+        every caller), or, when that folder cannot be used, for :func:`fallback_dir`,
+        with one WARNING naming the folder, the reason and the fix (module
+        docstring)."""
+        wanted = cache_dir()
+        with _shared_lock:
+            cache = _shared.get(wanted)
+            if cache is None:
+                cache = _shared[wanted] = cls._open_default(wanted)
+        return cache
+
+    @classmethod
+    def _open_default(cls, wanted: Path) -> DigestCache:
+        cache = cls(wanted)
+        if cache.problem is None:
+            return cache
+        fallback_root = fallback_dir()
+        fallback = cls(None)
+        fallback.problem = _private_dir(fallback_root, fallback._policy, private_parent=True)
+        if fallback.problem is None:
+            fallback.root = fallback_root
+            instead = (
+                f"the digests are remembered in {fallback_root} instead, until the "
+                "temporary directory is cleared"
+            )
+        else:
+            instead = (
+                f"nor can {fallback_root} ({fallback.problem}): every process of the engine "
+                "reads every weight file in full at every start"
+            )
+        logger.warning(
+            "kvoffload: cannot use the weights digest cache folder %s (%s); %s. Fix: set "
+            "%s (digests go in its digests/) or XDG_CACHE_HOME (in its kvoffload/digests/) "
+            "to a writable folder of this user's",
+            wanted,
+            cache.problem,
+            instead,
+            OPTION,
+        )
+        return fallback
 
     def digest(self, path: Path) -> str:
-        """``path``'s content digest, from the cache when its signature still holds;
-        ``"unreadable:<error>"`` for a file that cannot be read."""
+        """``path``'s content digest, from memory or the folder when its signature still
+        holds; ``"unreadable:<error>"`` for a file that cannot be read (never
+        remembered)."""
         try:
             before = os.stat(path)
         except OSError as exc:
             return f"unreadable:{type(exc).__name__}"
+        real = os.path.realpath(path)
+        key = (real, tuple(signature(before)))
+        with self._lock:
+            known = self._known.get(key)
+        if known is not None:
+            return known
+        digest = self._from_folder(path, real, before)
+        if not digest.startswith(("unreadable:", "changing")):
+            with self._lock:
+                if len(self._known) >= MAX_REMEMBERED:
+                    self._known.clear()
+                self._known[key] = digest
+        return digest
+
+    def _from_folder(self, path: Path, real: str, before: os.stat_result) -> str:
         if self.root is None:
             return _digest_now(path, before)
-        name = hashlib.blake2b(os.fsencode(os.path.realpath(path)), digest_size=16).hexdigest()
+        name = hashlib.blake2b(os.fsencode(real), digest_size=16).hexdigest()
         entry = self.root / f"{name}.json"
         remembered = _read(entry, self._policy, before)
         if remembered is not None:
@@ -114,7 +205,7 @@ class DigestCache:
             if remembered is not None:
                 return remembered
             digest = _digest_now(path, before)
-            if not digest.startswith("unreadable:"):
+            if not digest.startswith(("unreadable:", "changing")):
                 _write(entry, self._policy, before, digest)
             return digest
 
@@ -178,12 +269,20 @@ def _locked(path: Path, policy: FilePolicy) -> Iterator[None]:
         os.close(fd)
 
 
-def _private_dir(root: Path, policy: FilePolicy) -> bool:
-    """Create ``root`` (0700, with its parents) if needed; whether it is a directory
-    of this user's that no one else can write."""
+def _private_dir(root: Path, policy: FilePolicy, *, private_parent: bool = False) -> str | None:
+    """Create ``root`` (0700, with its parents) if needed; None when it is a directory
+    of this user's that no one else can write, else why not. ``private_parent``: its
+    parent is made (or checked) 0700 too, in a root :func:`check_root` accepts (the
+    temporary directory)."""
     try:
-        os.makedirs(root.parent, mode=0o700, exist_ok=True)
+        if private_parent:
+            check_root(root.parent.parent, policy)
+            make_private_dir(root.parent, policy)
+        else:
+            os.makedirs(root.parent, mode=0o700, exist_ok=True)
         make_private_dir(root, policy, others_may_read=True)
-    except (OSError, ConfigError):
-        return False
-    return True
+    except ConfigError as exc:
+        return str(exc).removeprefix(f"kvoffload config '{policy.key}': ")
+    except OSError as exc:
+        return f"{exc.strerror or type(exc).__name__}: {exc.filename or root}"
+    return None

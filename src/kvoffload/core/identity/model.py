@@ -10,7 +10,8 @@ must never fail here.
 
 :func:`canonical` turns a configuration value into plain JSON data;
 :func:`digest_of` digests such data; :func:`weights_digest` digests a local model
-path's weight files by content (see its docstring for what it reads and remembers).
+path's weight files by content: the files the engine loads
+(:mod:`.weight_files`), read once per node (:mod:`.content_digest`).
 """
 
 from __future__ import annotations
@@ -21,20 +22,17 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvoffload.core.identity import content_digest
+from kvoffload.core.identity import content_digest, weight_files
+from kvoffload.core.identity.weight_files import loaded_files
 
 DIGEST_BYTES = 12
 """Digests are 12 bytes, 24 hex digits (as the layout digest)."""
 
 MAX_DEPTH = 12
 """Deeper values are cut to their type name (no configuration nests this deep)."""
-
-SAFETENSORS_SUFFIX = ".safetensors"
-OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npz", ".msgpack", ".h5")
-"""The files of a model directory :func:`weights_digest` reads."""
 
 
 def canonical(value: object, depth: int = 0) -> object:
@@ -91,25 +89,32 @@ def digest_of(document: object) -> str:
 
 
 def weights_digest(
-    path: str | os.PathLike[str], cache: content_digest.DigestCache | None = None
+    path: str | os.PathLike[str],
+    cache: content_digest.DigestCache | None = None,
+    *,
+    load_format: str | None = None,
+    config: Sequence[str] = (),
 ) -> str:
     """A digest of the weight files at a local model ``path``, or ``""`` when
     ``path`` is neither a directory nor a file (a hub model id).
 
-    A directory contributes its top-level weight files (``*.safetensors`` and
-    :data:`OTHER_WEIGHT_SUFFIXES`) in name order; a file (a GGUF model) itself. Per
-    file: its name, its size and the digest of its whole content
-    (:mod:`kvoffload.core.identity.content_digest`: read once per node and remembered until
-    the file changes; ``cache`` defaults to the user's). An in-place rewrite of any
-    tensor changes it; copies of the same files on other machines give the same one.
-    A file that cannot be read contributes its name and the error, so the digest
-    stays deterministic."""
+    A directory contributes the files the engine loads its weights from under
+    ``load_format`` (:func:`~kvoffload.core.identity.weight_files.loaded_files`: vLLM's
+    default loader's choice, e.g. the safetensors files the index names and not a
+    ``pytorch_model.bin`` or ``optimizer.pt`` beside them; None: ``auto``), then the
+    config files the loader reads beside them whose names end with one of ``config``
+    (:func:`~kvoffload.core.identity.weight_files.config_files`: a quantization
+    method's own file); a file (a GGUF model) itself. Per file: its name, its size and the
+    digest of its whole content (:mod:`kvoffload.core.identity.content_digest`: read
+    once per node and remembered until the file changes; ``cache`` defaults to the
+    process's shared one, :meth:`~.content_digest.DigestCache.default`). An in-place
+    rewrite of any tensor changes it; copies of the same files on other machines give
+    the same one. A file that cannot be read contributes its name and the error, so
+    the digest stays deterministic."""
     root = Path(path)
     try:
         if root.is_dir():
-            with os.scandir(root) as entries:
-                names = sorted(e.name for e in entries if _is_weight_file(e.name))
-            files = [root / name for name in names]
+            files = loaded_files(root, load_format) + weight_files.config_files(root, config)
         elif root.is_file():
             files = [root]
         else:
@@ -127,7 +132,3 @@ def file_identity(path: Path, digest: str) -> list[object]:
     except OSError:
         size = "unreadable"
     return [path.name, size, digest]
-
-
-def _is_weight_file(name: str) -> bool:
-    return name.endswith(SAFETENSORS_SUFFIX) or name.endswith(OTHER_WEIGHT_SUFFIXES)

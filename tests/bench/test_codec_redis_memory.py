@@ -13,6 +13,6 @@ def test_each_codecs_values_and_memory_are_measured() -> None:
     sizes = {name: bench.measure(name, raw, chunks) for name in bench.CODECS}
     written = {name: w for name, (w, _) in sizes.items()}
     assert written["none"] == chunks * (raw + 64)
-    assert written["fp8"] == chunks * (64 + raw // 2 + 4 * (raw // 2 // 4096))
+    assert written["fp8"] == chunks * (64 + 8 + raw // 2 + 4 * (raw // 2 // 4096))  # 8: checksum
     assert written["lossless"] < 0.8 * written["none"]  # Gaussian bfloat16: about 1.45x
     assert all(grown >= w for w, grown in sizes.values())  # Redis holds at least the values

@@ -28,9 +28,10 @@ from kvoffload.simulate.worker import SimClock, SimWorker
 from kvoffload.workload.chat import ChatWorkload
 
 HOST_BYTES = 100 * CHUNK_BYTES  # 100 raw chunks of 32 KiB (16,384 bf16 elements)
-FP8_BF16 = CHUNK_BYTES // 2 + 4 * (CHUNK_BYTES // 2 // FP8_RUN)  # 16,384 + 4 scales
-FP8_FP32 = CHUNK_BYTES // 4 + 4 * (CHUNK_BYTES // 4 // FP8_RUN)  # 8,192 + 2 scales
-LOSSLESS_BF16 = -(-CHUNK_BYTES * 20 // 29) + 8  # ratio 1.45 rounded up, frame length
+CHECK = 8  # the checksum in every codec frame's header (issue 41)
+FP8_BF16 = CHECK + CHUNK_BYTES // 2 + 4 * (CHUNK_BYTES // 2 // FP8_RUN)  # 16,384 + 4 scales
+FP8_FP32 = CHECK + CHUNK_BYTES // 4 + 4 * (CHUNK_BYTES // 4 // FP8_RUN)  # 8,192 + 2 scales
+LOSSLESS_BF16 = -(-CHUNK_BYTES * 20 // 29) + 16  # ratio 1.45 rounded up, length, checksum
 
 
 def chat(users: int = 12, concurrent: int = 6, rate: float = 20.0) -> ChatTrace:
@@ -48,9 +49,9 @@ def test_the_simulators_codec_names_are_kvoffloads() -> None:
 @pytest.mark.parametrize(
     ("model", "keyed", "slots"),
     [
-        (CodecModel(), LOSSLESS_BF16, 144),  # 3,276,800 // 22,607
-        (CodecModel(ratio=2.0), CHUNK_BYTES // 2 + 8, 199),
-        (CodecModel(kv_dtype_bytes=4), -(-CHUNK_BYTES * 100 // 118) + 8, 117),
+        (CodecModel(), LOSSLESS_BF16, 144),  # 3,276,800 // 22,615
+        (CodecModel(ratio=2.0), CHUNK_BYTES // 2 + 16, 199),
+        (CodecModel(kv_dtype_bytes=4), -(-CHUNK_BYTES * 100 // 118) + 16, 117),
     ],
 )
 def test_lossless_shrinks_chunks_only_in_a_tier_keyed_by_chunk(
@@ -75,14 +76,14 @@ def test_lossless_shrinks_chunks_only_in_a_tier_keyed_by_chunk(
     ("codec", "model", "encoded", "slots"),
     [
         ("none", CodecModel(), CHUNK_BYTES, 100),
-        ("fp8", CodecModel(), FP8_BF16, 199),  # 3,276,800 // 16,400
-        ("fp8", CodecModel(kv_dtype_bytes=4), FP8_FP32, 399),  # // 8,200
+        ("fp8", CodecModel(), FP8_BF16, 199),  # 3,276,800 // 16,408
+        ("fp8", CodecModel(kv_dtype_bytes=4), FP8_FP32, 399),  # // 8,208
     ],
 )
 def test_a_tier_holds_its_bytes_in_encoded_chunks(
     codec: str, model: CodecModel, encoded: int, slots: int
 ) -> None:
-    assert (FP8_BF16, FP8_FP32) == (16400, 8200)
+    assert (FP8_BF16, FP8_FP32) == (16408, 8208)
     settings = config(
         cpu_bytes=HOST_BYTES,
         tier_bytes={"disk": HOST_BYTES, "redis": HOST_BYTES},
@@ -106,7 +107,7 @@ def test_each_tier_counts_its_own_codec() -> None:
     )
     assert settings.codecs == {"host": "fp8", "disk": "none", "redis": "lossless"}
     assert settings.host_slots == 199
-    assert settings.tier_slots == {"disk": 100, "redis": 199}  # // (16,384 + 8)
+    assert settings.tier_slots == {"disk": 100, "redis": 199}  # // (16,384 + 16)
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -378,7 +379,7 @@ def test_per_tier_codecs_override_codec_in_the_json_and_report(
     ]
     raw = data["chunk_bytes"]
     assert [t["chunk_bytes"] for t in data["tiers"]] == [
-        raw // 2 + 4 * (raw // 2 // FP8_RUN),
+        CHECK + raw // 2 + 4 * (raw // 2 // FP8_RUN),
         raw + 64,  # a disk slot of the raw size (decision 0023)
     ]
     for key in ("written", "read", "capacity"):

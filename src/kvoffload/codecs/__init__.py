@@ -5,8 +5,9 @@
 - ``fp8`` (:mod:`.fp8`): e4m3 with a float32 scale per run of elements; lossy.
 
 This package holds the codecs, their size rules and what a worker runs of them
-(:mod:`.chunk_codec`), and the per-tier codec options (:func:`tier_codec_option`).
-Importing it imports neither torch nor a compression library.
+(:mod:`.chunk_codec`), the checksum every frame carries (:mod:`.frame_check`), and
+the per-tier codec options (:func:`tier_codec_option`). Importing it imports neither
+torch nor a compression library.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from kvoffload.core.config.sections import Option
 CODECS = ("none", "lossless", "fp8")
 FP8_RUN = 4096
 """Elements per fp8 scale (one float32 each): 0.1% of the encoded bytes."""
+FRAME_CHECK_BYTES = 8
+"""The checksum (xxh3-64) in every codec frame's header (:mod:`.frame_check`)."""
 LOSSLESS_OVERHEAD = 64
-"""Bytes a lossless slot holds beyond the raw chunk: the 8-byte frame length and
-blosc2's own header (at most 32 bytes), rounded up (``chunk_codec.py``)."""
+"""Bytes a lossless slot holds beyond the raw chunk: the 8-byte frame length, the
+frame's checksum and blosc2's own header (at most 32 bytes), rounded up
+(``chunk_codec.py``)."""
 
 
 def fp8_ratio(dtype_bytes: int, run: int = FP8_RUN) -> float:

@@ -22,7 +22,8 @@ encoded: :func:`encode` raises ``ValueError`` (the caller stores nothing then: a
 miss later, never a wrong value).
 
 Size: ``elements + 4 * runs`` bytes against ``elements * itemsize``: with runs of
-4,096 elements, 1.998x smaller than 16-bit KV and 3.996x smaller than 32-bit KV.
+4,096 elements, 1.998x smaller than 16-bit KV and 3.996x smaller than 32-bit KV. A
+tier slot holds this behind an 8-byte checksum (``chunk_codec.py``, issue 41).
 """
 
 from __future__ import annotations

@@ -15,11 +15,18 @@ Per dtype (bfloat16, float16, float32), :func:`run_case`:
    stored (``codecs/fp8.py``: :func:`~kvoffload.codecs.fp8.within_bound`, per chunk
    of its runs), and that the plain copies are bit-exact.
 
+Every fp8 chunk carries a checksum (issue 41: sealed on the host once a store's copy
+is done, checked on the host before a load's copy), so the timings include it. It is
+xxh3-64, as kvoffload writes it, where xxhash is installed; this script needs only
+torch and numpy, so without xxhash it checksums with blake2b (the stdlib's; slower)
+and the entry's ``checksum`` says which.
+
 A case never raises: an exception is a failed case whose ``error`` says why.
 """
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import time
 
@@ -27,6 +34,7 @@ import torch
 
 from kvoffload.codecs import fp8
 from kvoffload.codecs.chunk_codec import Fp8Chunks, fp8_run
+from kvoffload.codecs.frame_check import Digest, xxh3
 from kvoffload.core.jobs import JobKind
 from kvoffload.gpucheck.jobs import engine_job, finish, submit
 from kvoffload.gpucheck.report import Budget, Entry, Report
@@ -51,7 +59,8 @@ def run_all(report: Report, device: torch.device, budget: Budget, *, chunks: int
             report.say(
                 f"fp8 on {device.type} {entry['dtype']}: {entry['fp8_gbps']:.2f} GB/s vs "
                 f"{entry['plain_gbps']:.2f} plain (raw bytes, store + load), slots "
-                f"{entry['slot_ratio']:.2f}x smaller, within e4m3's bound"
+                f"{entry['slot_ratio']:.2f}x smaller, within e4m3's bound, frames "
+                f"checksummed ({entry['checksum']})"
             )
 
 
@@ -75,12 +84,26 @@ def _caches(device: torch.device, dtype: torch.dtype, blocks: int) -> dict[str, 
     return caches
 
 
+def _blake2b(payload: memoryview) -> int:
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
+
+
+def checksum() -> tuple[str, Digest]:
+    """The frames' checksum where xxhash is installed, else blake2b (see above)."""
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return "blake2b (xxhash not installed)", _blake2b
+    return "xxh3", xxh3
+
+
 def _measure(device: torch.device, dtype: torch.dtype, chunks: int, rounds: int) -> Entry:
     k, blocks = 2, 4 * chunks + 4
     caches = _caches(device, dtype, blocks)
     layout = register_kv_caches(caches, blocks)
     raw = layout.chunk_bytes(k)
-    codec = Fp8Chunks(dtype, raw)
+    digest_name, digest = checksum()
+    codec = Fp8Chunks(dtype, raw, digest=digest)
     pinned = device.type == "cuda"
     plain = TransferWorker(layout, host_slab(raw, chunks, pinned=pinned), k, threads=1)
     coded = TransferWorker(
@@ -115,6 +138,7 @@ def _measure(device: torch.device, dtype: torch.dtype, chunks: int, rounds: int)
         "plain_gbps": plain_gbps,
         "fp8_gbps": fp8_gbps,
         "fp8_over_plain": fp8_gbps / plain_gbps,
+        "checksum": digest_name,
     }
 
 

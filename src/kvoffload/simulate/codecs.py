@@ -7,19 +7,21 @@ Codecs, by name (:data:`kvoffload.codecs.CODECS`):
 - ``none``: a chunk is its raw bytes;
 - ``lossless``: byte planes shuffled, then an entropy coder; bit-exact. Its ratio
   varies from chunk to chunk; the simulator gives every chunk the mean ratio
-  (``--codec-ratio``, raw / encoded): ``ceil(raw / ratio)`` bytes and the 8-byte frame
-  length, in a tier keyed by chunk (Redis); a slotted tier (host memory, disk) keeps
-  it in a slot of the raw size and :data:`LOSSLESS_OVERHEAD` bytes, as the engine does
-  (decision 0023): no capacity gained there, only coding time spent. Defaults
+  (``--codec-ratio``, raw / encoded): ``ceil(raw / ratio)`` bytes and the frame's
+  16-byte header (its length and checksum), in a tier keyed by chunk (Redis); a
+  slotted tier (host memory, disk) keeps it in a slot of the raw size and
+  :data:`LOSSLESS_OVERHEAD` bytes, as the engine does (decision 0023): no capacity
+  gained there, only coding time spent. Defaults
   :data:`LOSSLESS_RATIO_16BIT` for 16-bit KV and :data:`LOSSLESS_RATIO_32BIT` for
   32-bit (measured on the demo model's KV: replace them with your model's). It runs
   on the CPU;
 - ``fp8``: e4m3 with one fp32 scale per run of :data:`~kvoffload.codecs.FP8_RUN`
-  elements, as :mod:`kvoffload.codecs.fp8` encodes: ``elements + 4 x ceil(elements /
-  FP8_RUN)`` bytes, ``elements = raw / kv_dtype_bytes``. Lossy, opt-in; for 16- and
-  32-bit KV, refused for 8-bit KV. Between the engine and a tier the engine codes it
-  on the GPU by default (``fp8_device="gpu"``, decision 0023: "on the GPU before the
-  copy to host"), taken as free; with ``"cpu"``, the worker's copy threads code it.
+  elements, as :mod:`kvoffload.codecs.fp8` encodes, behind the frame's 8-byte
+  checksum: ``8 + elements + 4 x ceil(elements / FP8_RUN)`` bytes, ``elements = raw /
+  kv_dtype_bytes``. Lossy, opt-in; for 16- and 32-bit KV, refused for 8-bit KV.
+  Between the engine and a tier the engine codes it on the GPU by default
+  (``fp8_device="gpu"``, decision 0023: "on the GPU before the copy to host"), taken
+  as free; with ``"cpu"``, the worker's copy threads code it.
 
 Where the CPU codes (lossless; fp8 with ``fp8_device="cpu"``; any re-encoding
 between two tiers of different codecs), it runs at ``encode_gbps`` / ``decode_gbps``
@@ -35,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvoffload.codecs import CODECS, FP8_RUN, LOSSLESS_OVERHEAD
+from kvoffload.codecs import CODECS, FP8_RUN, FRAME_CHECK_BYTES, LOSSLESS_OVERHEAD
 from kvoffload.core.errors import UsageError
 
 NONE, LOSSLESS, FP8 = "none", "lossless", "fp8"  # CODECS, by name
@@ -55,8 +57,8 @@ on the demo model's bfloat16 KV (``bench/codecs.py``, decision 0023: 1.454; its
 float16 KV: 1.18, give ``--codec-ratio`` for that)."""
 LOSSLESS_RATIO_32BIT = 1.18
 """The same for 32-bit KV (the demo model's float32 KV: 1.185)."""
-LOSSLESS_FRAME = 8
-"""Bytes a lossless chunk takes beyond its frame: the frame's length."""
+LOSSLESS_FRAME = 8 + FRAME_CHECK_BYTES
+"""Bytes a lossless chunk takes beyond its frame: the frame's length and checksum."""
 
 DEFAULT_GBPS: dict[str, tuple[float, float]] = {
     # codec -> (encode, decode) on the CPU, GB/s of raw bytes, one engine.
@@ -210,7 +212,7 @@ class CodecModel:
                 "elements (check --bytes-per-token and --kv-dtype-bytes)"
             )
         elements = raw_bytes // self.kv_dtype_bytes
-        return elements + SCALE_BYTES * -(-elements // FP8_RUN)
+        return FRAME_CHECK_BYTES + elements + SCALE_BYTES * -(-elements // FP8_RUN)
 
     def tier_codec(
         self, codec: str, raw_bytes: int, option: str, *, slotted: bool = False

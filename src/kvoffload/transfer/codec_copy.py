@@ -17,7 +17,11 @@ Same interface and mutation contract as ``CpuCopier`` (a store writes only the h
 slots its plan names, a load only the engine blocks its plan names). A value the
 codec cannot encode (fp8: not finite) raises ``ValueError`` before any host slot of
 the plan is written: the job fails, nothing is stored; a slot that does not decode
-(``ValueError``) fails its load, and the engine recomputes. Each direction has its own
+(``ValueError``: among others a frame whose checksum does not match, issue 41,
+``codecs/frame_check.py``) fails its load before any engine block is written, and
+the engine recomputes. The check covers host memory and node-shared slabs alike
+(every slot this copier reads); a load that batches several jobs fails them all
+(the worker fails a batch as a whole). Each direction has its own
 staging area, grown to the largest plan seen; the worker's lanes call each direction
 from one thread at a time.
 """

@@ -19,12 +19,34 @@ Same streams, events and ordering as :class:`~kvoffload.transfer.cuda_copy.CudaC
   the job, and its slot never becomes readable. Nothing waits for the device here;
 - a **load** copies its encoded slots to the device, decodes them there into raw
   chunks, and scatters only the blocks the plan names (``skip_blocks``).
+
+Every fp8 chunk carries a checksum of its scales and values (issue 41,
+``codecs/frame_check.py``), computed and checked where the bytes are on the host,
+on the thread that submits and collects the jobs (no xxh3 runs on the device):
+
+- a store copies the encoded payload behind the slot's 8-byte header; once the copy
+  is done, :meth:`SealedStore.verify` (the worker calls it before it reports the job)
+  checks the finite flags and then writes each slot's checksum, so a slot is sealed
+  before the scheduler half can hand it to any load;
+- a load checks each slot's checksum on the host before it enqueues the copy: a slot
+  that fails raises ``CorruptChunk`` (a ``ValueError``) there, nothing is enqueued,
+  the job fails and the engine recomputes (the CPU path's outcome). What the check
+  guards is the slot as it stands when the load is submitted: the chunk is pinned by
+  the load from then on, so no store of kvoffload writes it until the copy is done;
+  a process that writes a pinned slot all the same (a ``host_share_group`` member
+  with a bug) between the check and the copy is not caught (the CPU path has the
+  same window between its check and its decode). Checking after the copy would need
+  the bytes on the host twice, or xxh3 on the device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
+from kvoffload.codecs import FRAME_CHECK_BYTES
 from kvoffload.codecs.chunk_codec import Fp8Chunks
 from kvoffload.codecs.fp8 import decode_batch, encode_batch
 from kvoffload.core.errors import ContractViolation
@@ -33,6 +55,20 @@ from kvoffload.transfer.codec_copy import staged_rows
 from kvoffload.transfer.cuda_copy import CudaCopier, InFlight
 from kvoffload.transfer.layout import KVLayout
 from kvoffload.transfer.plan import CopyPlan
+
+
+@dataclass(frozen=True, eq=False)
+class SealedStore(InFlight):
+    """A store through fp8: once done, :meth:`verify` checks that every chunk was
+    finite, then ``seal`` writes the slots' checksums (none when one was not: the job
+    fails and its slots hold no chunk)."""
+
+    seal: Callable[[], None] | None = None
+
+    def verify(self) -> None:
+        super().verify()
+        if self.seal is not None:
+            self.seal()
 
 
 class CudaCodecCopier(CudaCopier):
@@ -71,23 +107,31 @@ class CudaCodecCopier(CudaCopier):
             flags = torch.empty(len(slots), dtype=torch.bool, pin_memory=True)
             flags.copy_(finite, non_blocking=True)
             for i, slot in enumerate(slots):
-                self._slab.data[slot].copy_(encoded[i], non_blocking=True)
+                self._codec.payload(self._slab.data[slot]).copy_(encoded[i], non_blocking=True)
             end = self._event(stream)
-        return InFlight(plan, start, end, (blocks, stage, index, chunks, encoded), flags)
+        keep = (blocks, stage, index, chunks, encoded)
+        return SealedStore(plan, start, end, keep, flags, lambda: self._seal(slots))
+
+    def _seal(self, slots: list[int]) -> None:
+        """Write the checksum of each slot's payload (the copy is done)."""
+        for slot in slots:
+            self._codec.seal(self._slab.data[slot])
 
     def load(self, plan: CopyPlan) -> InFlight:
+        """``CorruptChunk`` (nothing enqueued) when a slot fails its checksum."""
         slots, rows = staged_rows(plan, self._k)
+        for slot in slots:
+            self._codec.check(self._slab.data[slot])
         stream = self._load_stream
         stream.wait_stream(torch.cuda.current_stream(self._device))
         with torch.cuda.stream(stream):
             start = self._event(stream)
             blocks = torch.from_numpy(plan.blocks).to(self._device, non_blocking=True)
             index = torch.from_numpy(rows).to(self._device, non_blocking=True)
-            encoded = torch.empty(
-                (len(slots), self._codec.stored_bytes), dtype=torch.uint8, device=self._device
-            )
+            size = self._codec.stored_bytes - FRAME_CHECK_BYTES
+            encoded = torch.empty((len(slots), size), dtype=torch.uint8, device=self._device)
             for i, slot in enumerate(slots):
-                encoded[i].copy_(self._slab.data[slot], non_blocking=True)
+                encoded[i].copy_(self._codec.payload(self._slab.data[slot]), non_blocking=True)
             chunks = self._stage(len(slots) * self._k)
             decode_batch(encoded, self._codec.dtype, self._codec.run, out=self._raw(chunks))
             stage = chunks.index_select(0, index)

@@ -9,12 +9,16 @@ tier lane and the staged loads keep reading and writing host-format chunks:
 - ``write_many``: each host slot is decoded (host codec) and encoded (tier codec)
   into a buffer of the tier's chunk bytes, trimmed to its used bytes for a tier keyed
   by chunk; the tier checksums what it stores. A chunk the tier codec cannot encode
-  (fp8: a value not finite) fails alone (``io:codec ...``), never written;
+  (fp8: a value not finite), or whose host slot does not decode (its frame checksum
+  does not match), fails alone (``io:codec ...``), never written;
 - ``read_many``: the tier reads into buffers of its chunk bytes; each chunk read is
   decoded (tier codec) and encoded (host codec) into its host slot. A chunk that
-  does not decode fails as ``integrity:codec`` (the scheduler half forgets the copy;
-  the engine recomputes); a host slot whose chunk failed may hold partial bytes, as
-  with any failed read.
+  does not decode (among others one whose frame checksum does not match, issue 41)
+  fails as ``integrity:codec`` (the reason is ``codec`` alone: a bounded metric
+  label; the scheduler half forgets the copy; the engine recomputes); a host slot
+  whose chunk failed may hold partial bytes, as with any failed read. Where the codecs
+  agree the bytes pass through undecoded, and the frame's checksum is checked when
+  the host slot is decoded (its load).
 
 Everything else (``hold``, ``close``, ``delete_many``...) is the wrapped store's.
 Called from the tier lane's threads, one call per thread: each call has its own
@@ -84,10 +88,15 @@ class CodecTierStore:
         return getattr(self.inner, name)
 
     def _raw(self, view: memoryview) -> torch.Tensor:
+        """A host slot's raw chunk; ``ValueError`` naming host memory's codec when the
+        slot does not decode."""
         if self.host is None:
             return _tensor(view)
         raw = torch.empty(self.raw_bytes, dtype=torch.uint8)
-        self.host.decode(_tensor(view), raw)
+        try:
+            self.host.decode(_tensor(view), raw)
+        except ValueError as exc:
+            raise ValueError(f"host slot ({exc})") from exc
         return raw
 
     def _encoded(self, view: memoryview) -> memoryview:
@@ -162,8 +171,8 @@ class CodecTierStore:
                     out.copy_(raw)
                 else:
                     self.host.encode(raw, out)
-            except ValueError as exc:
-                failures[i] = integrity_failure(f"codec {exc}")
+            except ValueError:
+                failures[i] = integrity_failure("codec")
         self._local.moved = sum(
             self._used(view) for view, f in zip(views, failures, strict=True) if f is None
         )

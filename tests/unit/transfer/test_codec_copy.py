@@ -65,7 +65,7 @@ class Rig:
 def test_a_stored_chunk_loads_back_within_the_bound(dtype: torch.dtype, k: int) -> None:
     rig = Rig(finite(vllm_cpu(NUM_BLOCKS, dtype=dtype), seed=k), k)
     elements = rig.codec.elements
-    assert rig.slab.chunk_bytes == elements + 4 * (elements // fp8_run(elements))
+    assert rig.slab.chunk_bytes == 8 + elements + 4 * (elements // fp8_run(elements))
     assert rig.layout.chunk_bytes(k) / rig.slab.chunk_bytes > 0.95 * dtype.itemsize
     src = list(range(2 * k))
     before = rig.values(src)

@@ -5,8 +5,10 @@ checked is everything else the GPU runs: the gather into chunks in slot order, t
 encoding, the slot copies, the decoding and the scatter of the blocks a load names.
 The slots it writes are byte for byte what the CPU path writes, and loads give back
 the CPU path's values; a chunk with a value that is not finite fails the job once
-its copy is done. On a GPU, ``scripts/gpu-check`` and ``test_transfer_roundtrip``'s
-CUDA test run the real thing."""
+its copy is done; slots are sealed with their checksum only then, and a load checks
+each slot's checksum on the host before it enqueues anything (issue 41). On a GPU,
+``scripts/gpu-check`` and ``test_transfer_roundtrip``'s CUDA test run the real
+thing."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from kv_engines import Engine, gpu_style, job, record, vllm_cpu
 
 from kvoffload.codecs.chunk_codec import Fp8Chunks
+from kvoffload.codecs.frame_check import CorruptChunk
 from kvoffload.core.jobs import JobKind
 from kvoffload.tiers.host import HostSlab
 from kvoffload.transfer import cuda_codec_copy, cuda_copy, register_kv_caches
@@ -153,3 +156,22 @@ def test_a_chunk_that_is_not_finite_fails_once_done(no_gpu: None) -> None:
     assert flight.finite is not None and flight.finite.tolist() == [True, False]
     with pytest.raises(ValueError, match="not finite"):
         flight.verify()
+    for slot in (0, 2):  # neither slot was sealed: no load reads them
+        with pytest.raises(CorruptChunk):
+            rigs.gpu.load(rigs.plan(JobKind.LOAD, [slot], [9]))
+
+
+def test_a_slot_that_changed_fails_its_load_before_anything_is_enqueued(no_gpu: None) -> None:
+    rigs = Rigs(gpu_style, torch.bfloat16, k=1)
+    store = rigs.plan(JobKind.STORE, [0, 2], [4, 5])
+    flight = rigs.gpu.store(store)
+    with pytest.raises(CorruptChunk):  # the copy is done but not verified: not sealed yet
+        rigs.gpu.load(rigs.plan(JobKind.LOAD, [0], [9]))
+    flight.verify()
+    rigs.gpu_slab.data[2][100] ^= 0x04  # a value of the second chunk
+    before = record(rigs.gpu_engine, 9)
+    with pytest.raises(CorruptChunk, match="checksum"):
+        rigs.gpu.load(rigs.plan(JobKind.LOAD, [2], [9]))
+    assert record(rigs.gpu_engine, 9) == before
+    rigs.gpu.load(rigs.plan(JobKind.LOAD, [0], [9]))  # the other slot loads
+    assert record(rigs.gpu_engine, 9) != before

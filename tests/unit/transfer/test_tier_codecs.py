@@ -221,3 +221,32 @@ def test_a_chunk_the_tier_cannot_encode_fails_alone_and_a_bad_copy_is_integrity(
     (failure,) = lossless_tier.read_many([K(3)], (), [out.numpy().data])
     assert failure is not None and failure.kind is FailureKind.INTEGRITY
     assert str(failure).startswith("integrity:codec")
+
+
+@pytest.mark.parametrize(
+    ("host", "tier"), [("none", "fp8"), ("fp8", "lossless"), ("none", "lossless")]
+)
+def test_a_flipped_bit_in_a_tier_copy_is_integrity_and_in_a_host_slot_fails_its_spill(
+    host: str, tier: str
+) -> None:
+    """Issue 41: the frame's checksum is checked on every decode, whatever the tier."""
+    dtype = torch.bfloat16
+    host_codec, tier_codec = open_codec(host, dtype, RAW), open_codec(tier, dtype, RAW)
+    inner = Tier()
+    store = through_codecs(inner, host_codec, tier_codec, raw_bytes=RAW, keyed=True)
+    assert store.write_many([(K(1), slot_of(host_codec, kv(dtype, seed=6)))], ()) == [None]
+    value = bytearray(inner.values[K(1)])
+    value[len(value) // 2] ^= 0x08
+    inner.values[K(1)] = bytes(value)
+    size = RAW if host_codec is None else host_codec.stored_bytes
+    out = torch.zeros(size, dtype=torch.uint8)
+    (failure,) = store.read_many([K(1)], (), [out.numpy().data])
+    assert failure is not None and failure.kind is FailureKind.INTEGRITY
+    assert failure.detail == "codec"  # a bounded reason: the metric's label
+    if host_codec is None:
+        return
+    slot = torch.frombuffer(bytearray(slot_of(host_codec, kv(dtype, seed=7))), dtype=torch.uint8)
+    slot[40] ^= 0x01
+    (failure,) = store.write_many([(K(2), slot.numpy().data)], ())
+    assert failure is not None and failure.kind is FailureKind.IO and "host slot" in str(failure)
+    assert K(2) not in inner.values

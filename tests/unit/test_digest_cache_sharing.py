@@ -83,7 +83,7 @@ def test_an_unusable_cache_folder_is_named_once_with_the_reason_and_the_fix(
     assert "Fix: set KVOFFLOAD_CACHE_DIR" in warning
     assert f"remembered in {fallback_dir()} instead" in warning
     assert not unusable.is_dir() or not any(unusable.iterdir())  # nothing written there
-    mode = os.stat(fallback_dir().parent).st_mode & 0o777
+    mode = os.stat(fallback_dir()).st_mode & 0o777
     assert mode == 0o700  # the fallback is private
 
 

@@ -24,8 +24,8 @@ A cache folder that cannot be used (a read-only home in a container, another own
 is named once per process by a WARNING with the reason and the fix (set
 ``KVOFFLOAD_CACHE_DIR`` to a writable folder of this user's), and the digests are
 remembered instead in a private folder of the temporary directory,
-``$TMPDIR/kvoffload-u<UID>/digests`` (0700, checked the same way, in a temporary
-directory that another user cannot rename it out of: :func:`.private_files.check_root`),
+``$TMPDIR/kvoffload-digests-u<UID>`` (0700, checked the same way, in a temporary
+directory whose other users cannot rename it away: :func:`.private_files.check_root`),
 so the processes of an engine still read each file once. Where that cannot be used
 either, each process reads every file once per start, and the warning says so. Within
 one process, :meth:`DigestCache.default` is one shared object that also remembers
@@ -90,7 +90,7 @@ def cache_dir() -> Path:
 def fallback_dir() -> Path:
     """Where the digests are remembered when :func:`cache_dir` cannot be used: a folder
     of this user's in the temporary directory (module docstring)."""
-    return Path(tempfile.gettempdir()) / f"kvoffload-u{os.geteuid()}" / "digests"
+    return Path(tempfile.gettempdir()) / f"kvoffload-digests-u{os.geteuid()}"
 
 
 def signature(st: os.stat_result) -> list[int]:
@@ -147,7 +147,7 @@ class DigestCache:
             return cache
         fallback_root = fallback_dir()
         fallback = cls(None)
-        fallback.problem = _private_dir(fallback_root, fallback._policy, private_parent=True)
+        fallback.problem = _private_dir(fallback_root, fallback._policy, shared_parent=True)
         if fallback.problem is None:
             fallback.root = fallback_root
             instead = (
@@ -269,17 +269,17 @@ def _locked(path: Path, policy: FilePolicy) -> Iterator[None]:
         os.close(fd)
 
 
-def _private_dir(root: Path, policy: FilePolicy, *, private_parent: bool = False) -> str | None:
+def _private_dir(root: Path, policy: FilePolicy, *, shared_parent: bool = False) -> str | None:
     """Create ``root`` (0700, with its parents) if needed; None when it is a directory
-    of this user's that no one else can write, else why not. ``private_parent``: its
-    parent is made (or checked) 0700 too, in a root :func:`check_root` accepts (the
-    temporary directory)."""
+    of this user's that no one else can write, else why not. ``shared_parent``: the
+    parent is one other users write too (the temporary directory): it must pass
+    :func:`check_root`, and ``root`` must be exactly 0700."""
     try:
-        if private_parent:
-            check_root(root.parent.parent, policy)
-            make_private_dir(root.parent, policy)
-        else:
-            os.makedirs(root.parent, mode=0o700, exist_ok=True)
+        if shared_parent:
+            check_root(root.parent, policy)
+            make_private_dir(root, policy)
+            return None
+        os.makedirs(root.parent, mode=0o700, exist_ok=True)
         make_private_dir(root, policy, others_may_read=True)
     except ConfigError as exc:
         return str(exc).removeprefix(f"kvoffload config '{policy.key}': ")

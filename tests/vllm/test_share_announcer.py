@@ -3,13 +3,15 @@ step by step: engine A's translator makes a record of a chunk it stored into the
 share, A's announcer sends it, engine B's announcer reads the feed and publishes
 vLLM's ``BlockStored`` (medium ``CPU``) with A's block hashes, parent and token ids;
 the share's eviction becomes B's ``BlockRemoved``; a record that does not describe its
-key (corrupt, another geometry) is counted and never published; a prefix-cache reset
+key (corrupt, another geometry, another prefix's tokens under the chunk's hashes, another
+first-block hash) is counted and never published; a prefix-cache reset
 re-announces everything after vLLM's ``AllBlocksCleared`` (the next step's events).
 Node processes are served from threads; announcers are driven round by round
 (``start=False``), events taken from their sinks: no sleeps."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -17,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.lora.request import LoRARequest
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import (
     get_request_block_hasher,
@@ -27,11 +32,12 @@ from vllm.v1.core.kv_cache_utils import (
 from vllm.v1.request import Request
 
 from kvoffload.adapters.vllm import share_records
+from kvoffload.adapters.vllm.block_hasher import VllmBlockHasher
 from kvoffload.adapters.vllm.event_sink import EventSink
-from kvoffload.adapters.vllm.events import EventTranslator
+from kvoffload.adapters.vllm.events import EventTranslator, event_keys
 from kvoffload.adapters.vllm.share_announcer import ShareAnnouncer
 from kvoffload.core.jobs import EngineJob, JobKind
-from kvoffload.core.keys import ChunkKey, KeyChain, Namespace
+from kvoffload.core.keys import ChunkKey, KeyChain, Namespace, next_key
 from kvoffload.core.kv_groups import ONE_GROUP
 from kvoffload.core.observe.events import CacheEvent, EventKind
 from kvoffload.share.client import ShareDirectory
@@ -80,7 +86,7 @@ def shares(tmp_path: Path) -> Iterator[ThreadShares]:
         stop()
 
 
-def request(first: int = 1) -> Request:
+def request(first: int = 1, **identity: Any) -> Request:
     init_none_hash(sha256)
     return Request(
         "r",
@@ -88,12 +94,30 @@ def request(first: int = 1) -> Request:
         SamplingParams(max_tokens=1),
         None,
         block_hasher=get_request_block_hasher(BLOCK, sha256),
+        **identity,
     )
+
+
+def tokens_of(ids: list[int]) -> bytes:
+    return b"".join(t.to_bytes(8, "little", signed=True) for t in ids)
+
+
+HASHER = VllmBlockHasher("sha256")
+
+
+class CountingHasher(VllmBlockHasher):
+    def __init__(self) -> None:
+        super().__init__("sha256")
+        self.blocks = 0
+
+    def block(self, parent: bytes | None, tokens: Any, keys: Any) -> bytes:
+        self.blocks += 1
+        return super().block(parent, tokens, keys)
 
 
 def translator() -> EventTranslator:
     return EventTranslator(BLOCK, PER_CHUNK, maybe_convert_block_hash,
-                           shared_tiers=frozenset({"host"}))  # fmt: skip
+                           shared_tiers=frozenset({"host"}), hasher=HASHER)  # fmt: skip
 
 
 def stored_by_a(req: Request, a_dir: Any, a_events: EventTranslator) -> list[ChunkKey]:
@@ -117,6 +141,7 @@ def test_b_announces_what_a_stored_and_what_the_share_evicted(shares: ThreadShar
     paths = shares.serve("announce", ShareGeometry(num_slots=4, slot_bytes=4096))
     a_dir = shares.client(paths)
     a_events, b_events = translator(), translator()
+    b_events.hasher = counting = CountingHasher()
     a = announcer(paths, a_dir.session, a_events)
     b = announcer(paths, os.urandom(16), b_events)
     try:
@@ -145,11 +170,14 @@ def test_b_announces_what_a_stored_and_what_the_share_evicted(shares: ThreadShar
         assert {h for e in removed for h in e.block_hashes} <= set(hashes)
         assert b.stats["bad_records"] == 0
         assert len(b.announced["host"]) == 4 and set(b.announced["host"]) & set(keys)
-        # A reset of vLLM's prefix cache: everything held, again, at the next step only.
+        # A reset of vLLM's prefix cache: everything held, again, at the next step only,
+        # from the same records, which are not hashed again.
+        checked = counting.blocks
         b.reannounce()
         b.round()
         again = b.sink.take()
         assert sorted(len(e.block_hashes) for e in again) == [2] * 4
+        assert counting.blocks == checked > 0
         assert b.sink.deferred >= 4 and b.sink.direct == 0  # no publisher: the step path
     finally:
         a.close()
@@ -168,9 +196,14 @@ def test_a_record_that_is_not_its_chunks_is_counted_never_published(
         keys = stored_by_a(request(), a_dir, a_events)
         records = dict(a_events.take_outbox()["host"])
         good = records[keys[1]]
+        # The chunk's own hashes with another prefix's tokens (what a router that
+        # indexes token ids would credit this engine with).
+        mine = share_records.decode(good, keys[1], ONE_GROUP, PER_CHUNK, BLOCK, hasher=HASHER)
+        assert mine is not None
+        other = tokens_of(request(first=7).all_token_ids[: PER_CHUNK * BLOCK])
         a_reader.send_records([
             (keys[0], records[keys[2]]),  # another chunk's record
-            (keys[1], good[:-3]),  # cut short
+            (keys[1], share_records.encode(replace(mine, tokens=other))),  # other tokens
             (keys[2], b"\x93\x01\x02\x03"),  # msgpack, not a record
         ])  # fmt: skip
         b.round()
@@ -189,9 +222,109 @@ def test_records_decode_only_for_the_geometry_and_key_they_were_made_for() -> No
     events.note_jobs([job], {"r": (keys, req, chain.seed)})
     events.translate([CacheEvent(EventKind.STORED, tuple(keys), "host")])
     (key, data), *_ = events.take_outbox()["host"]
-    record = share_records.decode(data, key, ONE_GROUP, PER_CHUNK, BLOCK)
+    record = share_records.decode(data, key, ONE_GROUP, PER_CHUNK, BLOCK, hasher=HASHER)
     assert record is not None and record.token_ids() == req.all_token_ids[: PER_CHUNK * BLOCK]
-    assert share_records.decode(data, key, ONE_GROUP, PER_CHUNK + 1, BLOCK) is None
-    assert share_records.decode(data, key, ONE_GROUP, PER_CHUNK, BLOCK * 2) is None
-    assert share_records.decode(data, keys[1], ONE_GROUP, PER_CHUNK, BLOCK) is None
-    assert share_records.decode(b"", key, ONE_GROUP, PER_CHUNK, BLOCK) is None
+    for geometry in ((PER_CHUNK + 1, BLOCK), (PER_CHUNK, BLOCK * 2)):
+        assert share_records.decode(data, key, ONE_GROUP, *geometry, hasher=HASHER) is None
+    assert share_records.decode(data, keys[1], ONE_GROUP, PER_CHUNK, BLOCK, hasher=HASHER) is None
+    assert share_records.decode(b"", key, ONE_GROUP, PER_CHUNK, BLOCK, hasher=HASHER) is None
+
+
+IDENTITIES = {
+    "lora, salt, session": {
+        "lora_request": LoRARequest("adapter-a", 7, "/adapters/a"),
+        "cache_salt": "tenant-x",
+        "session_id": "s-1",
+    },
+    "multimodal across chunks": {
+        "mm_features": [
+            MultiModalFeatureSpec(None, "image", "img-1", PlaceholderRange(offset=20, length=30)),
+            MultiModalFeatureSpec(None, "image", "img-2", PlaceholderRange(offset=70, length=4)),
+        ],
+        "cache_salt": "tenant-y",
+    },
+}
+
+
+@pytest.mark.parametrize("identity", IDENTITIES.values(), ids=IDENTITIES.keys())
+def test_records_of_lora_salted_and_multimodal_chunks_verify_with_vllms_hasher(
+    identity: dict[str, Any],
+) -> None:
+    """Every record of a request with extra keys verifies, and publishes the extra keys
+    in vLLM's event form; the same record with another salt (or adapter name) does not."""
+    events = translator()
+    req = request(**identity)
+    chain = KeyChain(NS, PER_CHUNK)
+    keys = list(chain.extend(req.block_hashes))
+    job = EngineJob(1, JobKind.STORE, "r", tuple(keys), (0, 1, 2), tuple(range(BLOCKS)), 2)
+    events.note_jobs([job], {"r": (keys, req, chain.seed)})
+    published = events.translate([CacheEvent(EventKind.STORED, tuple(keys), "disk")])
+    events.translate([CacheEvent(EventKind.STORED, tuple(keys), "host")])
+    records = dict(events.take_outbox()["host"])
+    reader = translator()
+    for key, event in zip(keys, published, strict=True):
+        record = reader.read_record(key, records[key])
+        assert record is not None
+        assert isinstance(event, BlockStored) and event.extra_keys is not None
+        assert event_keys(record.hashed_keys()) == event.extra_keys  # what B publishes
+    first = reader.read_record(keys[0], records[keys[0]])
+    assert first is not None
+    hashed = first.hashed_keys()
+    assert hashed is not None and hashed[0] is not None
+    changed = tuple(
+        tuple(("cache_salt", "tenant-z") if part[0] == "cache_salt" else part for part in block)
+        if block is not None else None
+        for block in hashed
+    )  # fmt: skip
+    other_salt = replace(first, block_keys=list(changed))
+    assert reader.read_record(keys[0], share_records.encode(other_salt)) is None
+    if first.lora is not None:
+        renamed = replace(first, lora=(first.lora[0], "adapter-b"))
+        assert reader.read_record(keys[0], share_records.encode(renamed)) is None
+
+
+def test_a_record_chained_from_another_first_block_hash_is_not_announced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a non-cryptographic hash and no PYTHONHASHSEED, vLLM draws its first-block
+    hash per process: another process's records (or this one's before a restart) name
+    another root, and none of their chunks is announced, later ones included."""
+    from vllm.v1.core import kv_cache_utils
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    hasher = VllmBlockHasher("xxhash")
+    monkeypatch.setattr(kv_cache_utils, "NONE_HASH", b"a" * 16)
+    before = hasher.root()
+    parent = b"p" * 16
+    tokens = list(range(PER_CHUNK * BLOCK))
+    hashes = [hasher.block(parent, tokens[:BLOCK], None)]
+    hashes.append(hasher.block(hashes[0], tokens[BLOCK:], None))
+    seed = ChunkKey(bytes(16))
+    key = ONE_GROUP.key(next_key(seed, hashes), 0)
+    data = share_records.encode(share_records.ChunkRecord(
+        share_records.FORMAT, seed, hashes, parent, tokens_of(tokens), 0, None, None, None,
+        before or b"",
+    ))  # fmt: skip
+    read = functools.partial(share_records.decode, data, key, ONE_GROUP, PER_CHUNK, BLOCK)
+    assert read(hasher=hasher) is not None
+    monkeypatch.setattr(kv_cache_utils, "NONE_HASH", b"b" * 16)  # a restart drew another
+    assert hasher.root() != before and read(hasher=hasher) is None
+    monkeypatch.setenv("PYTHONHASHSEED", "7")  # one seed for all: one root, known at once
+    monkeypatch.delattr(kv_cache_utils, "NONE_HASH")
+    assert hasher.root() == VllmBlockHasher("xxhash").root() is not None
+
+
+def test_vllms_default_hash_gives_every_process_the_same_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm.v1.core import kv_cache_utils
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.delattr(kv_cache_utils, "NONE_HASH", raising=False)  # not drawn yet
+    hasher = VllmBlockHasher("sha256")
+    init_none_hash(sha256)
+    assert hasher.none_hash() == kv_cache_utils.NONE_HASH
+    tokens = list(range(BLOCK))
+    assert hasher.block(None, tokens, None) == kv_cache_utils.hash_block_tokens(
+        sha256, None, tokens, None
+    )

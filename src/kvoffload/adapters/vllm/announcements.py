@@ -28,6 +28,7 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kvoffload.adapters.vllm.block_hasher import VllmBlockHasher
 from kvoffload.adapters.vllm.compat import KVCacheEvent, maybe_convert_block_hash
 from kvoffload.adapters.vllm.event_sink import EventSink
 from kvoffload.adapters.vllm.events import Chain, EventTranslator
@@ -50,14 +51,18 @@ class Announcements:
         *,
         held: Callable[[], list[KVCacheEvent]],
         interval_s: float,
+        hash_algo: str | None = None,
     ) -> None:
         """``readers``: each node-shared tier's feed; ``record_logs``: each private
-        persistent tier's; ``held``: :meth:`held_events` under the caller's lock."""
+        persistent tier's; ``held``: :meth:`held_events` under the caller's lock;
+        ``hash_algo``: the engine's ``prefix_caching_hash_algo``, whose block hash
+        records read back must verify with (``share_records.py``; None: none does)."""
         self.sink = sink
         self.record_logs = dict(record_logs)
         self.translator = EventTranslator(
             sc.hash_tokens, sc.hashes_per_chunk, maybe_convert_block_hash, sc.kv_groups,
             shared_tiers=frozenset(readers), persistent_tiers=frozenset(record_logs),
+            hasher=VllmBlockHasher(hash_algo) if hash_algo else None,
         )  # fmt: skip
         self._reannounce = False  # vLLM cleared its prefix cache: announce again
         recovered: list[KVCacheEvent] = []

@@ -24,10 +24,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.forward_context import ForwardContext
 from vllm.multimodal.utils import get_mm_features_in_window
+from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.attention.backend import AttentionMetadata
+from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import (
     generate_block_hash_extra_keys,
+    hash_block_tokens,
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
@@ -76,7 +79,10 @@ __all__ = [
     "SupportsHMA",
     "VllmConfig",
     "generate_block_hash_extra_keys",
+    "get_hash_fn_by_name",
     "get_mm_features_in_window",
+    "hash_block_tokens",
+    "kv_cache_utils",
     "maybe_convert_block_hash",
     "to_event_extra_keys",
 ]

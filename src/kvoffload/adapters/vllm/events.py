@@ -27,9 +27,15 @@ events carry about the request the chunk was computed for: the LoRA adapter's id
 name, the session id, and each hash block's extra keys (the LoRA name, multimodal
 ``(identifier, offset)`` pairs, the cache salt of the first block, prompt-embedding
 digests), computed by vLLM's own ``generate_block_hash_extra_keys`` over the request
-as its block hasher computed the hashes, in the untagged form vLLM publishes
-(``to_event_extra_keys``). A consumer that rebuilds hashes from events files LoRA,
-multimodal and salted chunks as it files vLLM's own.
+as its block hasher computed the hashes, kept as the hasher took them (so a record can
+be checked against its hashes, ``share_records.py``) and published in the untagged
+form vLLM publishes (``to_event_extra_keys``). A consumer that rebuilds hashes from
+events files LoRA, multimodal and salted chunks as it files vLLM's own.
+
+Records read back (a persistent tier's record log at start-up, here; a node share's
+feed, ``share_announcer.py``) are checked in full with the engine's block hasher
+(``hasher``, ``block_hasher.py``): one that does not describe its chunk as this engine
+hashes it is counted (``bad_records``) and never published.
 
 Hybrid models (several KV cache groups): a chunk is one group's, and its events
 carry vLLM's ``group_idx`` and the group's kind (``full_attention`` or
@@ -78,7 +84,8 @@ TRACKED_TIERS = frozenset(spec.name for spec in TIERS if spec.announces_removals
 
 
 ExtraKeys = tuple[tuple[Any, ...] | None, ...]
-"""One entry per hash block, in the form vLLM's events publish (``to_event_extra_keys``)."""
+"""One entry per hash block, as vLLM's block hasher takes them (tagged); published
+through :func:`event_keys`."""
 Chain = tuple[list[ChunkKey], object, ChunkKey]
 """A request's chunk keys, its vLLM request and the key before its first chunk."""
 
@@ -91,16 +98,16 @@ class _Chunk:
     group: int = 0
     parent_key: bytes = b""  # the chain key before this chunk's (share records)
     held: set[str] = field(default_factory=set)
-    extra_keys: ExtraKeys | None = None  # None: no block has any
+    block_keys: ExtraKeys | None = None  # as hashed; None: no block has any
     lora: tuple[int, str] | None = None  # the adapter's id and name
     session_id: str | None = None
 
 
-def request_extra_keys(request: Any, first_block: int, count: int, size: int) -> ExtraKeys | None:
+def request_block_keys(request: Any, first_block: int, count: int, size: int) -> ExtraKeys | None:
     """The extra keys of ``count`` hash blocks of ``size`` tokens of ``request``, from
-    block ``first_block`` on, as vLLM's block hasher and block pool compute them
-    (vLLM's functions, its multimodal window search included); None when no block
-    has any. Raises what vLLM's functions raise for an object that is no request."""
+    block ``first_block`` on, as vLLM's block hasher computes and hashes them (vLLM's
+    functions, its multimodal window search included); None when no block has any.
+    Raises what vLLM's functions raise for an object that is no request."""
     start = first_block * size
     mm_index = 0
     features = request.mm_features
@@ -115,7 +122,12 @@ def request_extra_keys(request: Any, first_block: int, count: int, size: int) ->
         keys.append(extra)
     if all(k is None for k in keys):
         return None
-    return tuple(to_event_extra_keys(keys) or ())
+    return tuple(keys)
+
+
+def event_keys(keys: ExtraKeys | None) -> list[tuple[Any, ...] | None] | None:
+    """Blocks' extra keys as hashed, in the form vLLM's events publish them."""
+    return None if keys is None else to_event_extra_keys(keys)
 
 
 class EventTranslator:
@@ -130,8 +142,13 @@ class EventTranslator:
         *,
         shared_tiers: frozenset[str] = frozenset(),
         persistent_tiers: frozenset[str] = frozenset(),
+        hasher: share_records.RecordHasher | None = None,
     ) -> None:
         self.groups = groups
+        # The engine's block hasher: what records read back are checked with, and
+        # the root the records made here name (None: records read back never
+        # verify, records made here name no root).
+        self.hasher = hasher
         # Tiers kept in a node share: their chunks are announced by every engine
         # attached to it from the share's feed (share_announcer.py), not here; a chunk
         # this engine stored there goes to ``outbox`` as a record for the share.
@@ -148,7 +165,7 @@ class EventTranslator:
         self._settled: list[ChunkKey] = []  # keys of completed jobs, checked after events
         self.unknown = 0
         self.no_extra_keys = 0  # chunks whose request's extra keys could not be computed
-        self.bad_records = 0  # recovered records that did not decode for this engine
+        self.bad_records = 0  # recovered records that did not verify for this engine
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -180,7 +197,7 @@ class EventTranslator:
                     hashes[i * n - 1] if i else None,
                     array("q", tokens[i * n * size : (i + 1) * n * size]),
                     group,
-                    extra_keys=self._extra_keys(request, i * n, n, size),
+                    block_keys=self._block_keys(request, i * n, n, size),
                     lora=_lora(request),
                     session_id=getattr(request, "session_id", None),
                     parent_key=keys[i - 1] if i else seed,
@@ -235,28 +252,29 @@ class EventTranslator:
 
     def restore(self, tier: str, entries: Iterable[tuple[ChunkKey, bytes]]) -> list[KVCacheEvent]:
         """Hold the chunks a persistent tier recovered at start-up, from their records
-        (those that do not decode for this engine are counted in ``bad_records`` and
+        (those that do not verify for this engine are counted in ``bad_records`` and
         left out); their ``BlockStored`` events."""
         out: list[KVCacheEvent] = []
         for key, data in entries:
-            record = share_records.decode(
-                data, key, self.groups, self.hashes_per_chunk, self.hash_block_size
-            )
+            record = self.read_record(key, data)
             if record is None:
                 self.bad_records += 1
                 continue
-            extra = record.extra_keys
             chunk = self._chunks.setdefault(key, _Chunk(
                 tuple(record.hashes), record.parent_hash, array("q", record.tokens),
-                record.group, record.parent_key,
-                extra_keys=None if extra is None else tuple(
-                    None if k is None else tuple(k) for k in extra
-                ),
+                record.group, record.parent_key, block_keys=record.hashed_keys(),
                 lora=record.lora, session_id=record.session_id,
             ))  # fmt: skip
             chunk.held.add(tier)
             out.append(self._stored(chunk, tier))
         return out
+
+    def read_record(self, key: ChunkKey, data: bytes) -> share_records.ChunkRecord | None:
+        """The record ``data`` of chunk ``key`` if it describes that chunk as this
+        engine hashes it (``share_records.decode``), else None."""
+        return share_records.decode(
+            data, key, self.groups, self.hashes_per_chunk, self.hash_block_size, hasher=self.hasher
+        )
 
     def held_records(self, tier: str) -> list[tuple[ChunkKey, bytes]]:
         """The records of the chunks held in ``tier`` (a record log's compaction)."""
@@ -273,7 +291,7 @@ class EventTranslator:
             parent=chunk.parent,
             tokens=chunk.tokens.tolist(),
             group=chunk.group,
-            extra_keys=chunk.extra_keys,
+            extra_keys=event_keys(chunk.block_keys),
             lora=chunk.lora,
             session_id=chunk.session_id,
         )
@@ -325,20 +343,19 @@ class EventTranslator:
         )
 
     def _record(self, chunk: _Chunk) -> bytes:
+        root = self.hasher.root() if self.hasher is not None else None
         return share_records.encode(
             share_records.ChunkRecord(
                 share_records.FORMAT, chunk.parent_key, list(chunk.hashes), chunk.parent,
                 chunk.tokens.tobytes(), chunk.group,
-                None if chunk.extra_keys is None else [
-                    None if k is None else list(k) for k in chunk.extra_keys
-                ],
-                chunk.lora, chunk.session_id,
+                None if chunk.block_keys is None else list(chunk.block_keys),
+                chunk.lora, chunk.session_id, root or b"",
             )
         )  # fmt: skip
 
-    def _extra_keys(self, request: object, first: int, count: int, size: int) -> ExtraKeys | None:
+    def _block_keys(self, request: object, first: int, count: int, size: int) -> ExtraKeys | None:
         try:
-            return request_extra_keys(request, first, count, size)
+            return request_block_keys(request, first, count, size)
         except Exception:  # not a request vLLM's functions can read: published without
             self.no_extra_keys += 1
             return None

@@ -146,6 +146,7 @@ class SchedulerSide:
                 {tier: log for tier, log in logs.items() if tier not in shares},
                 held=self._held_events,
                 interval_s=max(config.share_announce_ms, 1) / 1000,
+                hash_algo=vllm_config.cache_config.prefix_caching_hash_algo,
             )
         self.config = config
         self.guard = Guard(self.scheduler)

@@ -94,7 +94,8 @@ def stored_bytes(codec: str, raw_bytes: int, dtype_bytes: int) -> int:
 class Fp8Chunks:
     """fp8 over one rank's chunks of ``dtype`` values (see :mod:`.fp8`), framed as
     the module docstring says. ``digest``: the checksum, xxh3-64 (the frames' format;
-    ``scripts/gpu-check`` gives another where xxhash is not installed)."""
+    ``scripts/gpu-check`` gives another where xxhash is not installed, and
+    ``bench/codec_frame_check.py`` none, to time the codec without it)."""
 
     dtype: torch.dtype
     raw_bytes: int
@@ -151,11 +152,14 @@ class Fp8Chunks:
 @dataclass(frozen=True)
 class LosslessChunks:
     """lossless (:mod:`.lossless`) over one rank's chunks of values of ``typesize``
-    bytes, framed as the module docstring says. Bit-exact."""
+    bytes, framed as the module docstring says. Bit-exact. ``digest``: the frame's
+    checksum (xxh3-64, the frames' format; ``bench/codec_frame_check.py`` replaces it
+    to time the codec without it)."""
 
     typesize: int
     raw_bytes: int
     name: str = "lossless"
+    digest: Digest = xxh3
 
     @property
     def stored_bytes(self) -> int:
@@ -168,7 +172,7 @@ class LosslessChunks:
         view = out.numpy().data
         _LENGTH.pack_into(view, 0, len(frame))
         view[_HEADER : _HEADER + len(frame)] = frame
-        seal(view, _LENGTH.size, view[_HEADER : _HEADER + len(frame)])
+        seal(view, _LENGTH.size, view[_HEADER : _HEADER + len(frame)], self.digest)
 
     def frame(self, stored: memoryview) -> memoryview:
         """The frame a slot holds; ``CorruptChunk`` for a length that does not fit.
@@ -183,7 +187,7 @@ class LosslessChunks:
         frame whose checksum does not match, or that does not decode."""
         view = stored.numpy().data
         frame = self.frame(view)
-        check(view, _LENGTH.size, frame, self.name)
+        check(view, _LENGTH.size, frame, self.name, self.digest)
         data = lossless.decode(frame, self.raw_bytes)
         out.numpy()[:] = memoryview(data)
 

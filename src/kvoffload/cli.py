@@ -1,5 +1,5 @@
 """The ``kvoffload`` command: ``demo``, ``simulate``, ``inspect``, ``share``,
-``codec-check``, ``vllm-metadata``.
+``codec-check``, ``seal-key``, ``vllm-metadata``.
 
 Each subcommand lives in its own module with a ``main(argv) -> int`` that parses its
 own arguments (so ``kvoffload <command> --help`` is that command's help). Expected
@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvoffload.codec_check",
         "what a lossy chunk codec does to a model's outputs: token agreement and "
         "log-probability deltas, without and with it",
+    ),
+    "seal-key": (
+        "kvoffload.sealing.command",
+        "make, rotate or show a seal key file (seal_key_file: sealed chunks in shared stores)",
     ),
     "vllm-metadata": (
         "kvoffload.vllm_metadata",

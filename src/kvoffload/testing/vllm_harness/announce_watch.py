@@ -96,7 +96,7 @@ def _check_engine(h: VllmHarness, tier: str, recorded: set[Any], epoch: int) -> 
             f"held, {len(recorded - set(announced))} held but not announced)"
         )
     convert: Any = maybe_convert_block_hash
-    want = {(tuple(convert(x) for x in hashes), group) for hashes, group in announced.values()}
+    want = {(tuple(convert(x) for x in held[0]), held[1]) for held in announced.values()}
     got = _credited(h.published, tier)
     if got != want:
         raise HarnessViolation(

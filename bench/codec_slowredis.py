@@ -28,12 +28,15 @@ pinned or in flight, as spills queued for the link pin theirs; chunks spilled to
 read from Redis; tokens whose load ``cost`` declined; failed chunks, spills / loads
 and promotions; I/O timeouts); the requests whose outputs equal no offload's in each
 round. Then the ratios fp8 / none (per-round medians) of the wire bytes and the mean
-TTFT. Exit status 1 when a ``codec: none`` run's outputs differ from no offload's, or
-a run fails; fp8's outputs may differ (lossy) and are only reported.
+TTFT. With ``--sealed`` also ``sealed/cost`` (codec none, ``seal_key_file`` set: the
+Redis tier keeps sealed chunks, issue 41) and the ratio sealed / none of the mean TTFT
+(``--no-fp8`` leaves the fp8 configurations out). Exit status 1 when a ``codec: none``
+run's outputs (sealed or not) differ from no offload's, or a run fails; fp8's outputs
+may differ (lossy) and are only reported.
 
     PYTHONPATH=src python bench/codec_slowredis.py [--quick] [--rounds 3]
-        [--rate-mbps 4] [--latency-ms 2] [--always] [--fp8-small-host] [--users N]
-        [--turns N]
+        [--rate-mbps 4] [--latency-ms 2] [--always] [--fp8-small-host] [--sealed]
+        [--no-fp8] [--users N] [--turns N]
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from e2e_tiers import TierSetup, make_setup, start_redis
 from kvoffload.codecs import fp8_ratio
 from kvoffload.demos.tiny_model import ensure_model
 from kvoffload.demos.vllm_runner import RunResult, turn_batches
+from kvoffload.sealing.keyfile import write_new
 from throttle_proxy import ThrottleProxy
 
 TIER = "redis"
@@ -73,14 +77,16 @@ class Config:
     codec: str | None = None  # None: no offload
     policy: str = "cost"
     small_host: bool = False  # host bytes / fp8's ratio: as many chunks as codec none
+    sealed: bool = False  # seal_key_file set: Redis keeps sealed chunks (issue 41)
 
 
-def configs(always: bool, small_host: bool) -> list[Config]:
+def configs(always: bool, small_host: bool, sealed: bool = False, fp8: bool = True) -> list[Config]:
     policies = ("cost", "always") if always else ("cost",)
     out = [Config(REFERENCE)]
     for p in policies:
-        out += [Config(f"none/{p}", "none", p), Config(f"fp8/{p}", "fp8", p)]
+        out += [Config(f"none/{p}", "none", p)] + ([Config(f"fp8/{p}", "fp8", p)] if fp8 else [])
         out += [Config(f"fp8s/{p}", "fp8", p, small_host=True)] if small_host else []
+        out += [Config(f"sealed/{p}", "none", p, sealed=True)] if sealed else []
     return out
 
 
@@ -102,6 +108,14 @@ def wire_bytes(server: Any) -> tuple[int, int]:
     return stats[WIRE[0]], stats[WIRE[1]]
 
 
+def seal_key(setup: TierSetup) -> Path:
+    """The run's seal key file (made once, in the benchmark's own directory)."""
+    path = setup.root / "seal.key"
+    if not path.exists():
+        write_new(path)
+    return path
+
+
 def run_one(
     setup: TierSetup, cfg: Config, rnd: int, server: Any, *, rate: float, latency: float
 ) -> Sample:
@@ -115,7 +129,8 @@ def run_one(
     with ThrottleProxy(server.port, rate, latency, RUN_LIFETIME_S) as proxy:
         spec = setup.engine("host10+redis", rnd, f"redis://127.0.0.1:{proxy.port}/0")
         host = setup.host_small() / (fp8_ratio(4) if cfg.small_host else 1)
-        spec = with_policy(spec, cfg.policy, codec=cfg.codec, cpu_bytes=int(host))
+        seal = {"seal_key_file": str(seal_key(setup))} if cfg.sealed else {}
+        spec = with_policy(spec, cfg.policy, codec=cfg.codec, cpu_bytes=int(host), **seal)
         result, counts = run_counted(spec, batches)
     after = wire_bytes(server)
     return Sample(result, counts, (after[0] - before[0], after[1] - before[1]))
@@ -240,6 +255,14 @@ def report(
             f"  {variant} / none ({policy}): bytes to Redis {_fmt(ratios[0], '.3f')}x, from Redis "
             f"{_fmt(ratios[1], '.3f')}x, mean TTFT {_fmt(ttft, '.3f')}x (per-round medians)"
         )
+    for policy in ("cost", "always"):
+        none, sealed = samples.get(f"none/{policy}"), samples.get(f"sealed/{policy}")
+        if none and sealed:
+            ttft = per_round_ratio(_ttfts(sealed), _ttfts(none))
+            lines.append(
+                f"  sealed / none ({policy}): mean TTFT {_fmt(ttft, '.3f')}x (per-round "
+                "medians; goal <= 1.03x)"
+            )
     ok = base is not None
     if base is None:
         lines.append("!!! OUTPUTS NOT CHECKED: no-offload did not run")
@@ -247,7 +270,7 @@ def report(
         if cfg.name in failed:
             lines.append(f"!!! {cfg.name} failed: {failed[cfg.name]}")
             ok = False
-        if cfg.codec == "none" and base is not None and samples[cfg.name]:
+        if cfg.codec == "none" and base is not None and samples[cfg.name]:  # sealed too
             differ, _ = mismatches(base, [s.result for s in samples[cfg.name]])
             if differ:
                 lines.append(f"!!! OUTPUT MISMATCH: {cfg.name}: {differ}/{total} requests differ")
@@ -265,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fp8-small-host", action="store_true", help="also fp8 with none's host chunks"
     )
+    parser.add_argument(
+        "--sealed", action="store_true", help="also codec none with Redis sealed (seal_key_file)"
+    )
+    parser.add_argument("--no-fp8", action="store_true", help="leave fp8 out (with --sealed)")
     parser.add_argument("--users", type=int, default=None, help="chat users (16)")
     parser.add_argument("--turns", type=int, default=None, help="chat turns (6; --quick: 2)")
     args = parser.parse_args(argv)
@@ -277,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     base = Path("/var/tmp" if Path("/var/tmp").is_dir() else ".")
     root = Path(tempfile.mkdtemp(prefix="kvoffload-codec-slowredis-", dir=base))
     rate, latency = args.rate_mbps * MB, args.latency_ms / 1000
-    cfgs = configs(args.always, args.fp8_small_host)
+    cfgs = configs(args.always, args.fp8_small_host, args.sealed, fp8=not args.no_fp8)
     try:
         setup = make_setup(args.quick, args.rounds, args.users, args.turns, root)
         ensure_model(setup.preset)

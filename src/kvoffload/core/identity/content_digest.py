@@ -118,11 +118,15 @@ def hash_file(path: Path) -> str:
 class DigestCache:
     """The remembered digests (module docstring): in the folder ``root`` when it can be
     used (``root`` None, or a folder that cannot be used: in memory only, and
-    :attr:`problem` says why), and in memory. Thread-safe."""
+    :attr:`problem` says why), and in memory. ``shared_parent``: ``root``'s parent is
+    a folder other users write too (the temporary directory; see :func:`_private_dir`).
+    Thread-safe."""
 
-    def __init__(self, root: Path | None) -> None:
+    def __init__(self, root: Path | None, *, shared_parent: bool = False) -> None:
         self._policy = FilePolicy("digest cache", key=OPTION)
-        self.problem = None if root is None else _private_dir(root, self._policy)
+        self.problem = (
+            None if root is None else _private_dir(root, self._policy, shared_parent=shared_parent)
+        )
         self.root = root if root is not None and self.problem is None else None
         self._known: dict[tuple[str, tuple[int, ...]], str] = {}
         self._lock = threading.Lock()
@@ -146,10 +150,8 @@ class DigestCache:
         if cache.problem is None:
             return cache
         fallback_root = fallback_dir()
-        fallback = cls(None)
-        fallback.problem = _private_dir(fallback_root, fallback._policy, shared_parent=True)
+        fallback = cls(fallback_root, shared_parent=True)
         if fallback.problem is None:
-            fallback.root = fallback_root
             instead = (
                 f"the digests are remembered in {fallback_root} instead, until the "
                 "temporary directory is cleared"

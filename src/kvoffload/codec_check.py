@@ -10,10 +10,11 @@ every prompt, ``load_policy: always`` so that nothing is recomputed instead of l
 2. vLLM's prefix cache is reset (``LLM.reset_prefix_cache``; kvoffload's tiers are
    kept), and every prompt is answered again: its prefix now comes back from host
    memory, decoded;
-3. the two answers are compared: the share of requests with identical outputs, the
-   per-token agreement (positions with the same token, up to each request's length),
-   and the log-probability deltas of the chosen tokens before each request's first
-   difference (mean and largest).
+3. the two answers are compared (``codec_check_report.py``): the requests whose
+   answers are identical (every generated token id), the per-token agreement
+   (positions with the same token, up to each request's length), where the answers
+   that differ first differ, and the log-probability deltas of the chosen tokens
+   before each request's first difference (mean and largest).
 
 The same is done first with ``codec: none``, as the control: loading exact KV instead
 of computing it can itself change a low-precision model's outputs a little (a prefill
@@ -23,7 +24,10 @@ effect is the difference between the two lines.
 The second pass must really load: it checks vLLM's connector hit counter and refuses
 to report (exit status 2) when nothing came back from kvoffload. Prompts are random
 token ids (``--prompts``, ``--prompt-tokens``) or a file of JSON lists of token ids,
-one per line. Prints a table, or ``--json``.
+one per line. Prints the model and the sample measured on (its architecture from
+``config.json``; random weights when it is a checkpoint kvoffload's demos wrote), the
+figures, and that they hold for this model, dtype and sample only; or ``--json``
+(each codec's figures with the ``sample``).
 
     kvoffload codec-check MODEL [--codec fp8] [--prompts 16 --prompt-tokens 512]
         [--max-tokens 16] [--dtype float32] [--kv-cache-memory-bytes 1GiB]
@@ -35,65 +39,24 @@ import argparse
 import json
 import math
 import random
-import statistics
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from kvoffload.codec_check_report import (
+    CAVEAT,
+    RANDOM_CAVEAT,
+    Answer,
+    Report,
+    Sample,
+    compare,
+    describe_model,
+)
 from kvoffload.core.errors import UsageError
 from kvoffload.simulate.units import parse_bytes
 
-
-@dataclass(frozen=True)
-class Answer:
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class Report:
-    codec: str
-    requests: int
-    identical_requests: int
-    token_agreement: float
-    mean_abs_logprob_delta: float
-    max_abs_logprob_delta: float
-    loaded_tokens: int
-
-    def text(self) -> str:
-        return "\n".join([
-            f"codec {self.codec}: {self.requests} requests, {self.loaded_tokens} prompt tokens "
-            "loaded from kvoffload in the second pass",
-            f"  identical outputs: {self.identical_requests}/{self.requests}",
-            f"  per-token agreement: {100 * self.token_agreement:.2f}%",
-            f"  log-probability delta of the chosen tokens (before any difference): mean "
-            f"{self.mean_abs_logprob_delta:.2e}, largest {self.max_abs_logprob_delta:.2e}",
-        ])  # fmt: skip
-
-
-def compare(codec: str, before: list[Answer], after: list[Answer], loaded: int) -> Report:
-    """The :class:`Report` of two passes' answers (same prompts, same order)."""
-    same_requests, agree, total = 0, 0, 0
-    deltas: list[float] = []
-    for a, b in zip(before, after, strict=True):
-        same_requests += a.tokens == b.tokens
-        n = max(len(a.tokens), len(b.tokens))
-        agree += sum(x == y for x, y in zip(a.tokens, b.tokens, strict=False))
-        total += n
-        for x, y, lx, ly in zip(a.tokens, b.tokens, a.logprobs, b.logprobs, strict=False):
-            if x != y:
-                break
-            deltas.append(abs(lx - ly))
-    return Report(
-        codec=codec,
-        requests=len(before),
-        identical_requests=same_requests,
-        token_agreement=agree / total if total else 1.0,
-        mean_abs_logprob_delta=statistics.fmean(deltas) if deltas else 0.0,
-        max_abs_logprob_delta=max(deltas, default=0.0),
-        loaded_tokens=loaded,
-    )
+__all__ = ["Answer", "Report", "compare", "main", "parse_bytes"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -140,6 +103,7 @@ def main(argv: list[str]) -> int:
     if args.prompts < 1 or args.prompt_tokens < 1 or args.max_tokens < 1:
         raise UsageError("--prompts, --prompt-tokens and --max-tokens must be positive")
     prompts = _prompts(args)
+    sample = _sample(args, prompts)
     from kvoffload.demos.vllm_runner import EngineSpec, open_engine
 
     spec = EngineSpec(
@@ -176,10 +140,31 @@ def main(argv: list[str]) -> int:
             return 2
         reports.append(compare(codec, before, after, loaded))
     if args.json:
-        print(json.dumps([asdict(r) for r in reports], indent=1))
+        print(json.dumps([{**asdict(r), "sample": asdict(sample)} for r in reports], indent=1))
     else:
-        print("\n".join(r.text() for r in reports))
+        caveats = [CAVEAT, RANDOM_CAVEAT] if sample.random_weights else [CAVEAT]
+        print("\n".join([sample.text(), *(r.text() for r in reports), *caveats]))
     return 0
+
+
+def _sample(args: argparse.Namespace, prompts: list[list[int]]) -> Sample:
+    architecture, random_weights = describe_model(Path(args.model))
+    lengths = sorted(len(p) for p in prompts)
+    if args.prompt_file is not None:
+        source = f"from {args.prompt_file}"
+        span = f"{lengths[0]}" if lengths[0] == lengths[-1] else f"{lengths[0]}-{lengths[-1]}"
+    else:
+        source, span = f"random token ids, seed {args.seed}", f"{lengths[0]}"
+    return Sample(
+        model=str(args.model),
+        architecture=architecture,
+        random_weights=random_weights,
+        dtype=args.dtype,
+        prompts=len(prompts),
+        prompt_tokens=span,
+        source=source,
+        max_tokens=args.max_tokens,
+    )
 
 
 def _answers(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[Answer]:

@@ -1,7 +1,8 @@
 """``kvoffload codec-check`` on the tiny model (float32): both passes load what the
 first stored (the report says how many tokens), the ``none`` control is exact in
-float32, fp8 is reported against it; bad arguments are one-line errors. The
-comparison itself is checked on hand-made answers."""
+float32, fp8 is reported against it with the model and sample it measured on (random
+weights named); bad arguments are one-line errors. The comparison itself is checked on
+hand-made answers (and in ``tests/unit/test_codec_check_report.py``)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,13 @@ def test_codec_check_on_the_tiny_model(
     assert none["codec"] == "none" and fp8["codec"] == "fp8"
     assert none["loaded_tokens"] >= 4 * 64 and fp8["loaded_tokens"] >= 4 * 64  # really loaded
     assert none["identical_requests"] == 4 and none["max_abs_logprob_delta"] < 1e-4
+    assert none["first_differences"] == [] and none["max_tokens"] == 8
     assert 0 <= fp8["token_agreement"] <= 1
+    assert len(fp8["first_differences"]) == 4 - fp8["identical_requests"]
+    sample = fp8["sample"]  # what was measured, on what
+    assert (sample["prompts"], sample["prompt_tokens"], sample["max_tokens"]) == (4, "96", 8)
+    assert sample["dtype"] == "float32" and "2 layers" in sample["architecture"]
+    assert "'tiny'" in sample["random_weights"]  # the test model's weights are random
 
 
 def test_codec_check_refuses_a_directory_without_a_model(tmp_path: Path) -> None:

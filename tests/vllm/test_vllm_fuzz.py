@@ -259,3 +259,64 @@ def test_a_codec_that_returns_wrong_values_is_found(
     failure = first_failure(env, codec_seeds({codec}, 20))
     assert failure is not None and "does not hold its own KV" in failure.message
     assert codec in failure.scenario.codecs
+
+
+def sealed_forged_seeds(count: int) -> list[int]:
+    """Seeds whose lower tier is sealed and whose store forges chunks."""
+    from kvoffload.testing.vllm_fuzz.scenario import FaultKind
+
+    found = []
+    for seed in range(10_000):
+        scenario = random_scenario(seed, False)
+        if scenario.sealed and scenario.fault(FaultKind.FORGED) is not None:
+            found.append(seed)
+        if len(found) == count:
+            return found
+    raise AssertionError("too few sealed seeds")
+
+
+def test_sealed_seeds_seal_their_tier_and_forged_chunks_are_refused(env: Environment) -> None:
+    """A share of the seeds with a lower tier seal it, most with forged writes; the CI
+    seeds include them (this asserts they really ran sealed, and that forged chunks
+    were read back and refused, never loaded)."""
+    seeds = sealed_forged_seeds(40)
+    assert sum(random_scenario(s, False).sealed for s in range(CI_SEEDS)) >= 15
+    refused = 0
+    for seed in seeds:
+        scenario = random_scenario(seed, True)
+        spec = harness_spec(scenario, env, env.root)
+        assert spec.extra["seal_key_file"]  # the engine really seals
+        outcome = run_scenario(scenario, env)
+        assert not outcome.failed, outcome.message
+        refused += outcome.stats["seal_integrity_errors"]
+        if refused >= 3:
+            break
+    assert refused >= 3
+
+
+def test_a_seal_that_accepts_any_tag_is_found(
+    env: Environment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planted: opening decrypts (AES-CTR from GCM's first counter block) without
+    checking the tag, so a forged chunk's bytes reach the engine; the harness's
+    model finds KV it never computed."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from kvoffload.sealing.layout import PREFIX_BYTES, TAG_BYTES, decode_prefix
+    from kvoffload.sealing.sealer import Sealer
+
+    def accepts_anything(self: Sealer, sealed: memoryview, out: memoryview, context: Any) -> int:
+        prefix = decode_prefix(sealed)
+        key = self.keys.by_id(prefix.key_id)
+        assert key is not None
+        counter = prefix.nonce + (2).to_bytes(4, "big")  # GCM's first block for the data
+        ctr = Cipher(algorithms.AES(key.secret), modes.CTR(counter)).decryptor()
+        n = prefix.length
+        out[:n] = ctr.update(bytes(sealed[PREFIX_BYTES : PREFIX_BYTES + n]))
+        assert len(sealed) >= PREFIX_BYTES + n + TAG_BYTES
+        return n
+
+    monkeypatch.setattr(Sealer, "open_into", accepts_anything)
+    failure = first_failure(env, sealed_forged_seeds(40))
+    assert failure is not None and failure.scenario.sealed
+    assert "does not hold its own KV" in failure.message or "produced" in failure.message

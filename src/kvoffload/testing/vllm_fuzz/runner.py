@@ -21,6 +21,7 @@ from typing import Any
 
 from kvoffload.core.cost import LaneCosts
 from kvoffload.core.keys import ChunkKey
+from kvoffload.sealing.layout import SEAL_BYTES
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.vllm_fuzz.codecs import codec_options
 from kvoffload.testing.vllm_fuzz.faults import FaultPolicy, chance
@@ -31,6 +32,7 @@ from kvoffload.testing.vllm_fuzz.scenario import (
     Scenario,
     Tiers,
 )
+from kvoffload.testing.vllm_fuzz.sealing import forge_sealed_writes, seal_options
 from kvoffload.testing.vllm_harness import HarnessSpec, HarnessViolation, TornWrites, VllmHarness
 from kvoffload.testing.vllm_harness.checks import failure_message
 from kvoffload.testing.vllm_harness.harness import SECONDS_PER_STEP
@@ -126,6 +128,11 @@ def harness_spec(scenario: Scenario, env: Environment, workdir: Path) -> Harness
         }
     tier = {Tiers.DISK: "disk", Tiers.REDIS: "redis"}.get(scenario.tiers)
     extra.update(codec_options(scenario.codecs, tier))
+    if scenario.sealed:
+        extra.update(seal_options(tier, workdir))
+        if tier == "disk":  # room for the seal in each slot: the same chunks as unsealed
+            sealed_slot = slot_bytes(chunk_bytes + SEAL_BYTES)
+            extra["disk_bytes"] = scenario.lower_chunks * sealed_slot * world
     costs = {tier: LaneCosts(0.0, scenario.lane_cost)} if tier and scenario.lane_cost else {}
     if costs:
         extra["load_policy"] = "cost"  # the drawn lane cost decides load or recompute
@@ -169,6 +176,13 @@ def _drive(scenario: Scenario, h: VllmHarness, env: Environment, outcome: Outcom
     policy.hangs = h.hangs
     h.policy = policy
     _tear_disk_writes(scenario, h)
+    forged = scenario.fault(FaultKind.FORGED)
+    if forged is not None:
+        lanes = [
+            (e.rank, e.under_test.tiers.inner if e.under_test.tiers else None) for e in h.ranks
+        ]
+        rate = forged.rate
+        assert forge_sealed_writes(lanes, lambda r, k: chance(scenario.seed, "forged", k, r) < rate)
     down = scenario.fault(FaultKind.REDIS_DOWN)
     last_event = max(
         [r.arrival for r in scenario.requests]
@@ -315,6 +329,7 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         outcome.stats["beside_loads"] += other.stats.loads
         outcome.stats["beside_load_failures"] += other.stats.load_failures
         outcome.stats["beside_stores"] += other.stats.stores
+    outcome.stats["sealed_schedules"] += outcome.scenario.sealed
     groups = outcome.scenario.groups
     if len(groups) > 1:
         outcome.stats["multi_group_schedules"] += 1
@@ -334,6 +349,7 @@ def _record_stats(h: VllmHarness, outcome: Outcome) -> None:
         outcome.stats[f"{tier.name}_found"] += found
         outcome.stats[f"{tier.name}_lookups"] += t.value("lookups_total")
         outcome.stats[f"{tier.name}_integrity_errors"] += sum(errors.values())
+        outcome.stats["seal_integrity_errors"] += errors.get("seal", 0)
         timeouts = t.breakdown("tier_io_timeouts_total", "direction")
         outcome.stats["tier_io_timeouts"] += sum(timeouts.values())
         declined = half.metrics.breakdown("hits_declined_total", "reason", tier=tier.name)

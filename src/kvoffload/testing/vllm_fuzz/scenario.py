@@ -29,6 +29,7 @@ from kvoffload.testing.vllm_fuzz.groups import (
     draw_groups,
     engine_blocks,
 )
+from kvoffload.testing.vllm_fuzz.sealing import draw_sealing
 
 
 class Tiers(enum.Enum):
@@ -50,6 +51,7 @@ class FaultKind(enum.Enum):
     REORDER = "reorder"  # reports and ranks come in shuffled order
     REDIS_DOWN = "redis_down"  # the Redis server is killed, then restarted empty
     HUNG_IO = "hung_io"  # a tier read or write hangs inside its job past its deadline
+    FORGED = "forged"  # a sealed chunk rewritten in the store, its checksum valid (issue 41)
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ class Scenario:
     beside: Beside | None = None  # kvoffload beside another loading connector
     lane_cost: float = 0.0  # the lower tier's seconds per chunk loaded (decision 0013)
     codecs: tuple[str, str] = NONE  # host memory's codec, the lower tier's (issue 33)
+    sealed: bool = False  # the lower tier's chunks sealed (issue 41, sealing.py)
 
     def fault(self, kind: FaultKind) -> Fault | None:
         return next((f for f in self.faults if f.kind is kind), None)
@@ -152,6 +155,7 @@ class Scenario:
             + (f" groups={describe_groups(self.groups)}" if self.groups != (None,) else "")
             + (f" lane_cost={self.lane_cost:g} s/chunk" if self.lane_cost else "")
             + describe_codecs(self.codecs)
+            + (" sealed" if self.sealed else "")
             + (
                 f" beside=MultiConnector(other kvoffload: host={self.beside.host_chunks} "
                 f"chunks, store_threshold={self.beside.store_threshold})"
@@ -232,7 +236,7 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
         Reset(rng.randint(1, last + 30), rng.random() < 0.75, rng.random() < 0.25)
         for _ in range(rng.choice((0, 1, 2, 3, 4, 6)))
     )
-    return replace(
+    scenario = replace(
         scenario,
         requests=requests,
         aborts=aborts,
@@ -244,6 +248,11 @@ def random_scenario(seed: int, async_scheduling: bool, redis: bool = True) -> Sc
         sleeps=draw_sleeps(seed, last + 30),
         codecs=draw_codecs(seed),
     )
+    sealed, forged = draw_sealing(seed) if scenario.tiers is not Tiers.HOST else (False, 0.0)
+    if sealed:
+        forgery = (Fault(FaultKind.FORGED, rate=forged),) if forged else ()
+        scenario = replace(scenario, sealed=True, faults=scenario.faults + forgery)
+    return scenario
 
 
 def draw_lane_cost(seed: int) -> float:

@@ -26,10 +26,11 @@ included, plus the few KB of the admin client's INFO and FLUSHALL); kvoffload's
 counters (prompt tokens served from kvoffload; host stores refused with every slot
 pinned or in flight, as spills queued for the link pin theirs; chunks spilled to and
 read from Redis; tokens whose load ``cost`` declined; failed chunks, spills / loads
-and promotions; I/O timeouts); the requests whose outputs equal no offload's in each
-round. Then the ratios fp8 / none (per-round medians) of the wire bytes and the mean
-TTFT. With ``--sealed`` also ``sealed/cost`` (codec none, ``seal_key_file`` set: the
-Redis tier keeps sealed chunks, issue 41) and the ratio sealed / none of the mean TTFT
+and promotions; I/O timeouts; chunks read from Redis that failed verification, the
+seal included); the requests whose outputs equal no offload's in each round. Then
+the ratios fp8 / none (per-round medians) of the wire bytes and the mean TTFT. With
+``--sealed`` also ``sealed/cost`` (codec none, ``seal_key_file`` set: the Redis tier
+keeps sealed chunks, issue 41) and the ratio sealed / none of the mean TTFT
 (``--no-fp8`` leaves the fp8 configurations out). Exit status 1 when a ``codec: none``
 run's outputs (sealed or not) differ from no offload's, or a run fails; fp8's outputs
 may differ (lossy) and are only reported.
@@ -217,7 +218,8 @@ def report(
         f"each way + {latency * 1e3:g} ms; {setup.runs} round(s), medians",
         f"  {'config':<12}{'TTFT s':>8}{'/no-off':>8}{'to Redis MB':>12}{'from MB':>9}"
         f"{'hit tok':>9}{'no room':>8}{'spills':>8}{'reads':>7}{'declined':>9}"
-        f"{'failed s/l':>11}{'t/o':>5}{'unsettled':>10}   same outputs per round (of {total})",
+        f"{'failed s/l':>11}{'t/o':>5}{'integ':>6}{'unsettled':>10}   same outputs per round "
+        f"(of {total})",
     ]
     ref = _ttfts(samples[REFERENCE])
     for cfg in cfgs:
@@ -236,12 +238,14 @@ def report(
         declined = _counter(runs, _sum("declined_tokens_total", tier=TIER))
         failed = "/".join(_counter(runs, _sum("failed_chunks_total", d)) for d in (SPILL, LOADS))
         timeouts = _counter(runs, _sum("tier_io_timeouts_total"))
+        integrity = _counter(runs, _sum("integrity_errors_total", tier=TIER))
         no_room = _counter(runs, _sum("no_room_total", tier="host"))
         unsettled = sum(1 for s in runs if s.counts is not None and not s.counts.settled)
         lines.append(
             f"  {cfg.name:<12}{_fmt(ttft, '.3f'):>8}{_fmt(vs, '.3f'):>8}{_fmt(up, '.1f'):>12}"
             f"{_fmt(down, '.1f'):>9}{_fmt(hit, '.0f'):>9}{no_room:>8}{spills:>8}{reads:>7}"
-            f"{declined:>9}{failed:>11}{timeouts:>5}{unsettled:>10}   {_same(runs, base)}"
+            f"{declined:>9}{failed:>11}{timeouts:>5}{integrity:>6}{unsettled:>10}   "
+            f"{_same(runs, base)}"
         )
     for policy, variant in itertools.product(("cost", "always"), ("fp8", "fp8s")):
         none, fp8 = samples.get(f"none/{policy}"), samples.get(f"{variant}/{policy}")

@@ -13,7 +13,9 @@ blocks) succeeds at once; while :attr:`TransferBackend.refusal` is set, every en
 load and store fails at once with it (the worker's weights fence, decision 0019); while
 :attr:`TransferBackend.host_refusal` is set (a shared host tier whose slab is not the
 plan's, decision 0018), a job with a leg that touches host slots fails at once with that
-error. Nothing here raises for a failed job. Besides the results,
+error; an engine load or store of a request named in
+:attr:`TransferBackend.refused_requests` fails at once with the error it names (the
+worker's LoRA fence, decision 0025). Nothing here raises for a failed job. Besides the results,
 :meth:`TransferBackend.poll` notes which requests' loads finished and which engine
 blocks are invalid (a failed load's blocks and the invalid blocks a load names), for
 the engine to recompute.
@@ -30,7 +32,7 @@ deadline (:meth:`~kvoffload.transfer.tier_worker.TierWorker.take_returned`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvoffload.core.failures import error_failure
@@ -115,6 +117,9 @@ class TransferBackend:
         # Set by the worker half per plan: engine loads and stores fail at once with
         # this error, none of their legs started (the weights fence, decision 0019).
         self.refusal: str | None = None
+        # Likewise, per request (request id -> error): set by the worker half per
+        # call of a plan (the LoRA fence, decision 0025).
+        self.refused_requests: Mapping[str, str] = {}
         # Why jobs touching host slots fail at once now (None: they run); set by the
         # worker before each call of a plan (a shared host tier's slab that is not
         # the plan's, decision 0018).
@@ -132,9 +137,11 @@ class TransferBackend:
         if not job_legs:  # a load of invalid blocks only: nothing to copy
             done.append(JobResult(job.job_id, True))
             return
-        if self.refusal is not None and isinstance(job, EngineJob):
-            done.append(JobResult(job.job_id, False, error=self.refusal))
-            return
+        if isinstance(job, EngineJob):
+            refusal = self.refusal or self.refused_requests.get(job.request_id)
+            if refusal is not None:
+                done.append(JobResult(job.job_id, False, error=refusal))
+                return
         if self.host_refusal is not None and any(leg.route in _HOST_SLOTS for leg in job_legs):
             done.append(JobResult(job.job_id, False, error=self.host_refusal))
             return

@@ -78,6 +78,10 @@ class LiveWeights:
             frame = frame.f_back
         return None
 
+    def runner(self) -> object | None:
+        """The model runner found (None once it is gone)."""
+        return self._runner()
+
     def model(self) -> torch.nn.Module | None:
         runner = self._runner()
         return None if runner is None else _model_of(runner)

@@ -7,7 +7,10 @@ scheduler half counts completions per rank. Once, at start, before the first ste
 :class:`WeightsHandshake`, each worker's weights fingerprint, through vLLM's
 connector handshake (only when kvoffload is the engine's connector itself: under
 ``MultiConnector`` the handshake belongs to the P/D connector, and the fingerprints
-come with the first reports instead). All are immutable and picklable.
+come with the first reports instead). LoRA adapters (decision 0025): each plan names
+what its loads and stores of requests with an adapter were keyed with
+(``PlanMetadata.loras``), each report the adapters a worker loaded
+(``ReportMetadata.loras``). All are immutable and picklable.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from kvoffload.adapters.vllm.compat import (
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
+from kvoffload.adapters.vllm.lora_identity import LoraStamp
 from kvoffload.core.identity.weights import WeightsStamp
 from kvoffload.core.jobs import StepPlan, WorkerReport
 
@@ -36,6 +40,9 @@ class PlanMetadata(KVConnectorMetadata):
     """The id of the share's slab files the plan's host slots are in (None: a private
     host tier, or no node process answered): a worker whose slab is another fails
     the plan's jobs that touch host slots (decision 0018)."""
+    loras: LoraStamp | None = None
+    """The adapter digest each request with a load or store in the plan was keyed
+    with; a worker refuses those jobs unless it holds that adapter (decision 0025)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,9 @@ class ReportMetadata(KVConnectorWorkerMetadata):
     """(rank, check, fingerprint) of each worker that fingerprinted its weights since
     its last report: check 0 with its first report, then once per check a plan asked
     for (decision 0019)."""
+    loras: tuple[tuple[int, int, str], ...] = ()
+    """(rank, lora_int_id, digest) of each LoRA adapter load a worker did since its
+    last report (decision 0025)."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, ReportMetadata):
@@ -56,6 +66,7 @@ class ReportMetadata(KVConnectorWorkerMetadata):
             self.reports + other.reports,
             self.namespaces + other.namespaces,
             self.weights + other.weights,
+            self.loras + other.loras,
         )
 
 

@@ -260,6 +260,7 @@ class SchedulerSide:
                         self.session,
                         weights=self.scheduler.weights.stamp(),
                         slab_id=self._slab_id(),
+                        loras=self.weights.lora_stamp(plan),
                     )
                 except Exception as exc:
                     self.guard.trip("build_connector_meta", exc)
@@ -280,7 +281,7 @@ class SchedulerSide:
                 return
             try:
                 self._check_namespaces(meta.namespaces)
-                self.weights.learn(meta.weights)
+                self.weights.learn(meta.weights, meta.loras)
                 for report in meta.reports:
                     done = self.scheduler.on_report(report)
                     if self.events is not None:

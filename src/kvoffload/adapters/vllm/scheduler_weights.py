@@ -6,7 +6,9 @@ connector's scheduler role sees it.
   (``OffloadScheduler.on_weights``); a change of weights is logged once;
 - a reset of vLLM's prefix cache, noticed on the block pool vLLM binds
   (:mod:`.prefix_watch`), starts a weights check (:meth:`SchedulerWeights.watch`);
-- LoRA adapters by content in their requests' keys (:mod:`.lora_identity`).
+- LoRA adapters by the content vLLM loaded in their requests' keys: each id's pin,
+  the workers' loads, the stamp of each plan's loads and stores (:mod:`.lora_identity`,
+  decision 0025).
 
 Owned by the scheduler role; called under its lock.
 """
@@ -16,9 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from kvoffload.adapters.vllm.lora_identity import AdapterDigests
+from kvoffload.adapters.vllm.lora_identity import LoraPins, LoraStamp
 from kvoffload.adapters.vllm.messages import WeightsHandshake
 from kvoffload.adapters.vllm.prefix_watch import PrefixCacheWatch
+from kvoffload.core.jobs import StepPlan
 from kvoffload.core.scheduler import OffloadScheduler
 
 logger = logging.getLogger("kvoffload")
@@ -27,8 +30,9 @@ logger = logging.getLogger("kvoffload")
 class SchedulerWeights:
     def __init__(self, scheduler: OffloadScheduler) -> None:
         self.scheduler = scheduler
-        self.adapters = AdapterDigests()
-        scheduler.requests.key_extra = self.adapters.extra
+        requests = scheduler.requests
+        self.loras = LoraPins(requests.__iter__, requests.get, scheduler.anomalies)
+        requests.key_extra = self.loras.extra
         self.prefix_watch: PrefixCacheWatch | None = None  # bound by vLLM's scheduler
 
     def bind_pool(self, pool: object) -> None:
@@ -51,8 +55,18 @@ class SchedulerWeights:
             tuple((m.rank, 0, m.fingerprint) for m in metadata if isinstance(m, WeightsHandshake))
         )
 
-    def learn(self, reports: Iterable[tuple[int, int, bytes]]) -> None:
-        """The workers' fingerprints, as ``(rank, check, fingerprint)``."""
+    def lora_stamp(self, plan: StepPlan) -> LoraStamp | None:
+        """What ``plan``'s loads and stores of requests with an adapter were keyed with."""
+        return self.loras.stamp(plan)
+
+    def learn(
+        self,
+        reports: Iterable[tuple[int, int, bytes]],
+        loras: Iterable[tuple[int, int, str]] = (),
+    ) -> None:
+        """The workers' fingerprints, as ``(rank, check, fingerprint)``, and their
+        LoRA adapter loads, as ``(rank, lora_int_id, digest)``."""
+        self.loras.learn(loras)
         for rank, check, fingerprint in reports:
             change = self.scheduler.on_weights(rank, check, fingerprint)
             if change is not None and change.changed and not change.first:

@@ -15,8 +15,9 @@ failed requests instead, through ``get_transfer_results``' ``failed_recving``: s
 :class:`TransferBackend`), and every result goes back to the scheduler half in the
 worker metadata. Before ``register_kv_caches`` every per-step call is a no-op.
 ``unregister_kv_caches`` / ``restore_kv_caches`` (vLLM's sleep mode) fence and drain
-the copies into and out of engine memory and map it again (``sleep_state.py``).
-Nothing here raises for a failed copy.
+the copies into and out of engine memory and map it again (``sleep_state.py``). The
+loads and stores of a request whose LoRA adapter is not the one its keys name are
+refused (``worker_loras.py``, decision 0025). Nothing here raises for a failed copy.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kvoffload.adapters.vllm.geometry import Geometry, derive_geometry
 from kvoffload.adapters.vllm.messages import PlanMetadata, ReportMetadata
 from kvoffload.adapters.vllm.sleep_state import WorkerSleep
 from kvoffload.adapters.vllm.startup import worker_summary
+from kvoffload.adapters.vllm.worker_loras import WorkerLoras
 from kvoffload.adapters.vllm.worker_weights import WorkerWeights
 from kvoffload.codecs.chunk_codec import open_kv_codec
 from kvoffload.core.config.typed import OffloadConfig
@@ -83,6 +85,7 @@ class WorkerSide:
         self._invalid_blocks: set[int] = set()
         # The weights' identity (decision 0019); harnesses set ``weights.source``.
         self.weights = WorkerWeights()
+        self.loras = WorkerLoras()  # the LoRA adapters vLLM loaded (decision 0025)
         # Whether this connector is the engine's own (not a MultiConnector's child):
         # None asks vLLM; harnesses set it.
         self.top_level: bool | None = None
@@ -121,6 +124,7 @@ class WorkerSide:
             except (AssertionError, RuntimeError):
                 self.rank = 0  # no distributed environment: a single worker
         self.weights.open(self.rank)
+        self.loras.open(self.rank, self.weights.runner())
         worker = self._open_worker(kv_caches)
         tiers: TierWorker | None = None
         try:
@@ -266,7 +270,8 @@ class WorkerSide:
         """Before any job of the plan runs: hold its session, fingerprint the weights
         when the plan asks for a new check or they were loaded anew, and fence the
         plan's loads and stores unless this worker's weights are the ones its keys
-        name (decision 0019)."""
+        name (decision 0019), and those of requests whose LoRA adapter is not the one
+        their keys name (decision 0025)."""
         self._hold_session(metadata)
         stamp = metadata.weights
         if self.runner is None:
@@ -275,6 +280,8 @@ class WorkerSide:
         if stamp is not None and asleep is None:  # never fingerprint released weights
             self._weights_refusal = None if self.weights.admits(stamp) else FENCED
         self.runner.backend.refusal = asleep or self._weights_refusal
+        refused = self.loras.refused(metadata.loras, metadata.plan)
+        self.runner.backend.refused_requests = dict.fromkeys(refused, FENCED)
 
     # ------------------------------------------------------------ sleep mode
 
@@ -338,13 +345,14 @@ class WorkerSide:
         half to check against its own, and every report the weights' fingerprints
         taken since the last one (decision 0019)."""
         announce = () if self._announced else ((self.rank, self.geometry.namespace.digest()),)
-        weights = self.weights.take_reports()
-        if not self._results and not self._released and not announce and not weights:
+        weights, loras = self.weights.take_reports(), self.loras.take_reports()
+        if not (self._results or self._released or announce or weights or loras):
             return None
         self._announced = True
         results, self._results = tuple(self._results), []
         released, self._released = tuple(self._released), []
-        return ReportMetadata((WorkerReport(self.rank, results, released),), announce, weights)
+        report = WorkerReport(self.rank, results, released)
+        return ReportMetadata((report,), announce, weights, loras)
 
     def shutdown(self) -> None:
         """Shut the staged loads, the tier lane (which closes the tier stores the

@@ -53,6 +53,11 @@ class WorkerWeights:
         self._take(0)
         self.opened = True
 
+    def runner(self) -> object | None:
+        """vLLM's model runner, as found by :meth:`open` (None: a harness's source, or
+        not found)."""
+        return self._live.runner() if self._live is not None else None
+
     @property
     def dirty(self) -> bool:
         """Weights were loaded anew since the last fingerprint (through the model's

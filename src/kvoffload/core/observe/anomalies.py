@@ -32,6 +32,7 @@ class Anomaly(enum.Enum):
     REUSED_REQUEST_ID = "reused_request_id"  # a new request under a draining one's id
     CHUNK_GONE = "chunk_gone"  # a hit's chunk left host memory and the tier since lookup
     NAMESPACE_MISMATCH = "namespace_mismatch"  # a worker derived another namespace
+    LORA_CHANGED = "lora_changed"  # a LoRA adapter id was loaded with other contents
 
 
 class AnomalyLog:

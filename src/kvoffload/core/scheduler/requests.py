@@ -16,7 +16,7 @@ from kvoffload.core.identity.weights import WeightsState
 from kvoffload.core.keys import Namespace
 from kvoffload.core.observe.anomalies import ParamErrorLog
 from kvoffload.core.observe.recorder import MetricsRecorder
-from kvoffload.core.request_controls import parse_controls
+from kvoffload.core.request_controls import OFF, parse_controls
 from kvoffload.core.scheduler.job_tracker import JobTracker
 from kvoffload.core.scheduler.request_state import Phase, RequestState
 from kvoffload.core.scheduler_types import EngineRequest
@@ -45,8 +45,9 @@ class RequestTable:
         self.param_errors = ParamErrorLog(metrics)
         self.weights = weights  # read only: the key epoch new states start in
         # What a request adds to its key chain's seed (the adapter's: a LoRA adapter's
-        # content digest, decision 0019); read once, when its state is created.
-        self.key_extra: Callable[[EngineRequest], bytes] = no_extra
+        # content digest, decisions 0019 and 0025); read once, when its state is
+        # created. None: its identity cannot be named, it is served without offloading.
+        self.key_extra: Callable[[EngineRequest], bytes | None] = no_extra
         self._states: dict[str, RequestState] = {}
         # The state of a request id, or None: the dict's own lookup (the hottest call
         # of the scheduler half; ``_states`` is never rebound).
@@ -56,6 +57,9 @@ class RequestTable:
         controls, refused = parse_controls(getattr(request, "kv_transfer_params", None))
         if refused is not None:
             self.param_errors.note(request.request_id, refused)
+        extra = self.key_extra(request)
+        if extra is None:
+            controls, extra = OFF, b""
         state = RequestState(
             request,
             self.namespace,
@@ -63,7 +67,7 @@ class RequestTable:
             self.weights.epoch,
             controls,
             groups=self.groups,
-            extra=self.key_extra(request),
+            extra=extra,
         )
         self._states[request.request_id] = state
         return state

@@ -260,7 +260,9 @@ METRICS: tuple[MetricDef, ...] = (
         "counter",
         "Surprising engine input kvoffload survived by taking the safe way (the chunk is "
         "not stored or loaded, the request recomputes, or the report is ignored), by kind: "
-        "null_block, duplicate_block, external_tokens, untracked_request, reused_request_id.",
+        "null_block, duplicate_block, external_tokens, untracked_request, reused_request_id, "
+        "chunk_gone, namespace_mismatch, lora_changed (a LoRA adapter id loaded with other "
+        "contents: served without offloading until a restart).",
         ("kind",),
     ),
     MetricDef(

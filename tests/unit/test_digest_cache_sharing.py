@@ -62,6 +62,12 @@ def unusable(
     monkeypatch.setenv("TMPDIR", str(temporary))
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     monkeypatch.setattr(content_digest, "_shared", {})
+    # kvoffload's logger as a library's, whatever an earlier test in this process did:
+    # routed through vLLM's logging (no propagation, a forwarding handler) while vLLM's
+    # own logger has no handler, each record would reach the capture twice.
+    ours = logging.getLogger("kvoffload")
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "propagate", True)
     return configured / "digests"
 
 

@@ -8,9 +8,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from request_identities import EXTRA_KEYS
 from vllm.distributed.kv_events import BlockStored
-from vllm.lora.request import LoRARequest
-from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.utils.hashing import sha256
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import (
@@ -65,21 +64,7 @@ def kvoffloads_events(
     return events  # type: ignore[return-value]
 
 
-IDENTITIES = {
-    "plain": {},
-    "lora, salt, session": {
-        "lora_request": LoRARequest("adapter-a", 7, "/adapters/a"),
-        "cache_salt": "tenant-x",
-        "session_id": "s-1",
-    },
-    "multimodal across chunks": {
-        "mm_features": [
-            MultiModalFeatureSpec(None, "image", "img-1", PlaceholderRange(offset=20, length=30)),
-            MultiModalFeatureSpec(None, "image", "img-2", PlaceholderRange(offset=70, length=4)),
-        ],
-        "cache_salt": "tenant-y",
-    },
-}
+IDENTITIES: dict[str, dict[str, Any]] = {"plain": {}, **EXTRA_KEYS}
 
 
 @pytest.mark.parametrize("identity", IDENTITIES.values(), ids=IDENTITIES.keys())

@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 from msgspec.structs import replace
+from request_identities import EXTRA_KEYS
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
-from vllm.lora.request import LoRARequest
-from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import (
     get_request_block_hasher,
@@ -230,20 +229,7 @@ def test_records_decode_only_for_the_geometry_and_key_they_were_made_for() -> No
     assert share_records.decode(b"", key, ONE_GROUP, PER_CHUNK, BLOCK, hasher=HASHER) is None
 
 
-IDENTITIES = {
-    "lora, salt, session": {
-        "lora_request": LoRARequest("adapter-a", 7, "/adapters/a"),
-        "cache_salt": "tenant-x",
-        "session_id": "s-1",
-    },
-    "multimodal across chunks": {
-        "mm_features": [
-            MultiModalFeatureSpec(None, "image", "img-1", PlaceholderRange(offset=20, length=30)),
-            MultiModalFeatureSpec(None, "image", "img-2", PlaceholderRange(offset=70, length=4)),
-        ],
-        "cache_salt": "tenant-y",
-    },
-}
+IDENTITIES = EXTRA_KEYS
 
 
 @pytest.mark.parametrize("identity", IDENTITIES.values(), ids=IDENTITIES.keys())

@@ -179,11 +179,9 @@ def rotate(path: str | Path, keep: int) -> SealKeys:
     file or the new one)."""
     from kvoffload.core.private_files import replace_atomically
 
-    load(path)  # the file as it is must be a valid key file
     data = read_checked(path, policy(path), MAX_FILE_BYTES + 1)
-    lines = _text_keys(data)
-    if lines is None:
-        lines = [data]
+    parse(data, str(path))  # the file as it is must be a valid key file
+    lines = _text_keys(data) or [data]
     kept = [m.hex() for m in lines[: max(0, keep)]]
     text = (
         "\n".join(

@@ -128,7 +128,7 @@ def quant_config_files(vllm_config: Any) -> tuple[str, ...]:
         return ()
     try:
         names = type(quant).get_config_filenames()
-    except Exception:  # a method that names none (NotImplementedError) or fails
+    except Exception:  # the base class raises for a method that reads no file of its own
         return ()
     if not isinstance(names, (list, tuple)):
         return ()
